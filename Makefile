@@ -1,0 +1,32 @@
+# vitkit: the two commands of the README.
+#   make demo   set up .venv if missing, then train a ViT on Fashion-MNIST and evaluate it
+#   make test   set up .venv if missing, then run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# torch and torchvision must be a matching pair; these two lie on our machines' disk.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: demo test lint setup clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PINS) -e ".[dev]"
+	touch $@
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

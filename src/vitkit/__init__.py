@@ -1,0 +1,21 @@
+"""vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021)."""
+
+from .checkpoint import load, save
+from .config import ViTConfig, get_config, list_models
+from .model import VisionTransformer, count_flops, count_parameters, create_model
+from .posemb import resample_pos_embed
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ViTConfig",
+    "VisionTransformer",
+    "count_flops",
+    "count_parameters",
+    "create_model",
+    "get_config",
+    "list_models",
+    "load",
+    "resample_pos_embed",
+    "save",
+]

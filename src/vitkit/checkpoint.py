@@ -1,0 +1,160 @@
+"""vitkit's own checkpoint format: a folder with `model.safetensors` (the tensors) and `config.json` (the
+model config, class names and preprocessing). Data, never a program: nothing here unpickles."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ViTConfig
+from .model import VisionTransformer
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+FORMAT = "vitkit"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A file or folder that is not a usable checkpoint; the message names it and says why."""
+
+
+def preprocessing(cfg: ViTConfig) -> dict[str, Any]:
+    """What an image must go through before the model sees it."""
+    return {
+        "input_size": [cfg.in_chans, *cfg.image_size],
+        "mean": list(cfg.mean),
+        "std": list(cfg.std),
+        "interpolation": cfg.interpolation,
+        "crop_pct": cfg.crop_pct,
+    }
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write through a temporary file in the same folder, then rename: a crash never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[str] | None = None,
+         extra: dict[str, Any] | None = None) -> Path:
+    """Write `model` to the folder `path` (created if needed). Returns the folder."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    if class_names is not None and len(class_names) != cfg.num_classes:
+        raise ValueError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": cfg.to_dict(),
+        "class_names": list(class_names) if class_names is not None else None,
+        "preprocessing": preprocessing(cfg),
+    }
+    if extra:
+        meta.update(extra)
+    _atomic_write(folder / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
+    _atomic_write(folder / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"))
+    return folder
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """True for a folder holding a vitkit config.json (and, if it is a file, its folder)."""
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    cfg = folder / CONFIG_NAME
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text()).get("format") == FORMAT
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """The parsed config.json of a vitkit checkpoint folder, with a clear error for anything else."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or folder")
+    folder = p if p.is_dir() else p.parent
+    cfg_path = folder / CONFIG_NAME
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{folder}: not a vitkit checkpoint (no {CONFIG_NAME})")
+    try:
+        meta = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{cfg_path}: not a vitkit checkpoint config (no \"format\": \"{FORMAT}\")")
+    return meta
+
+
+def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file, with the file named in any error (truncated, corrupt, missing)."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"{p}: no such file")
+    try:
+        return load_file(str(p))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
+
+
+def check_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Raise, naming every missing, unexpected and misshapen key, unless `state` fits `model` exactly."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshapen = sorted(
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in set(expected) & set(state)
+        if tuple(state[k].shape) != tuple(expected[k].shape)
+    )
+    if missing or unexpected or misshapen:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected}")
+        if misshapen:
+            parts.append(f"misshapen {misshapen}")
+        raise CheckpointError(f"{source}: tensors do not fit the config: " + "; ".join(parts))
+
+
+def load_vitkit(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
+    """Rebuild the model saved by `save` from its folder (or its model.safetensors file)."""
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    meta = read_meta(folder)
+    try:
+        cfg = ViTConfig.from_dict(meta["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{folder / CONFIG_NAME}: bad model config ({e})") from None
+    state = read_tensors(folder / WEIGHTS_NAME)
+    with torch.device("meta"):  # shapes only, nothing allocated: check before anything is loaded
+        check_state_dict(VisionTransformer(cfg), state, str(folder / WEIGHTS_NAME))
+    model = VisionTransformer(cfg)
+    model.load_state_dict(state)
+    model.class_names = meta.get("class_names")
+    return model.to(map_location).eval()
+
+
+def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
+    """Load a checkpoint, inferring everything from the file itself. The model comes back in eval mode,
+    with `model.class_names` (a list or None)."""
+    return load_vitkit(path, map_location)

@@ -1,0 +1,64 @@
+"""Entry point of the `vitkit` command. Each command module defines `register(app)`; errors that a user can
+fix are printed as one line plus a hint, with a non-zero exit code, never as a traceback."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="vitkit",
+    help="The Vision Transformer of 'An Image is Worth 16x16 Words': build, train, load, inspect.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# The command modules, in the order their commands appear in --help.
+COMMAND_MODULES = [
+    "vitkit.cli.inspect",
+]
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+class UsageError(Exception):
+    """An error the user can fix; `hint` says how."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+def fail(message: str, hint: str = "", code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    if hint:
+        typer.echo(f"hint: {hint}", err=True)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..checkpoint import CheckpointError
+
+    try:
+        app(args=argv, standalone_mode=True)
+    except UsageError as e:
+        fail(str(e), e.hint)
+    except CheckpointError as e:
+        fail(str(e), "`vitkit info PATH` tells what a checkpoint holds")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path")
+    except KeyError as e:
+        fail(str(e.args[0]) if e.args else str(e), "`vitkit models` lists the presets")
+    except ValueError as e:
+        fail(str(e), "see `vitkit COMMAND --help`")
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

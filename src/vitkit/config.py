@@ -1,0 +1,258 @@
+"""The ViT configuration and the paper's named presets.
+
+A preset is addressed either as in the paper ("ViT-B/16", with "@384" for another resolution) or as in timm
+("vit_base_patch16_224", "vit_base_patch16_384"). The widths, depths and heads are the paper's Table 1
+(Base, Large, Huge) and DeiT's (Tiny, Small).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Pool = Literal["token", "gap"]
+PosEmbed = Literal["learned", "learned-2d", "sincos-2d", "none"]
+Gelu = Literal["exact", "tanh"]
+
+POOLS: tuple[str, ...] = ("token", "gap")
+POS_EMBEDS: tuple[str, ...] = ("learned", "learned-2d", "sincos-2d", "none")
+GELUS: tuple[str, ...] = ("exact", "tanh")
+
+
+def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(x, int):
+        return (x, x)
+    h, w = x
+    return (int(h), int(w))
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a ViT's architecture and its input preprocessing.
+
+    `image_size` is (height, width); an int means a square image. The class token exists when
+    `class_token` is true; the paper's GAP variant (Appendix D.3) has none and averages the patch tokens.
+    `hybrid_layers`, when set, replaces the patch projection by a BiT ResNet stem with that many units
+    per stage (Sec. 3.1, "Hybrid Architecture").
+    """
+
+    image_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    representation_size: int | None = None  # pre-training head's hidden layer (tanh); None: fine-tuning head
+    pool: Pool = "token"
+    class_token: bool = True
+    pos_embed: PosEmbed = "learned"
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0
+    qkv_bias: bool = True
+    ln_eps: float = 1e-6
+    gelu: Gelu = "exact"
+    hybrid_layers: tuple[int, ...] | None = None
+    hybrid_width: int = 64  # BiT ResNet root width; only with hybrid_layers
+    # Preprocessing that belongs to the weights (recorded in checkpoints).
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    interpolation: str = "bicubic"
+    crop_pct: float = 0.875
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        # Normalise the types a JSON round trip or a user may hand us.
+        object.__setattr__(self, "image_size", _pair(self.image_size))
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        if self.hybrid_layers is not None:
+            object.__setattr__(self, "hybrid_layers", tuple(int(n) for n in self.hybrid_layers))
+        errors = []
+        if self.pool not in POOLS:
+            errors.append(f"pool={self.pool!r} (choose from {', '.join(POOLS)})")
+        if self.pos_embed not in POS_EMBEDS:
+            errors.append(f"pos_embed={self.pos_embed!r} (choose from {', '.join(POS_EMBEDS)})")
+        if self.gelu not in GELUS:
+            errors.append(f"gelu={self.gelu!r} (choose from {', '.join(GELUS)})")
+        if self.pool == "token" and not self.class_token:
+            errors.append("pool='token' needs class_token=True")
+        if self.dim % self.num_heads:
+            errors.append(f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
+        if self.pos_embed == "sincos-2d" and self.dim % 4:
+            errors.append(f"pos_embed='sincos-2d' needs dim divisible by 4, got {self.dim}")
+        if self.pos_embed == "learned-2d" and self.dim % 2:
+            errors.append(f"pos_embed='learned-2d' needs an even dim, got {self.dim}")
+        h, w = self.image_size
+        stride = self.patch_stride
+        if h % stride or w % stride:
+            errors.append(f"image_size={self.image_size} is not a multiple of the patch stride {stride}")
+        for key in ("mean", "std"):
+            values = getattr(self, key)
+            if len(values) != self.in_chans:
+                if len(set(values)) == 1:  # a constant per channel fits any channel count
+                    object.__setattr__(self, key, values[:1] * self.in_chans)
+                else:
+                    errors.append(f"{key}={values} must have in_chans={self.in_chans} entries")
+        if errors:
+            raise ValueError("invalid ViTConfig: " + "; ".join(errors))
+
+    # --- derived quantities -------------------------------------------------------------------------
+    @property
+    def backbone_stride(self) -> int:
+        """Downsampling of the hybrid's ResNet: 4 in the stem, then 2 in every stage after the first."""
+        if self.hybrid_layers is None:
+            return 1
+        return 4 * 2 ** (len(self.hybrid_layers) - 1)
+
+    @property
+    def patch_stride(self) -> int:
+        """Pixels per token along each side: P for a plain ViT, P times the ResNet's stride for the hybrid."""
+        return self.patch_size * self.backbone_stride
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        h, w = self.image_size
+        return (h // self.patch_stride, w // self.patch_stride)
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    # --- (de)serialisation --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["image_size"] = list(self.image_size)
+        d["mean"] = list(self.mean)
+        d["std"] = list(self.std)
+        if self.hybrid_layers is not None:
+            d["hybrid_layers"] = list(self.hybrid_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - valid)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig keys {unknown}; valid keys: {sorted(valid)}")
+        return cls(**d)
+
+    def replace(self, **overrides: Any) -> ViTConfig:
+        valid = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - valid)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig keys {unknown}; valid keys: {sorted(valid)}")
+        return dataclasses.replace(self, **overrides)
+
+
+# --- presets ----------------------------------------------------------------------------------------
+# (width D, depth, heads, MLP size): Table 1 of the paper for Base/Large/Huge, DeiT for Tiny/Small.
+VARIANTS: dict[str, tuple[int, int, int, int]] = {
+    "Ti": (192, 12, 3, 768),
+    "S": (384, 12, 6, 1536),
+    "B": (768, 12, 12, 3072),
+    "L": (1024, 24, 16, 4096),
+    "H": (1280, 32, 16, 5120),
+}
+TIMM_VARIANT = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
+PATCHES = (8, 14, 16, 32)
+# The paper fine-tunes at 384 px; patch 14 models (ViT-H/14) are fine-tuned at 518 px.
+RESOLUTIONS = {8: (224, 384), 14: (224, 518), 16: (224, 384), 32: (224, 384)}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str  # paper-style, e.g. "ViT-B/16" or "ViT-B/16@384"
+    timm_name: str  # e.g. "vit_base_patch16_384"
+    config: ViTConfig = field(repr=False)
+
+
+def _build_presets() -> dict[str, Preset]:
+    presets: dict[str, Preset] = {}
+    for variant, (dim, depth, heads, mlp) in VARIANTS.items():
+        for patch in PATCHES:
+            for i, res in enumerate(RESOLUTIONS[patch]):
+                name = f"ViT-{variant}/{patch}" + ("" if i == 0 else f"@{res}")
+                timm_name = f"vit_{TIMM_VARIANT[variant]}_patch{patch}_{res}"
+                cfg = ViTConfig(
+                    image_size=(res, res), patch_size=patch, dim=dim, depth=depth,
+                    num_heads=heads, mlp_dim=mlp, name=timm_name,
+                )
+                presets[name] = Preset(name, timm_name, cfg)
+    # The hybrids of Sec. 3.1: a BiT ResNet whose 1x1 "patches" feed the transformer. R50: the 4th stage
+    # removed and the 3rd extended to 9 units, so the feature map has stride 16.
+    hybrids = {
+        "R50+ViT-B/16": ("vit_base_r50_s16_224", (3, 4, 9), "B", 224),
+        "R50+ViT-B/16@384": ("vit_base_r50_s16_384", (3, 4, 9), "B", 384),
+        "R26+ViT-S/32": ("vit_small_r26_s32_224", (2, 2, 2, 2), "S", 224),
+        "R26+ViT-S/32@384": ("vit_small_r26_s32_384", (2, 2, 2, 2), "S", 384),
+    }
+    for name, (timm_name, layers, variant, res) in hybrids.items():
+        dim, depth, heads, mlp = VARIANTS[variant]
+        # 1x1 patches of the feature map: R50 (3 stages) has stride 16, R26 (4 stages) stride 32.
+        cfg = ViTConfig(
+            image_size=(res, res), patch_size=1, dim=dim, depth=depth, num_heads=heads,
+            mlp_dim=mlp, hybrid_layers=layers, name=timm_name,
+        )
+        presets[name] = Preset(name, timm_name, cfg)
+    return presets
+
+
+PRESETS: dict[str, Preset] = _build_presets()
+_BY_TIMM = {p.timm_name: p for p in PRESETS.values()}
+_PAPER_NAME = re.compile(r"^(?:(R\d+)\+)?ViT-(Ti|S|B|L|H)/(\d+)(?:@(\d+))?$", re.IGNORECASE)
+
+
+def list_models() -> list[str]:
+    """Names of every preset, paper-style ("ViT-B/16", "ViT-B/16@384", "R50+ViT-B/16")."""
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> Preset:
+    """Resolve "ViT-B/16", "ViT-B/16@384", "B/16" or "vit_base_patch16_384" to a preset."""
+    key = name.strip()
+    if key in PRESETS:
+        return PRESETS[key]
+    if key in _BY_TIMM:
+        return _BY_TIMM[key]
+    # timm names carry a pretrained tag after a dot ("vit_base_patch16_224.augreg_in21k"): the architecture
+    # is the part before it.
+    base = key.split(".", 1)[0]
+    if base in _BY_TIMM:
+        return _BY_TIMM[base]
+    short = key if key.lower().startswith(("vit-", "r")) else f"ViT-{key}"
+    m = _PAPER_NAME.match(short)
+    if m:
+        resnet, variant, patch, res = m.groups()
+        variant = {v.lower(): v for v in VARIANTS}[variant.lower()]
+        canon = (f"{resnet.upper()}+" if resnet else "") + f"ViT-{variant}/{patch}"
+        if res and int(res) != 224:
+            canon += f"@{res}"
+        if canon in PRESETS:
+            return PRESETS[canon]
+    raise KeyError(f"unknown model {name!r}; `vitkit models` lists the presets (e.g. 'ViT-B/16', 'vit_base_patch16_224')")
+
+
+def get_config(name: str, **overrides: Any) -> ViTConfig:
+    """The preset's config with `overrides` applied (e.g. num_classes=10, image_size=384)."""
+    cfg = get_preset(name).config
+    if overrides.get("pool") == "gap" and "class_token" not in overrides:
+        overrides["class_token"] = False  # the paper's GAP models have no class token
+    return cfg.replace(**overrides) if overrides else cfg

@@ -1,0 +1,299 @@
+"""The Vision Transformer, as equations 1-4 of Dosovitskiy et al. (ICLR 2021) define it.
+
+    z_0  = [x_class; x_p^1 E; ...; x_p^N E] + E_pos                    (1)
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                                  (2)
+    z_l  = MLP(LN(z'_l)) + z'_l                                        (3)
+    y    = LN(z_L^0)                                                   (4)
+
+Parameter names follow timm's `VisionTransformer`, so that timm checkpoints load with an identity mapping
+and the other formats with a thin, asserted one (see `vitkit.convert`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ViTConfig
+from .posemb import resample_pos_embed, sincos_2d
+
+
+class PatchEmbed(nn.Module):
+    """x_p E of eq. 1: a convolution with kernel = stride = P is the linear map E of each flattened patch."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.proj = nn.Conv2d(cfg.in_chans, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)  # (B, D, gh, gw)
+        return x.flatten(2).transpose(1, 2)  # (B, N, D), patches in raster order
+
+
+def build_patch_embed(cfg: ViTConfig) -> nn.Module:
+    if cfg.hybrid_layers is not None:
+        from .hybrid import HybridEmbed  # the ResNet stem of Sec. 3.1
+
+        return HybridEmbed(cfg)
+    return PatchEmbed(cfg)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention (MSA of eq. 2) with one fused q;k;v projection."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=cfg.qkv_bias)
+        self.attn_drop = cfg.attn_dropout
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.proj_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, H, T, Dh)
+        attn = None
+        if return_attention:
+            # The explicit path, for looking inside: the same function as the fused kernel below.
+            attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
+            attn = attn.softmax(dim=-1)
+            x = F.dropout(attn, self.attn_drop, self.training) @ v
+        else:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        x = x.transpose(1, 2).reshape(B, T, D)  # concatenate the heads
+        x = self.proj_drop(self.proj(x))
+        return x, attn
+
+
+class Mlp(nn.Module):
+    """The MLP of eq. 3: D -> mlp_dim -> D with a GELU between."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.dim, cfg.mlp_dim)
+        self.act = nn.GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: drop a residual branch for a whole sample with probability p, rescale the rest."""
+    if p == 0.0 or not training:
+        return x
+    keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
+    return x * keep / (1.0 - p)
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm encoder block: eq. 2 then eq. 3."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
+        self.mlp = Mlp(cfg)
+        self.drop_path = drop_path
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        y, attn = self.attn(self.norm1(x), return_attention)
+        x = x + drop_path(y, self.drop_path, self.training)  # (2)
+        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # (3)
+        return x, attn
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.dim
+        self.patch_embed = build_patch_embed(cfg)
+        # Eq. 1: the learnable class token whose final state is the image representation.
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        self.pos_embed = None
+        if cfg.pos_embed == "learned":  # 1D: one row per token (N+1 rows with the class token)
+            self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_tokens, D))
+        elif cfg.pos_embed == "learned-2d":  # D.4: a row half and a column half, concatenated per patch
+            gh, gw = cfg.grid_size
+            self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, D // 2))
+            self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, D // 2))
+            if cfg.class_token:
+                self.pos_embed_cls = nn.Parameter(torch.zeros(1, 1, D))
+        elif cfg.pos_embed == "sincos-2d":  # fixed, so a buffer; the class token gets no position
+            table = sincos_2d(cfg.grid_size, D)
+            if cfg.class_token:
+                table = torch.cat([torch.zeros(1, D), table])
+            self.register_buffer("pos_embed_fixed", table.unsqueeze(0), persistent=False)
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        # Stochastic depth grows linearly with depth, as in DeiT and timm.
+        rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+        self.blocks = nn.ModuleList([Block(cfg, rates[i]) for i in range(cfg.depth)])
+        self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)  # eq. 4
+        # Pre-training head: one hidden layer with tanh; fine-tuning head: a single (zero-init) linear layer.
+        self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
+        head_in = cfg.representation_size or D
+        self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    # --- initialisation, as the reference (Flax) code ---------------------------------------------
+    def init_weights(self) -> None:
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for name in ("pos_embed_row", "pos_embed_col", "pos_embed_cls"):
+            if hasattr(self, name):
+                nn.init.trunc_normal_(getattr(self, name), std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if isinstance(self.patch_embed, PatchEmbed):
+            # The patch projection is a linear map of the flattened patch: LeCun normal over its fan-in.
+            w = self.patch_embed.proj.weight
+            nn.init.trunc_normal_(w, std=math.sqrt(1.0 / w[0].numel()))
+            nn.init.zeros_(self.patch_embed.proj.bias)
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear) and name.startswith("blocks."):
+                nn.init.xavier_uniform_(m.weight)  # Flax Dense in the encoder: Xavier uniform
+                if name.endswith("mlp.fc1") or name.endswith("mlp.fc2"):
+                    nn.init.normal_(m.bias, std=1e-6)
+                elif m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if self.pre_logits is not None:
+            nn.init.trunc_normal_(self.pre_logits.weight, std=math.sqrt(1.0 / self.pre_logits.in_features))
+            nn.init.zeros_(self.pre_logits.bias)
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)  # the paper's zero-initialised classifier
+            nn.init.zeros_(self.head.bias)
+
+    # --- position embedding --------------------------------------------------------------------------
+    def position_table(self) -> torch.Tensor | None:
+        """E_pos as a (1, tokens, D) table, whatever its parameterisation."""
+        cfg = self.cfg
+        if cfg.pos_embed == "learned":
+            return self.pos_embed
+        if cfg.pos_embed == "sincos-2d":
+            return self.pos_embed_fixed
+        if cfg.pos_embed == "learned-2d":
+            gh, gw = cfg.grid_size
+            row = self.pos_embed_row[:, :, None, :].expand(-1, gh, gw, -1)
+            col = self.pos_embed_col[:, None, :, :].expand(-1, gh, gw, -1)
+            table = torch.cat([row, col], dim=-1).reshape(1, gh * gw, cfg.dim)
+            if cfg.class_token:
+                table = torch.cat([self.pos_embed_cls, table], dim=1)
+            return table
+        return None
+
+    # --- forward ----------------------------------------------------------------------------------
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 1: patches, class token, position embedding. (B, C, H, W) -> (B, T, D)."""
+        expected = self.cfg.image_size
+        if tuple(x.shape[-2:]) != expected or x.shape[1] != self.cfg.in_chans:
+            raise ValueError(
+                f"expected images of shape (B, {self.cfg.in_chans}, {expected[0]}, {expected[1]}), "
+                f"got {tuple(x.shape)}; build the model at this size with image_size=..."
+            )
+        x = self.patch_embed(x)  # (B, N, D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N+1, D)
+        pos = self.position_table()
+        if pos is not None:
+            x = x + pos
+        return self.pos_drop(x)
+
+    def forward_features(self, x: torch.Tensor, return_attention: bool = False):
+        """All tokens after the final LayerNorm, (B, T, D); with return_attention, also every block's
+        attention weights, a list of (B, heads, T, T)."""
+        x = self.embed(x)
+        attentions = []
+        for block in self.blocks:
+            x, attn = block(x, return_attention)  # (2), (3)
+            attentions.append(attn)
+        x = self.norm(x)  # (4), applied to every token so that GAP and the analyses see normalised tokens
+        return (x, attentions) if return_attention else x
+
+    def pool(self, features: torch.Tensor) -> torch.Tensor:
+        """The image representation y: the class token's state, or the mean of the patch tokens (GAP)."""
+        if self.cfg.pool == "token":
+            return features[:, 0]
+        return features[:, self.cfg.num_prefix_tokens:].mean(dim=1)
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Logits from forward_features' output; with pre_logits, the representation fed to the classifier."""
+        x = self.pool(features)  # (B, D)
+        if self.pre_logits is not None:
+            x = torch.tanh(self.pre_logits(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    # --- utilities --------------------------------------------------------------------------------
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that weight decay should skip, besides biases and norms: the embeddings."""
+        return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed", "cls_token"))}
+
+
+def resample_state_dict(state: dict[str, torch.Tensor], old: ViTConfig, new: ViTConfig,
+                        mode: str = "bicubic") -> dict[str, torch.Tensor]:
+    """Adapt the position embedding of a state dict trained for `old` to the grid of `new` (Sec. 3.2)."""
+    state = dict(state)
+    if old.grid_size == new.grid_size:
+        return state
+    if old.pos_embed == "learned" and "pos_embed" in state:
+        state["pos_embed"] = resample_pos_embed(state["pos_embed"], old.grid_size, new.grid_size,
+                                                old.num_prefix_tokens, mode)
+    elif old.pos_embed == "learned-2d":
+        # Each half is a 1D table along its own axis: interpolate it linearly along that axis.
+        for key, size in (("pos_embed_row", new.grid_size[0]), ("pos_embed_col", new.grid_size[1])):
+            t = state[key].transpose(1, 2).float()  # (1, D/2, g)
+            t = F.interpolate(t, size=size, mode="linear", align_corners=False)
+            state[key] = t.transpose(1, 2).to(state[key].dtype)
+    return state
+
+
+def create_model(name: str | ViTConfig, **overrides) -> VisionTransformer:
+    """Build a randomly initialised ViT from a preset name ("ViT-B/16", "vit_base_patch16_224") or a config.
+
+    Overrides replace config fields, e.g. `create_model("ViT-S/16", num_classes=10, image_size=384)`.
+    """
+    from .config import get_config
+
+    if isinstance(name, ViTConfig):
+        if overrides.get("pool") == "gap" and "class_token" not in overrides:
+            overrides["class_token"] = False
+        cfg = name.replace(**overrides) if overrides else name
+    else:
+        cfg = get_config(name, **overrides)
+    return VisionTransformer(cfg)
+
+
+def count_parameters(cfg: ViTConfig) -> int:
+    """Parameters of the model `cfg` builds, counted on the meta device (nothing is allocated)."""
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_flops(cfg: ViTConfig) -> float:
+    """Forward FLOPs per image (2 per multiply-add) of the transformer, patch projection and head.
+
+    Per layer: 12 T D^2 (qkv, projection, MLP at 4D) generalised to any MLP size, plus 2 T^2 D for the
+    attention matrix and its product with the values.
+    """
+    T, D = cfg.num_tokens, cfg.dim
+    per_layer = T * (4 * D * D + 2 * D * cfg.mlp_dim) + 2 * T * T * D
+    patch = cfg.num_patches * D * cfg.in_chans * cfg.patch_size**2
+    head_in = cfg.representation_size or D
+    head = (D * cfg.representation_size if cfg.representation_size else 0) + head_in * max(cfg.num_classes, 0)
+    macs = cfg.depth * per_layer + patch + head
+    return 2.0 * macs

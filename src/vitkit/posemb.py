@@ -1,0 +1,57 @@
+"""Position-embedding maths as pure functions: the fixed 2D sin-cos table and 2D resampling (Sec. 3.2)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) -> torch.Tensor:
+    """The fixed 2D sine-cosine table of big_vision's `posemb_sincos_2d`, shape (gh * gw, dim).
+
+    A quarter of the channels each hold sin(y), cos(y), sin(x), cos(x) at geometrically spaced frequencies.
+    """
+    gh, gw = grid
+    if dim % 4:
+        raise ValueError(f"sincos_2d needs dim divisible by 4, got {dim}")
+    y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
+                          indexing="ij")
+    omega = torch.arange(dim // 4, dtype=torch.float64) / (dim // 4 - 1 if dim > 4 else 1)
+    omega = 1.0 / temperature**omega
+    y = y.reshape(-1, 1) * omega  # (gh*gw, dim/4)
+    x = x.reshape(-1, 1) * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    old_grid: tuple[int, int],
+    new_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    mode: str = "bicubic",
+) -> torch.Tensor:
+    """2D-interpolate a position table from an old_grid to a new_grid of patches (Sec. 3.2).
+
+    `pos_embed` is (prefix + gh * gw, D) or (1, prefix + gh * gw, D), rows in raster order; the first
+    `num_prefix_tokens` rows (the class token's) are kept as they are. Returns a table of the same rank.
+    Resampling to the same grid returns the input unchanged.
+    """
+    if mode not in ("bicubic", "bilinear"):
+        raise ValueError(f"mode must be 'bicubic' or 'bilinear', got {mode!r}")
+    squeeze = pos_embed.dim() == 2
+    table = pos_embed.unsqueeze(0) if squeeze else pos_embed
+    gh, gw = old_grid
+    if table.shape[1] != num_prefix_tokens + gh * gw:
+        raise ValueError(
+            f"position table has {table.shape[1]} rows; a {gh}x{gw} grid with {num_prefix_tokens} prefix "
+            f"token(s) needs {num_prefix_tokens + gh * gw}"
+        )
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    prefix, grid = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
+    dim = grid.shape[-1]
+    grid = grid.reshape(1, gh, gw, dim).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(table.dtype)  # (1, gh'*gw', D)
+    out = torch.cat([prefix, grid], dim=1)
+    return out[0] if squeeze else out
