@@ -21,6 +21,20 @@ from .config import ViTConfig
 from .posemb import resample_pos_embed, sincos_2d
 
 
+def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
+    """Normal(0, std) truncated at two standard deviations (torch's default cut is at +-2 absolute)."""
+    return nn.init.trunc_normal_(t, std=std, a=-2.0 * std, b=2.0 * std)
+
+
+def lecun_normal_(w: torch.Tensor) -> torch.Tensor:
+    """Flax's `lecun_normal`: a normal truncated at +-2 sigma, rescaled so that the variance is 1 / fan_in.
+
+    0.8796... is the standard deviation of a unit normal truncated to [-2, 2].
+    """
+    std = math.sqrt(1.0 / w[0].numel()) / 0.87962566103423978
+    return trunc_normal_(w, std=std)
+
+
 class PatchEmbed(nn.Module):
     """x_p E of eq. 1: a convolution with kernel = stride = P is the linear map E of each flattened patch."""
 
@@ -112,6 +126,9 @@ class Block(nn.Module):
 
 
 class VisionTransformer(nn.Module):
+    """The ViT of `cfg`: eq. 1 (`embed`), the encoder blocks (eq. 2-3) and the final LayerNorm (eq. 4) in
+    `forward_features`, pooling and head in `forward_head`."""
+
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
@@ -146,30 +163,33 @@ class VisionTransformer(nn.Module):
 
     # --- initialisation, as the reference (Flax) code ---------------------------------------------
     def init_weights(self) -> None:
-        if self.pos_embed is not None:
-            nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for name in ("pos_embed_row", "pos_embed_col", "pos_embed_cls"):
-            if hasattr(self, name):
-                nn.init.trunc_normal_(getattr(self, name), std=0.02)
-        if self.cls_token is not None:
-            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        """The initialisation of Google's Flax ViT: truncated normal (std 0.02) embeddings, LeCun normal for
+        the patch projection and the pre-logits, Xavier uniform in the encoder, a zero classifier."""
+        for name in ("pos_embed", "pos_embed_row", "pos_embed_col", "pos_embed_cls", "cls_token"):
+            if getattr(self, name, None) is not None:
+                trunc_normal_(getattr(self, name), std=0.02)
         if isinstance(self.patch_embed, PatchEmbed):
-            # The patch projection is a linear map of the flattened patch: LeCun normal over its fan-in.
-            w = self.patch_embed.proj.weight
-            nn.init.trunc_normal_(w, std=math.sqrt(1.0 / w[0].numel()))
+            # The patch projection is the linear map E of the flattened patch: LeCun normal over its fan-in.
+            lecun_normal_(self.patch_embed.proj.weight)
             nn.init.zeros_(self.patch_embed.proj.bias)
         for name, m in self.named_modules():
             if isinstance(m, nn.Linear) and name.startswith("blocks."):
-                nn.init.xavier_uniform_(m.weight)  # Flax Dense in the encoder: Xavier uniform
-                if name.endswith("mlp.fc1") or name.endswith("mlp.fc2"):
-                    nn.init.normal_(m.bias, std=1e-6)
+                if name.endswith("attn.qkv"):
+                    # Flax has separate D -> D query, key and value maps: Xavier over each third, not over
+                    # the fused (3D, D) matrix whose fan-out would be three times too large.
+                    for w in m.weight.chunk(3, dim=0):
+                        nn.init.xavier_uniform_(w)
+                else:
+                    nn.init.xavier_uniform_(m.weight)  # Flax Dense in the encoder: Xavier uniform
+                if name.endswith(("mlp.fc1", "mlp.fc2")):
+                    nn.init.normal_(m.bias, std=1e-6)  # Flax MlpBlock's bias_init
                 elif m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
         if self.pre_logits is not None:
-            nn.init.trunc_normal_(self.pre_logits.weight, std=math.sqrt(1.0 / self.pre_logits.in_features))
+            lecun_normal_(self.pre_logits.weight)  # Flax Dense's default kernel init
             nn.init.zeros_(self.pre_logits.bias)
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)  # the paper's zero-initialised classifier
