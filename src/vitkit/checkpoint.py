@@ -139,8 +139,8 @@ def check_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
 def load_vitkit(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
     """Rebuild the model saved by `save` from its folder (or its model.safetensors file)."""
     p = Path(path)
+    meta = read_meta(p)  # first, so that a missing path is named as given, not as its parent folder
     folder = p if p.is_dir() else p.parent
-    meta = read_meta(folder)
     try:
         cfg = ViTConfig.from_dict(meta["model"])
     except (KeyError, TypeError, ValueError) as e:
