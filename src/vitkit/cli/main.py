@@ -17,15 +17,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# The command modules, in the order their commands appear in --help.
-COMMAND_MODULES = [
-    "vitkit.cli.inspect",
-]
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
-
-
+# Defined before the command modules are imported, so that they can import it from here.
 class UsageError(Exception):
     """An error the user can fix; `hint` says how."""
 
@@ -41,6 +34,15 @@ def fail(message: str, hint: str = "", code: int = 1) -> None:
     raise SystemExit(code)
 
 
+# The command modules, in the order their commands appear in --help.
+COMMAND_MODULES = [
+    "vitkit.cli.inspect",
+]
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
 def main(argv: list[str] | None = None) -> None:
     from ..checkpoint import CheckpointError
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as e:
         fail(str(e), e.hint)
     except CheckpointError as e:
-        fail(str(e), "`vitkit info PATH` tells what a checkpoint holds")
+        fail(str(e), "a vitkit checkpoint is a folder with config.json and model.safetensors (vitkit.save)")
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path")
     except KeyError as e:
@@ -61,4 +63,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # `python -m vitkit.cli.main`: run the imported module's main, so that the UsageError the command
+    # modules raise is the class caught there (this file as __main__ defines a second one).
+    from vitkit.cli.main import main as _main
+
+    _main(sys.argv[1:])
