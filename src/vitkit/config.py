@@ -79,6 +79,20 @@ class ViTConfig:
             errors.append(f"pos_embed={self.pos_embed!r} (choose from {', '.join(POS_EMBEDS)})")
         if self.gelu not in GELUS:
             errors.append(f"gelu={self.gelu!r} (choose from {', '.join(GELUS)})")
+        for key in ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim"):
+            if getattr(self, key) < 1:
+                errors.append(f"{key}={getattr(self, key)} must be a positive integer")
+        if self.num_classes < 0:
+            errors.append(f"num_classes={self.num_classes} must be >= 0 (0: no head)")
+        if self.representation_size is not None and self.representation_size < 1:
+            errors.append(f"representation_size={self.representation_size} must be positive or None")
+        for key in ("dropout", "attn_dropout", "drop_path"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                errors.append(f"{key}={getattr(self, key)} must be in [0, 1)")
+        if self.ln_eps <= 0:
+            errors.append(f"ln_eps={self.ln_eps} must be positive")
+        if errors:  # the checks below divide by these
+            raise ValueError("invalid ViTConfig: " + "; ".join(errors))
         if self.pool == "token" and not self.class_token:
             errors.append("pool='token' needs class_token=True")
         if self.dim % self.num_heads:
