@@ -1,0 +1,376 @@
+"""The model of eq. 1-4: shapes, gradients, parameter counts, the paper's equivalences, and numerical equality
+with timm's VisionTransformer given the same weights."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+import timm.models.vision_transformer as timm_vit
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from vitkit import ViTConfig, count_flops, count_parameters, create_model, get_config
+from vitkit.config import PRESETS, VARIANTS
+from vitkit.model import VisionTransformer, drop_path
+
+POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
+
+
+def tiny(**overrides) -> ViTConfig:
+    """A ViT small enough for a CPU test: 32 px, patch 8 (16 patches), width 32, two blocks."""
+    base = dict(image_size=32, patch_size=8, dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10)
+    base.update(overrides)
+    return ViTConfig(**base)
+
+
+def randomise_head(model: VisionTransformer) -> VisionTransformer:
+    """The classifier starts at zero, which would block every gradient and make logits trivially equal."""
+    with torch.no_grad():
+        nn.init.normal_(model.head.weight, std=0.5)
+        nn.init.normal_(model.head.bias, std=0.5)
+    return model
+
+
+# --- shapes -------------------------------------------------------------------------------------------
+PLAIN_PRESETS = [name for name, p in PRESETS.items() if p.config.hybrid_layers is None]
+
+
+def test_every_variant_patch_and_resolution_has_a_preset():
+    for variant in VARIANTS:
+        for patch, sizes in ((8, (224, 384)), (14, (224, 518)), (16, (224, 384)), (32, (224, 384))):
+            for i, size in enumerate(sizes):
+                name = f"ViT-{variant}/{patch}" + ("" if i == 0 else f"@{size}")
+                cfg = PRESETS[name].config
+                assert (cfg.patch_size, cfg.image_size) == (patch, (size, size))
+                assert (cfg.dim, cfg.depth, cfg.num_heads, cfg.mlp_dim) == VARIANTS[variant]
+    assert len(PLAIN_PRESETS) == 5 * 4 * 2
+
+
+@pytest.mark.parametrize("name", PLAIN_PRESETS)
+def test_preset_shapes_on_meta_device(name):
+    """Every preset at its real size: the meta device propagates shapes without allocating or computing."""
+    cfg = get_config(name)
+    gh, gw = cfg.image_size[0] // cfg.patch_size, cfg.image_size[1] // cfg.patch_size
+    with torch.device("meta"):
+        model = create_model(name)
+        x = torch.empty(2, 3, *cfg.image_size)
+        features, attentions = model.forward_features(x, return_attention=True)
+        logits = model.forward_head(features)
+    assert features.shape == (2, 1 + gh * gw, cfg.dim)
+    assert logits.shape == (2, 1000)
+    assert len(attentions) == cfg.depth
+    assert attentions[0].shape == (2, cfg.num_heads, 1 + gh * gw, 1 + gh * gw)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_family_forward_on_cpu_with_reduced_depth(variant):
+    """Each family's real width and heads compute on the CPU (one block, 32 px, patch 16: 5 tokens)."""
+    model = create_model(f"ViT-{variant}/16", depth=1, image_size=32, num_classes=7)
+    cfg = model.cfg
+    feats = model.forward_features(torch.randn(2, 3, 32, 32))
+    assert feats.shape == (2, 5, cfg.dim)
+    assert torch.isfinite(feats).all()
+    assert model.forward_head(feats).shape == (2, 7)
+
+
+@pytest.mark.parametrize(
+    "overrides, tokens",
+    [
+        (dict(), 17),
+        (dict(pool="gap", class_token=False), 16),
+        (dict(image_size=(32, 48)), 1 + 4 * 6),  # non-square
+        (dict(image_size=(48, 16), pos_embed="learned-2d"), 1 + 6 * 2),
+        (dict(image_size=(16, 40), pos_embed="sincos-2d", pool="gap", class_token=False), 2 * 5),
+        (dict(in_chans=1, mean=(0.5,), std=(0.5,)), 17),
+        (dict(num_classes=0), 17),
+    ],
+)
+def test_tiny_shapes(overrides, tokens):
+    cfg = tiny(**overrides)
+    model = VisionTransformer(cfg)
+    x = torch.randn(3, cfg.in_chans, *cfg.image_size)
+    feats = model.forward_features(x)
+    assert feats.shape == (3, tokens, cfg.dim)
+    assert cfg.num_tokens == tokens
+    logits = model(x)
+    assert logits.shape == ((3, cfg.num_classes) if cfg.num_classes else (3, cfg.dim))
+
+
+def test_wrong_input_size_names_both_shapes():
+    model = VisionTransformer(tiny())
+    with pytest.raises(ValueError, match=r"\(B, 3, 32, 32\).*\(1, 3, 48, 32\)"):
+        model(torch.randn(1, 3, 48, 32))
+
+
+# --- gradients ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(pos_embed=kind) for kind in POS_EMBEDS]
+    + [dict(pos_embed=kind, pool="gap", class_token=False) for kind in POS_EMBEDS]
+    + [dict(representation_size=24), dict(pool="gap", class_token=True), dict(gelu="tanh", qkv_bias=False)],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_every_parameter_gets_a_gradient(overrides):
+    model = randomise_head(VisionTransformer(tiny(**overrides)))
+    model(torch.randn(2, 3, 32, 32)).square().sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} has no gradient"
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name} has a zero gradient"
+
+
+def test_parameters_match_the_options():
+    names = lambda **o: {n for n, _ in VisionTransformer(tiny(**o)).named_parameters()}  # noqa: E731
+    assert {"cls_token", "pos_embed"} <= names()
+    assert "cls_token" not in names(pool="gap", class_token=False)
+    assert {"pos_embed_row", "pos_embed_col", "pos_embed_cls"} <= names(pos_embed="learned-2d")
+    assert not any(n.startswith("pos_embed") for n in names(pos_embed="sincos-2d"))
+    assert not any(n.startswith("pos_embed") for n in names(pos_embed="none"))
+    assert {"pre_logits.weight", "pre_logits.bias"} <= names(representation_size=24)
+    assert "blocks.0.attn.qkv.bias" not in names(qkv_bias=False)
+
+
+# --- parameter counts (meta device) -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("ViT-Ti/16", 5_717_416),
+        ("ViT-S/16", 22_050_664),
+        ("ViT-B/16", 86_567_656),
+        ("ViT-L/16", 304_326_632),
+        ("ViT-H/14", 632_045_800),
+    ],
+)
+def test_parameter_counts_with_a_1000_class_head(name, expected):
+    assert count_parameters(get_config(name)) == expected
+
+
+def test_vit_h14_count_without_head_is_the_papers_632m_figure():
+    # The issue's 630,764,800 for ViT-H/14 is the head-less count: 632,045,800 - (1280 * 1000 + 1000).
+    assert count_parameters(get_config("ViT-H/14", num_classes=0)) == 630_764_800
+    assert 632_045_800 - 630_764_800 == 1280 * 1000 + 1000
+
+
+def test_count_parameters_allocates_nothing_and_agrees_with_a_real_model():
+    cfg = tiny(representation_size=24, pos_embed="learned-2d")
+    assert count_parameters(cfg) == sum(p.numel() for p in VisionTransformer(cfg).parameters())
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("ViT-B/16", {}), ("ViT-S/32", dict(representation_size=384, image_size=(224, 320))), ("ViT-H/14", {})],
+)
+def test_count_flops_equals_torch_flop_counter(name, overrides):
+    """The closed form equals what torch counts for the matmuls, convolution and attention of a forward pass."""
+    with torch.device("meta"):
+        model = create_model(name, **overrides)
+        x = torch.empty(1, 3, *model.cfg.image_size)
+        with FlopCounterMode(display=False) as counter:
+            model(x)
+    assert count_flops(model.cfg) == counter.get_total_flops()
+
+
+def test_vit_b16_flops_match_the_published_figure():
+    # timm lists 17.58 GMACs for ViT-B/16 at 224 px, which also counts LayerNorm, softmax and GELU (~0.1 %).
+    assert count_flops(get_config("ViT-B/16")) / 2 / 1e9 == pytest.approx(17.58, rel=2e-3)
+
+
+# --- eq. 1: the patch embedding -----------------------------------------------------------------------
+def test_patch_convolution_is_a_linear_map_of_flattened_patches():
+    """x_p E: cut the image into P x P patches, flatten each as the paper does (P, P, C), multiply by E."""
+    cfg = tiny(image_size=(24, 40), patch_size=8)
+    model = VisionTransformer(cfg)
+    x = torch.randn(2, 3, 24, 40)
+    B, C, H, W, P = 2, 3, 24, 40, 8
+    patches = x.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, P, P, C)
+    patches = patches.reshape(B, (H // P) * (W // P), P * P * C)  # raster order of the patches
+    conv = model.patch_embed.proj
+    E = conv.weight.permute(2, 3, 1, 0).reshape(P * P * C, cfg.dim)  # (P^2 C, D)
+    expected = patches @ E + conv.bias
+    torch.testing.assert_close(model.patch_embed(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_embed_is_eq1():
+    """z_0 = [x_class; x_p E] + E_pos, before dropout."""
+    model = VisionTransformer(tiny())
+    x = torch.randn(2, 3, 32, 32)
+    tokens = torch.cat([model.cls_token.expand(2, -1, -1), model.patch_embed(x)], dim=1)
+    torch.testing.assert_close(model.embed(x), tokens + model.pos_embed)
+
+
+# --- attention ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides", [dict(), dict(pool="gap", class_token=False, image_size=(32, 48))])
+def test_fused_and_explicit_attention_agree(overrides):
+    model = VisionTransformer(tiny(**overrides)).eval()
+    x = torch.randn(2, 3, *model.cfg.image_size)
+    fused = model.forward_features(x)
+    explicit, attentions = model.forward_features(x, return_attention=True)
+    torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
+    T = model.cfg.num_tokens
+    assert len(attentions) == model.cfg.depth
+    for a in attentions:
+        assert a.shape == (2, model.cfg.num_heads, T, T)
+        assert (a >= 0).all()
+        torch.testing.assert_close(a.sum(-1), torch.ones(2, model.cfg.num_heads, T), rtol=0, atol=1e-5)
+
+
+def test_explicit_attention_is_softmax_of_scaled_dot_products():
+    """The returned weights are softmax(q k^T / sqrt(d_h)) of the first block, recomputed by hand."""
+    model = VisionTransformer(tiny()).eval()
+    x = torch.randn(1, 3, 32, 32)
+    _, attentions = model.forward_features(x, return_attention=True)
+    z = model.blocks[0].norm1(model.embed(x))[0]  # (T, D)
+    q, k, _ = model.blocks[0].attn.qkv(z).split(model.cfg.dim, dim=-1)
+    Dh = model.cfg.head_dim
+    for h in range(model.cfg.num_heads):
+        qh, kh = q[:, h * Dh:(h + 1) * Dh], k[:, h * Dh:(h + 1) * Dh]
+        expected = torch.softmax(qh @ kh.T / math.sqrt(Dh), dim=-1)
+        torch.testing.assert_close(attentions[0][0, h], expected, rtol=1e-5, atol=1e-6)
+
+
+# --- pooling and heads --------------------------------------------------------------------------------
+def test_token_pooling_reads_the_class_token_and_gap_averages_the_patches():
+    x = torch.randn(2, 3, 32, 32)
+    token = VisionTransformer(tiny(representation_size=None))
+    feats = token.forward_features(x)
+    torch.testing.assert_close(token.forward_head(feats, pre_logits=True), feats[:, 0])
+
+    gap = VisionTransformer(tiny(pool="gap", class_token=False))
+    feats = gap.forward_features(x)
+    assert feats.shape[1] == 16  # no class token
+    torch.testing.assert_close(gap.forward_head(feats, pre_logits=True), feats.mean(dim=1))
+
+    # GAP over a model that keeps a class token averages the patch tokens only.
+    gap_cls = VisionTransformer(tiny(pool="gap", class_token=True))
+    feats = gap_cls.forward_features(x)
+    torch.testing.assert_close(gap_cls.forward_head(feats, pre_logits=True), feats[:, 1:].mean(dim=1))
+
+
+def test_gap_override_drops_the_class_token_as_in_the_paper():
+    assert create_model("ViT-B/16", pool="gap", depth=1).cls_token is None
+    assert get_config("ViT-B/16", pool="gap").class_token is False
+
+
+def test_zero_initialised_head_gives_zero_logits():
+    for overrides in (dict(), dict(representation_size=24), dict(pool="gap", class_token=False)):
+        model = VisionTransformer(tiny(**overrides))
+        logits = model(torch.randn(4, 3, 32, 32))
+        assert torch.equal(logits, torch.zeros(4, 10))
+
+
+def test_pre_training_head_is_tanh_hidden_layer_then_classifier():
+    model = randomise_head(VisionTransformer(tiny(representation_size=24)))
+    x = torch.randn(2, 3, 32, 32)
+    feats = model.forward_features(x)
+    hidden = torch.tanh(feats[:, 0] @ model.pre_logits.weight.T + model.pre_logits.bias)
+    torch.testing.assert_close(model.forward_head(feats, pre_logits=True), hidden)
+    torch.testing.assert_close(model(x), hidden @ model.head.weight.T + model.head.bias)
+
+
+# --- options ------------------------------------------------------------------------------------------
+def test_gelu_and_layernorm_options_reach_the_layers():
+    model = VisionTransformer(tiny(gelu="tanh", ln_eps=1e-5))
+    assert model.blocks[0].mlp.act.approximate == "tanh"
+    assert all(m.eps == 1e-5 for m in model.modules() if isinstance(m, nn.LayerNorm))
+    exact = VisionTransformer(tiny())
+    assert exact.blocks[0].mlp.act.approximate == "none"
+    assert all(m.eps == 1e-6 for m in exact.modules() if isinstance(m, nn.LayerNorm))
+
+
+def test_block_is_pre_layernorm_with_residuals():
+    """z' = MSA(LN(z)) + z (eq. 2); z = MLP(LN(z')) + z' (eq. 3), with GELU between the MLP's layers."""
+    model = VisionTransformer(tiny(gelu="tanh")).eval()
+    block, z = model.blocks[0], torch.randn(2, 17, 32)
+    attn = block.attn
+    y = F.layer_norm(z, (32,), block.norm1.weight, block.norm1.bias, eps=1e-6)
+    q, k, v = attn.qkv(y).reshape(2, 17, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1) @ v
+    z1 = attn.proj(a.transpose(1, 2).reshape(2, 17, 32)) + z
+    y = F.layer_norm(z1, (32,), block.norm2.weight, block.norm2.bias, eps=1e-6)
+    z2 = block.mlp.fc2(F.gelu(block.mlp.fc1(y), approximate="tanh")) + z1
+    torch.testing.assert_close(block(z)[0], z2, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_and_stochastic_depth_act_only_in_training():
+    model = VisionTransformer(tiny(dropout=0.1, attn_dropout=0.1, drop_path=0.2, depth=3))
+    assert [b.drop_path for b in model.blocks] == pytest.approx([0.0, 0.1, 0.2])  # linear in depth
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    torch.testing.assert_close(model.forward_features(x), model.forward_features(x), rtol=0, atol=0)
+    model.train()
+    assert not torch.allclose(model.forward_features(x), model.forward_features(x))
+
+
+def test_drop_path_drops_whole_samples_and_keeps_the_mean():
+    x = torch.ones(20_000, 3, 2)
+    y = drop_path(x, 0.25, training=True)
+    per_sample = y.flatten(1)
+    assert ((per_sample == 0).all(1) | (per_sample == 1 / 0.75).all(1)).all()
+    assert y.mean().item() == pytest.approx(1.0, abs=0.03)
+    assert drop_path(x, 0.25, training=False) is x
+
+
+# --- initialisation -----------------------------------------------------------------------------------
+def test_initialisation_follows_the_reference_code():
+    torch.manual_seed(0)
+    cfg = tiny(dim=256, num_heads=4, mlp_dim=512, depth=1, patch_size=16, image_size=64,
+               representation_size=128)
+    model = VisionTransformer(cfg)
+    # Embeddings: truncated normal, std 0.02, cut at two standard deviations.
+    for t in (model.pos_embed, model.cls_token):
+        assert t.abs().max() <= 0.04
+    assert model.pos_embed.std().item() == pytest.approx(0.02 * 0.88, rel=0.2)
+    # Patch projection and pre-logits: LeCun normal, variance 1 / fan_in.
+    for w, fan_in in ((model.patch_embed.proj.weight, 3 * 16 * 16), (model.pre_logits.weight, 256)):
+        assert w.std().item() == pytest.approx(fan_in**-0.5, rel=0.05)
+    assert torch.equal(model.patch_embed.proj.bias, torch.zeros(256))
+    # Encoder linears: Xavier uniform; q, k and v each as their own D x D map.
+    qkv = model.blocks[0].attn.qkv.weight
+    bound = math.sqrt(6 / (256 + 256))
+    for w in qkv.chunk(3):
+        assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound
+    fc1 = model.blocks[0].mlp.fc1
+    assert fc1.weight.abs().max() <= math.sqrt(6 / (256 + 512))
+    assert 0 < fc1.bias.abs().max() < 1e-4  # N(0, 1e-6)
+    assert torch.equal(model.blocks[0].attn.qkv.bias, torch.zeros(3 * 256))
+    assert torch.equal(model.head.weight, torch.zeros(10, 128))
+
+
+# --- numerical equality with timm ---------------------------------------------------------------------
+def timm_twin(cfg: ViTConfig) -> nn.Module:
+    act = partial(nn.GELU, approximate="tanh" if cfg.gelu == "tanh" else "none")
+    return timm_vit.VisionTransformer(
+        img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes, embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_dim / cfg.dim, qkv_bias=cfg.qkv_bias, class_token=cfg.class_token,
+        global_pool="token" if cfg.pool == "token" else "avg", fc_norm=False, act_layer=act,
+        norm_layer=partial(nn.LayerNorm, eps=cfg.ln_eps),
+    ).eval()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(pool="gap", class_token=False),
+        dict(gelu="tanh", image_size=(32, 48), qkv_bias=False),
+        dict(dim=64, depth=3, num_heads=8, mlp_dim=96, pool="gap", class_token=False, in_chans=1,
+             mean=(0.5,), std=(0.5,)),
+    ],
+    ids=["token", "gap", "tanh-nonsquare-nobias", "gap-wide-1ch"],
+)
+def test_equal_to_timm_given_the_same_weights(overrides):
+    cfg = tiny(**overrides)
+    ours = randomise_head(VisionTransformer(cfg)).eval()
+    theirs = timm_twin(cfg)
+    theirs.load_state_dict(ours.state_dict(), strict=True)  # same names and shapes, nothing left over
+    x = torch.randn(3, cfg.in_chans, *cfg.image_size)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x), theirs.forward_features(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+        _, attentions = ours.forward_features(x, return_attention=True)
+    assert len(attentions) == cfg.depth
