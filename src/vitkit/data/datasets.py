@@ -1,0 +1,450 @@
+"""The datasets vitkit trains and evaluates on, and `resolve`, which turns a name or a folder into one.
+
+* Fashion-MNIST from its IDX files (gzip-compressed or not), downloaded from the official location and checked
+  against the published MD5s when it is nowhere on disk.
+* CIFAR-10 and CIFAR-100 in their binary format (never the pickled Python one).
+* Image folders: one sub-folder per class, each image opened with `vitkit.data.images.open_image`.
+
+Fashion-MNIST and CIFAR are held in memory as whole uint8 tensors (`.images`, (N, C, H, W); `.targets`, int64
+(N,)), and their items are `(uint8 tensor (C, H, W), int label)`; an image folder's items are
+`(PIL image, int label)`. torchvision.transforms.v2 accepts both. Every dataset has `.classes` (list of names)
+and `.num_channels` (1 for grey, 3 for colour).
+
+Where a dataset is looked for, in order: the `data_dir` argument, `$VITKIT_DATA`, `~/.cache/vitkit`, and
+`/usr/share/datasets` (Debian's dataset-fashion-mnist installs `/usr/share/datasets/fashion-mnist`). In each
+place the files may lie directly or in the dataset's own sub-folder (`fashion-mnist/`, `cifar-10-batches-bin/`,
+`cifar-100-binary/`, ...).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from .download import download_file
+from .images import BadImageError, open_image
+
+# --- where datasets are looked for ------------------------------------------------------------------------
+DATA_ENV = "VITKIT_DATA"
+SYSTEM_DATA_DIRS: tuple[Path, ...] = (Path("/usr/share/datasets"),)  # Debian's dataset-* packages
+SPLITS = ("train", "test")
+
+
+def cache_dir() -> Path:
+    """vitkit's own data cache, `~/.cache/vitkit`."""
+    return Path.home() / ".cache" / "vitkit"
+
+
+def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The places a dataset is looked for, in order: `data_dir`, `$VITKIT_DATA`, `~/.cache/vitkit`, then the
+    system's dataset folders."""
+    roots = []
+    if data_dir is not None:
+        roots.append(Path(data_dir).expanduser())
+    if os.environ.get(DATA_ENV):
+        roots.append(Path(os.environ[DATA_ENV]).expanduser())
+    roots.append(cache_dir())
+    roots.extend(SYSTEM_DATA_DIRS)
+    return roots
+
+
+def download_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where a download goes: `data_dir`, else `$VITKIT_DATA`, else `~/.cache/vitkit`."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
+    if os.environ.get(DATA_ENV):
+        return Path(os.environ[DATA_ENV]).expanduser()
+    return cache_dir()
+
+
+def _candidate_folders(roots: Sequence[Path], subfolders: Sequence[str]) -> list[Path]:
+    """Each root itself, then each of the dataset's usual sub-folders of it."""
+    out = []
+    for root in roots:
+        out.append(root)
+        out.extend(root / sub for sub in subfolders)
+    return out
+
+
+def _check_split(split: str, name: str) -> str:
+    # The named datasets have no validation split; their test split serves for evaluation.
+    split = {"val": "test", "valid": "test", "validation": "test"}.get(split, split)
+    if split not in SPLITS:
+        raise ValueError(f"{name} has no split {split!r}; choose from train, test (val means test)")
+    return split
+
+
+# --- in-memory datasets -----------------------------------------------------------------------------------
+class TensorImageDataset(Dataset):
+    """Images held in memory: `images` uint8 (N, C, H, W), `targets` int64 (N,). Items are
+    `(images[i], int(targets[i]))`, the image a uint8 tensor (C, H, W)."""
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, classes: Sequence[str], name: str = ""):
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"{name or 'dataset'}: images must be uint8 (N, C, H, W), got {images.dtype} "
+                             f"{tuple(images.shape)}")
+        if targets.shape != (images.shape[0],):
+            raise ValueError(f"{name or 'dataset'}: {images.shape[0]} images but targets of shape "
+                             f"{tuple(targets.shape)}")
+        self.images = images
+        self.targets = targets.to(torch.int64)
+        self.classes = list(classes)
+        self.name = name
+
+    @property
+    def num_channels(self) -> int:
+        return int(self.images.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.targets[index])
+
+    def __repr__(self) -> str:
+        n, c, h, w = self.images.shape
+        return f"{type(self).__name__}({self.name!r}, {n} images {c}x{h}x{w}, {len(self.classes)} classes)"
+
+
+# --- Fashion-MNIST ----------------------------------------------------------------------------------------
+# Official location and checksums: the README of github.com/zalandoresearch/fashion-mnist ("Get the Data").
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+FASHION_MNIST_URL_ENV = "VITKIT_FASHION_MNIST_URL"
+FASHION_MNIST_MD5 = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+FASHION_MNIST_FILES = {  # split -> (images, labels), without the .gz
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+FASHION_MNIST_SUBFOLDERS = ("fashion-mnist", "fashion_mnist", "FashionMNIST")
+
+# IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT"); only unsigned bytes occur here.
+_IDX_UBYTE = 0x08
+
+
+def read_idx(path: str | os.PathLike[str]) -> torch.Tensor:
+    """Read an IDX file of unsigned bytes (gzip-compressed or not, told by its first bytes) as a uint8 tensor
+    of the shape its header gives. Errors name the file."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"{path}: corrupt gzip data ({e})") from e
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise ValueError(f"{path}: not an IDX file (bad magic number)")
+    dtype, ndim = raw[2], raw[3]
+    if dtype != _IDX_UBYTE:
+        raise ValueError(f"{path}: IDX type code 0x{dtype:02x}, only unsigned bytes (0x08) are supported")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header")
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    expected = int(np.prod(shape, dtype=np.int64))
+    if len(raw) - header != expected:
+        raise ValueError(f"{path}: header says shape {shape} ({expected} bytes), file has {len(raw) - header}")
+    data = np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+    return torch.from_numpy(data.copy())
+
+
+def _find_file(folder: Path, base: str) -> Path | None:
+    for name in (base + ".gz", base):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def find_fashion_mnist(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, Path] | None:
+    """The (images, labels) IDX files of a split, from the first place that has both; None if none has."""
+    split = _check_split(split, "fashion-mnist")
+    images_base, labels_base = FASHION_MNIST_FILES[split]
+    for folder in _candidate_folders(data_roots(data_dir), FASHION_MNIST_SUBFOLDERS):
+        images, labels = _find_file(folder, images_base), _find_file(folder, labels_base)
+        if images is not None and labels is not None:
+            return images, labels
+    return None
+
+
+def download_fashion_mnist(
+    split: str = "train",
+    data_dir: str | os.PathLike[str] | None = None,
+    base_url: str | None = None,
+    md5s: dict[str, str] | None = None,
+    progress: bool = True,
+) -> tuple[Path, Path]:
+    """Download a split's two files into `<download_root>/fashion-mnist/` and check their MD5s.
+
+    `base_url` defaults to `$VITKIT_FASHION_MNIST_URL`, else the official location; `md5s` (file name -> hex
+    digest) defaults to the published checksums.
+    """
+    split = _check_split(split, "fashion-mnist")
+    base_url = base_url or os.environ.get(FASHION_MNIST_URL_ENV) or FASHION_MNIST_URL
+    md5s = FASHION_MNIST_MD5 if md5s is None else md5s
+    folder = download_root(data_dir) / "fashion-mnist"
+    paths = []
+    for base in FASHION_MNIST_FILES[split]:
+        name = base + ".gz"
+        dest = folder / name
+        if not dest.is_file():
+            download_file(base_url.rstrip("/") + "/" + name, dest, md5=md5s[name], progress=progress)
+        paths.append(dest)
+    return paths[0], paths[1]
+
+
+def load_fashion_mnist(
+    split: str = "train",
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = True,
+    base_url: str | None = None,
+    md5s: dict[str, str] | None = None,
+) -> TensorImageDataset:
+    """Fashion-MNIST's train (60,000) or test (10,000) split: 28x28 grey images, 10 classes."""
+    split = _check_split(split, "fashion-mnist")
+    found = find_fashion_mnist(split, data_dir)
+    if found is None:
+        if not download:
+            places = ", ".join(str(p) for p in data_roots(data_dir))
+            raise FileNotFoundError(
+                f"Fashion-MNIST ({split}) not found in {places} (nor their fashion-mnist/ sub-folders); "
+                "allow the download, or install Debian's dataset-fashion-mnist"
+            )
+        found = download_fashion_mnist(split, data_dir, base_url=base_url, md5s=md5s)
+    images_path, labels_path = found
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3:
+        raise ValueError(f"{images_path}: expected images (N, H, W), got shape {tuple(images.shape)}")
+    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+        raise ValueError(f"{labels_path}: {tuple(labels.shape)} labels for {images.shape[0]} images in {images_path}")
+    if labels.numel() and int(labels.max()) >= len(FASHION_MNIST_CLASSES):
+        raise ValueError(f"{labels_path}: label {int(labels.max())} out of range 0-9")
+    return TensorImageDataset(images.unsqueeze(1), labels, FASHION_MNIST_CLASSES, name=f"fashion-mnist/{split}")
+
+
+# --- CIFAR-10 and CIFAR-100, binary version ---------------------------------------------------------------
+# Format (https://www.cs.toronto.edu/~kriz/cifar.html, "Binary version"): records of label byte(s) then 3072
+# pixel bytes, the red, green and blue 32x32 planes in turn, each row-major.
+CIFAR_PIXELS = 3 * 32 * 32
+CIFAR10_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
+CIFAR10_META = "batches.meta.txt"
+CIFAR10_SUBFOLDERS = ("cifar-10-batches-bin", "cifar10", "cifar-10", "cifar10/cifar-10-batches-bin")
+CIFAR100_FILES = {"train": ["train.bin"], "test": ["test.bin"]}
+CIFAR100_META = {"fine": "fine_label_names.txt", "coarse": "coarse_label_names.txt"}
+CIFAR100_SUBFOLDERS = ("cifar-100-binary", "cifar100", "cifar-100", "cifar100/cifar-100-binary")
+
+
+def read_label_names(path: Path) -> list[str]:
+    """One class name a line; blank lines (the official files end with some) are dropped."""
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_cifar_records(path: Path, label_bytes: int, label_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images uint8 (N, 3, 32, 32) and labels int64 (N,) from one CIFAR binary file; `label_index` picks
+    which of the `label_bytes` leading bytes is the label."""
+    raw = np.fromfile(path, dtype=np.uint8)
+    record = label_bytes + CIFAR_PIXELS
+    if raw.size == 0 or raw.size % record:
+        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of {record}-byte CIFAR records")
+    rows = raw.reshape(-1, record)
+    labels = torch.from_numpy(rows[:, label_index].astype(np.int64))
+    images = torch.from_numpy(np.ascontiguousarray(rows[:, label_bytes:]).reshape(-1, 3, 32, 32))
+    return images, labels
+
+
+def _find_cifar_folder(needed: Sequence[str], subfolders: Sequence[str], data_dir) -> Path | None:
+    for folder in _candidate_folders(data_roots(data_dir), subfolders):
+        if all((folder / name).is_file() for name in needed):
+            return folder
+    return None
+
+
+def load_cifar(
+    name: str, split: str = "train", data_dir: str | os.PathLike[str] | None = None, label: str = "fine"
+) -> TensorImageDataset:
+    """CIFAR-10 (`name="cifar10"`) or CIFAR-100 (`"cifar100"`, with its `"fine"` 100 or `"coarse"` 20
+    labels) from the binary files; 32x32 colour images."""
+    split = _check_split(split, name)
+    if name == "cifar10":
+        files, meta, subfolders, label_bytes, label_index = (
+            CIFAR10_FILES[split], CIFAR10_META, CIFAR10_SUBFOLDERS, 1, 0)
+    elif name == "cifar100":
+        if label not in CIFAR100_META:
+            raise ValueError(f"cifar100 label={label!r}: choose fine or coarse")
+        files, meta, subfolders, label_bytes = CIFAR100_FILES[split], CIFAR100_META[label], CIFAR100_SUBFOLDERS, 2
+        label_index = 1 if label == "fine" else 0  # each record starts with the coarse byte, then the fine
+    else:
+        raise ValueError(f"unknown CIFAR {name!r}: choose cifar10 or cifar100")
+    folder = _find_cifar_folder([*files, meta], subfolders, data_dir)
+    if folder is None:
+        places = ", ".join(str(p) for p in data_roots(data_dir))
+        raise FileNotFoundError(
+            f"{name} ({split}): no folder with {', '.join([*files, meta])} in {places} "
+            f"(nor their {', '.join(subfolders)} sub-folders); get the binary version from "
+            "https://www.cs.toronto.edu/~kriz/cifar.html and unpack it there"
+        )
+    classes = read_label_names(folder / meta)
+    parts = [read_cifar_records(folder / f, label_bytes, label_index) for f in files]
+    images = torch.cat([p[0] for p in parts])
+    targets = torch.cat([p[1] for p in parts])
+    if targets.numel() and int(targets.max()) >= len(classes):
+        raise ValueError(f"{folder}: label {int(targets.max())} but {folder / meta} names {len(classes)} classes")
+    return TensorImageDataset(images, targets, classes, name=f"{name}/{split}")
+
+
+# --- image folders ----------------------------------------------------------------------------------------
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm",
+                    ".pnm")
+
+
+class ImageFolderDataset(Dataset):
+    """An image folder: one sub-folder per class (sorted names; class index = position), image files found
+    by extension (hidden files and folders ignored). Items are `(PIL image in `mode`, int label)`.
+
+    Bad files (corrupt, truncated, empty, not an image, decompression bombs) are found lazily, when an item is
+    loaded. Without `skip_bad_images` loading one raises `BadImageError` naming the file. With it, the file is
+    recorded as skipped and the next good file in order is returned in its place; the record lives in shared
+    memory, so skips found in DataLoader worker processes count too: `num_skipped` and `skipped` (the paths)
+    give the distinct bad files found so far, and a skipped file is not opened again. `check_all()` finds them
+    all up front.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        mode: str = "RGB",
+        skip_bad_images: bool = False,
+        extensions: Sequence[str] = IMAGE_EXTENSIONS,
+    ):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"{self.root}: not a folder")
+        self.mode = mode
+        self.skip_bad_images = skip_bad_images
+        exts = tuple(e.lower() for e in extensions)
+        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if not self.classes:
+            raise ValueError(f"{self.root}: no class sub-folders (expected one folder of images per class)")
+        self.samples: list[tuple[Path, int]] = []
+        for index, name in enumerate(self.classes):
+            for dirpath, dirnames, filenames in os.walk(self.root / name, followlinks=True):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                for f in sorted(filenames):
+                    if not f.startswith(".") and f.lower().endswith(exts):
+                        self.samples.append((Path(dirpath) / f, index))
+        if not self.samples:
+            raise ValueError(f"{self.root}: no image files ({', '.join(exts)}) in its class folders")
+        self.targets = torch.tensor([t for _, t in self.samples], dtype=torch.int64)
+        # One flag per file, in shared memory so that DataLoader workers' findings are seen here.
+        self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
+
+    @property
+    def num_channels(self) -> int:
+        return 1 if self.mode == "L" else 3
+
+    @property
+    def skipped(self) -> list[Path]:
+        """The bad files found so far (only with skip_bad_images)."""
+        return [self.samples[i][0] for i in torch.nonzero(self._bad).flatten().tolist()]
+
+    @property
+    def num_skipped(self) -> int:
+        return int(self._bad.sum())
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        n = len(self.samples)
+        for step in range(n):
+            i = (index + step) % n
+            if self._bad[i]:
+                continue
+            path, target = self.samples[i]
+            try:
+                return open_image(path, self.mode), target
+            except BadImageError:
+                if not self.skip_bad_images:
+                    raise
+                self._bad[i] = True
+        raise BadImageError(f"{self.root}: every one of its {n} image files is unreadable")
+
+    def check_all(self, progress: bool = True) -> list[Path]:
+        """Open every file now; with skip_bad_images the bad ones are recorded (and returned), without it the
+        first bad one raises BadImageError."""
+        from tqdm import tqdm
+
+        for i, (path, _) in enumerate(tqdm(self.samples, desc=f"checking {self.root.name}", disable=not progress,
+                                           leave=False)):
+            if self._bad[i]:
+                continue
+            try:
+                open_image(path, self.mode)
+            except BadImageError:
+                if not self.skip_bad_images:
+                    raise
+                self._bad[i] = True
+        return self.skipped
+
+    def __repr__(self) -> str:
+        return f"ImageFolderDataset({str(self.root)!r}, {len(self)} images, {len(self.classes)} classes)"
+
+
+# --- names and folders to datasets ------------------------------------------------------------------------
+DATASET_NAMES = ("fashion-mnist", "cifar10", "cifar100")
+_ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
+            "cifar10": "cifar10", "cifar-10": "cifar10", "cifar100": "cifar100", "cifar-100": "cifar100"}
+_SPLIT_FOLDERS = {"train": ("train", "training"), "test": ("test", "testing"), "val": ("val", "valid", "validation")}
+
+
+def _split_folder(root: Path, split: str) -> Path:
+    """A folder's split: its `train`/`test`/`val` sub-folder when it has split sub-folders, else itself."""
+    if split not in _SPLIT_FOLDERS:
+        raise ValueError(f"unknown split {split!r}: choose from {', '.join(_SPLIT_FOLDERS)}")
+    for name in _SPLIT_FOLDERS[split]:
+        if (root / name).is_dir():
+            return root / name
+    present = [n for names in _SPLIT_FOLDERS.values() for n in names if (root / n).is_dir()]
+    if present:
+        raise FileNotFoundError(f"{root} has split folders {', '.join(present)} but no {split!r} one")
+    return root
+
+
+def resolve(
+    data: str | os.PathLike[str] | Dataset,
+    split: str = "train",
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = True,
+    skip_bad_images: bool = False,
+) -> Dataset:
+    """The dataset `data` names: `fashion-mnist`, `cifar10`, `cifar100`, or a folder of class sub-folders
+    (with `train`/`test`/`val` split sub-folders used when present). A Dataset is returned unchanged.
+
+    `split` is train, test or val (val means test for the named datasets, which have no validation split).
+    `download` lets Fashion-MNIST be fetched when it is nowhere on disk; `skip_bad_images` applies to folders.
+    """
+    if isinstance(data, Dataset):
+        return data
+    key = str(data).strip().lower().replace("_", "-")
+    if key in _ALIASES and not Path(str(data)).is_dir():
+        name = _ALIASES[key]
+        if name == "fashion-mnist":
+            return load_fashion_mnist(split, data_dir, download=download)
+        return load_cifar(name, split, data_dir)
+    path = Path(data).expanduser()
+    if path.is_dir():
+        return ImageFolderDataset(_split_folder(path, split), skip_bad_images=skip_bad_images)
+    raise FileNotFoundError(f"{data}: not a folder, and not a dataset name ({', '.join(DATASET_NAMES)})")

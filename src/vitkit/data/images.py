@@ -1,0 +1,122 @@
+"""Opening an image file safely: every Pillow mode to 'RGB' or 'L', decompression bombs refused, and every way a
+file can be bad (corrupt, truncated, empty, not an image) reported as one `BadImageError` naming the file."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageCms, ImageFile
+
+# The largest image we decode, Pillow's own default limit: 2**30 // 4 // 3 = 89.5 megapixels (0.25 GiB as
+# RGB; a 12000 x 7400 photograph). A header claiming more is taken for a decompression bomb, a small file that
+# would take gigabytes to decode. Checked here, without changing Pillow's global Image.MAX_IMAGE_PIXELS.
+MAX_IMAGE_PIXELS = 2**30 // 4 // 3
+
+MODES = ("RGB", "L")
+BACKGROUND = 255  # transparent pixels are shown over white, as an image viewer or a web page does
+
+
+class BadImageError(ValueError):
+    """A file that cannot be used as an image; the message names it."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None):
+        super().__init__(message)
+        self.path = Path(path) if path is not None else None
+
+
+def _high_depth_to_8bit(im: Image.Image) -> Image.Image:
+    """16/32-bit integer ('I', 'I;16*') and float ('F') images to 'L', by scaling, not clipping (Pillow's
+    convert('L') clips 16-bit values at 255).
+
+    Integer images are taken as 16-bit when their mode says so or a value exceeds 255 (a 16-bit PNG opens as
+    'I' or 'I;16'), and as 8-bit otherwise. Float images in [0, 1] are scaled by 255, in [0, 255] kept; any
+    other range is stretched from its minimum to its maximum.
+    """
+    a = np.asarray(im).astype(np.float64)
+    if im.mode == "F":
+        lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+        if not np.isfinite(a).all():
+            a = np.nan_to_num(a, nan=0.0, posinf=hi if np.isfinite(hi) else 0.0, neginf=0.0)
+            lo, hi = float(a.min()), float(a.max())
+        if lo >= 0.0 and hi <= 1.0:
+            a = a * 255.0
+        elif lo < 0.0 or hi > 255.0:
+            a = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
+    elif im.mode.startswith("I;16") or (a.size and a.max() > 255):
+        a = np.clip(a, 0, 65535) / 257.0  # 65535 / 257 = 255
+    a = np.clip(np.rint(a), 0, 255).astype(np.uint8)
+    return Image.fromarray(a, mode="L")
+
+
+def _lab_to_rgb(im: Image.Image) -> Image.Image:
+    srgb, lab = ImageCms.createProfile("sRGB"), ImageCms.createProfile("LAB")
+    transform = ImageCms.buildTransform(lab, srgb, "LAB", "RGB")
+    return ImageCms.applyTransform(im, transform)
+
+
+def _flatten_alpha(im: Image.Image) -> Image.Image:
+    """An image with transparency, composited over the background, as 'RGB'."""
+    rgba = im.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, (BACKGROUND, BACKGROUND, BACKGROUND, 255))
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def convert_mode(im: Image.Image, mode: str = "RGB") -> Image.Image:
+    """Any Pillow image as 'RGB' or 'L' (grey uses ITU-R 601 luma, Pillow's convert('L'))."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: choose RGB or L")
+    if im.mode == mode:
+        return im
+    if im.mode in ("I", "F") or im.mode.startswith("I;16"):
+        im = _high_depth_to_8bit(im)
+    elif im.mode == "LAB":
+        im = _lab_to_rgb(im)
+    elif im.mode in ("La", "RGBa"):  # premultiplied alpha: undo it first
+        im = im.convert("LA" if im.mode == "La" else "RGBA")
+    if im.mode in ("LA", "PA", "RGBA") or (im.mode == "P" and "transparency" in im.info) or (
+        im.mode == "L" and "transparency" in im.info) or (im.mode == "RGB" and "transparency" in im.info):
+        im = _flatten_alpha(im)
+    return im if im.mode == mode else im.convert(mode)
+
+
+def open_image(path: str | os.PathLike[str], mode: str = "RGB") -> Image.Image:
+    """Open and fully decode an image file, converted to `mode` ('RGB' or 'L').
+
+    Raises BadImageError (a ValueError naming the file) for an empty, corrupt, truncated or non-image file and
+    for an image above MAX_IMAGE_PIXELS (checked from the header, before decoding), and FileNotFoundError for a
+    missing one. Multi-frame files (GIF, TIFF) give their first frame.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: choose RGB or L")
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise BadImageError(f"{path}: empty file", path)
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated files would pass as images")
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns (and only errors at twice its own limit); here a bomb is always an error.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                width, height = im.size
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise BadImageError(
+                        f"{path}: {width}x{height} pixels is over the limit of {MAX_IMAGE_PIXELS:,} "
+                        "(a decompression bomb?); refused", path)
+                im.load()
+                return convert_mode(im, mode)
+    except BadImageError:
+        raise
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise BadImageError(f"{path}: refused as a decompression bomb ({e})", path) from e
+    except Image.UnidentifiedImageError as e:
+        raise BadImageError(f"{path}: not an image file (Pillow cannot identify it)", path) from e
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, MemoryError) as e:
+        # Pillow reports truncated and corrupt data as OSError ("image file is truncated"), and some decoders
+        # as SyntaxError, ValueError or struct/index errors.
+        if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise BadImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {e})", path) from e
