@@ -165,7 +165,7 @@ def test_count_parameters_allocates_nothing_and_agrees_with_a_real_model():
     [("ViT-B/16", {}), ("ViT-S/32", dict(representation_size=384, image_size=(224, 320))), ("ViT-H/14", {})],
 )
 def test_count_flops_equals_torch_flop_counter(name, overrides):
-    """The closed form equals what torch counts for the matmuls, convolution and attention of a forward pass."""
+    """The closed form equals what torch counts for the matmuls, convolution and attention of a forward."""
     with torch.device("meta"):
         model = create_model(name, **overrides)
         x = torch.empty(1, 3, *model.cfg.image_size)

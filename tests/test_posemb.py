@@ -28,7 +28,8 @@ def big_vision_sincos(h: int, w: int, width: int, temperature: float = 10_000.0)
     rows = []
     for y in range(h):
         for x in range(w):
-            rows.append(np.concatenate([np.sin(x * omega), np.cos(x * omega), np.sin(y * omega), np.cos(y * omega)]))
+            xs, ys = x * omega, y * omega
+            rows.append(np.concatenate([np.sin(xs), np.cos(xs), np.sin(ys), np.cos(ys)]))
     return np.stack(rows)
 
 
