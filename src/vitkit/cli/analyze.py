@@ -1,0 +1,331 @@
+"""`vitkit analyze attention|filters|posemb|distance` (the paper's Figures 6 and 7), `vitkit fewshot` (the
+few-shot linear evaluation) and `vitkit probe` (a logistic-regression probe), on any checkpoint vitkit loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+analyze_app = typer.Typer(
+    help="Look inside a ViT as the paper does: attention maps (Fig. 6), filters, position embeddings and "
+         "attention distance (Fig. 7).",
+    no_args_is_help=True,
+)
+
+CKPT_HELP = "A checkpoint vitkit loads (a vitkit folder, or any format `vitkit info` reads)."
+
+
+def _device(name: str):
+    import torch
+
+    from .main import UsageError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}", "use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {name!r} asked for, but no CUDA device is available", "use --device cpu")
+    return dev
+
+
+def _load(ckpt: str):
+    from .. import load
+
+    return load(ckpt)
+
+
+def _label(ckpt: str, model) -> str:
+    name = model.cfg.name or Path(ckpt).name
+    gh, gw = model.cfg.grid_size
+    return f"{name} ({model.cfg.depth} layers, patch {model.cfg.patch_size}, {gh}x{gw} grid)"
+
+
+def _write_json(path: Path | None, payload: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+        typer.echo(f"numbers written to {path}")
+
+
+def _parse_ints(text: str, what: str) -> list[int]:
+    from .main import UsageError
+
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a comma-separated list of integers", "e.g. 1,5,10,25") from None
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{what} {text!r} must list positive integers", "e.g. 1,5,10,25")
+    return values
+
+
+# --- vitkit analyze attention ---------------------------------------------------------------------------------
+@analyze_app.command("attention")
+def attention(
+    ckpt: str = typer.Argument(..., help=CKPT_HELP),
+    images: list[Path] = typer.Argument(..., help="Image files to explain."),
+    out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write."),
+    layer: int | None = typer.Option(None, "--layer", help="Show this layer's raw attention (0-based, -1 the "
+                                     "last) instead of the rollout through all layers."),
+    head: int | None = typer.Option(None, "--head", help="With --layer: one head's attention instead of the "
+                                    "heads' mean."),
+    discard: float = typer.Option(0.0, "--discard", help="Rollout: zero this fraction of the weakest "
+                                  "attention weights in each row first (0 = the paper's plain rollout)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+) -> None:
+    """Attention maps from the class token to the patches, overlaid on the images (Fig. 6).
+
+    By default, attention rollout: the heads' mean plus the identity (the residual path), rows re-normalised,
+    multiplied through all layers. A GAP model (no class token) uses the mean over the patch tokens instead.
+    """
+    import torch
+
+    from ..analysis.figures import plot_attention, save_figure
+    from ..analysis.inputs import eval_transform, load_image, to_display
+    from ..analysis.rollout import attention_rollout, layer_attention
+    from .main import UsageError
+
+    if head is not None and layer is None:
+        raise UsageError("--head needs --layer", "e.g. --layer -1 --head 0")
+    model = _load(ckpt)
+    cfg = model.cfg
+    transform = eval_transform(cfg)
+    dev = _device(device)
+    model = model.to(dev)
+    x = torch.stack([transform(load_image(p)) for p in images])  # (B, C, H, W)
+    with torch.inference_mode():
+        _, attns = model.forward_features(x.to(dev), return_attention=True)
+    attns = [a.cpu() for a in attns]
+    if layer is None:
+        maps = attention_rollout(attns, cfg.num_prefix_tokens, discard_ratio=discard)
+        method = "rollout"
+    else:
+        maps = layer_attention(attns, layer, cfg.num_prefix_tokens, head)
+        method = f"layer {layer}" + (f", head {head}" if head is not None else ", mean of heads")
+    query = "class token" if cfg.num_prefix_tokens else "mean patch token (GAP)"
+    fig = plot_attention([to_display(xi, cfg) for xi in x], list(maps), cfg.grid_size,
+                         titles=[p.name for p in images], method=method,
+                         suptitle=f"Attention from the {query}: {_label(ckpt, model)}")
+    typer.echo(f"wrote {save_figure(fig, out)}")
+
+
+# --- vitkit analyze filters -----------------------------------------------------------------------------------
+@analyze_app.command("filters")
+def filters(
+    ckpt: str = typer.Argument(..., help=CKPT_HELP),
+    out: Path = typer.Option(Path("filters.png"), "--out", "-o", help="PNG to write."),
+    components: int = typer.Option(28, "--components", "-k", help="How many principal components to show."),
+) -> None:
+    """The first principal components of the patch-embedding filters as RGB or grey patches (Fig. 7, left)."""
+    from ..analysis.figures import plot_filters, save_figure
+    from ..analysis.filters import filter_principal_components
+    from .main import UsageError
+
+    model = _load(ckpt)
+    proj = getattr(model.patch_embed, "proj", None)
+    if proj is None:
+        raise UsageError(f"{ckpt}: a hybrid model has no patch filters (its patches are ResNet features)",
+                         "use a plain ViT checkpoint")
+    pcs = filter_principal_components(proj.weight, components)
+    fig = plot_filters(pcs, title=f"Patch-embedding filters, first {pcs.components.shape[0]} principal "
+                                  f"components:\n{_label(ckpt, model)}")
+    typer.echo(f"wrote {save_figure(fig, out)}")
+    shares = ", ".join(f"{100 * float(v):.1f}%" for v in pcs.explained[:5])
+    typer.echo(f"variance explained by the first components: {shares}")
+
+
+# --- vitkit analyze posemb ------------------------------------------------------------------------------------
+@analyze_app.command("posemb")
+def posemb(
+    ckpt: str = typer.Argument(..., help=CKPT_HELP),
+    out: Path = typer.Option(Path("posemb.png"), "--out", "-o", help="PNG to write."),
+) -> None:
+    """Cosine similarity of each patch's position embedding with all others, tiled on the grid (Fig. 7, centre)."""
+    from ..analysis.figures import plot_position_similarity, save_figure
+    from ..analysis.posemb_similarity import position_similarity
+    from .main import UsageError
+
+    model = _load(ckpt)
+    table = model.position_table()
+    if table is None:
+        raise UsageError(f"{ckpt}: the model has no position embedding (pos_embed='none')",
+                         "use a checkpoint with learned or sin-cos position embeddings")
+    sim = position_similarity(table, model.cfg.grid_size, model.cfg.num_prefix_tokens)
+    fig = plot_position_similarity(sim, title=f"Position embedding similarity ({model.cfg.pos_embed}):\n"
+                                              f"{_label(ckpt, model)}")
+    typer.echo(f"wrote {save_figure(fig, out)}")
+
+
+# --- vitkit analyze distance ----------------------------------------------------------------------------------
+@analyze_app.command("distance")
+def distance(
+    ckpt: str = typer.Argument(..., help=CKPT_HELP),
+    data: str = typer.Option(..., "--data", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    split: str = typer.Option("test", help="train or test."),
+    num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over (the first N)."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b"),
+    out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+) -> None:
+    """Mean attention distance in pixels of every head against depth (Fig. 7, right)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from ..analysis.distance import attention_distance, patch_distances
+    from ..analysis.features import iterate_batches
+    from ..analysis.figures import plot_attention_distance, save_figure
+    from ..analysis.inputs import eval_transform, resolve_data
+    from .main import UsageError
+
+    if num_images < 1:
+        raise UsageError(f"--num-images must be positive, got {num_images}")
+    model = _load(ckpt)
+    cfg = model.cfg
+    dev = _device(device)
+    model = model.to(dev).eval()
+    dataset = resolve_data(data, split)
+    total = torch.zeros(cfg.depth, cfg.num_heads, dtype=torch.float64)
+    seen = 0
+    n = min(num_images, len(dataset))
+    with torch.inference_mode(), tqdm(total=n, desc="attention distance", unit="img") as bar:
+        for x, _ in iterate_batches(dataset, batch_size, eval_transform(cfg), limit=n):
+            _, attns = model.forward_features(x.to(dev), return_attention=True)
+            for i, a in enumerate(attns):
+                total[i] += attention_distance(a, cfg.grid_size, cfg.patch_stride, cfg.num_prefix_tokens).sum(0).cpu()
+            seen += x.shape[0]
+            bar.update(x.shape[0])
+    dist = total / seen  # (layers, heads)
+    uniform = float(patch_distances(cfg.grid_size, cfg.patch_stride).mean())
+    fig = plot_attention_distance(dist, reference=uniform,
+                                  title=f"Mean attention distance over {seen} images of {data}:\n"
+                                        f"{_label(ckpt, model)}")
+    typer.echo(f"wrote {save_figure(fig, out)}")
+    table = Table(title="mean attention distance (pixels)")
+    table.add_column("layer", justify="right")
+    for col in ("min head", "mean", "max head"):
+        table.add_column(col, justify="right")
+    for i, row in enumerate(dist):
+        table.add_row(str(i), f"{row.min():.1f}", f"{row.mean():.1f}", f"{row.max():.1f}")
+    Console(width=100).print(table)
+    typer.echo(f"uniform attention over the {cfg.grid_size[0]}x{cfg.grid_size[1]} grid: {uniform:.1f} px")
+    _write_json(json_out, {"checkpoint": ckpt, "data": data, "split": split, "images": seen,
+                           "uniform_attention_px": uniform, "distance_px": dist.tolist()})
+
+
+# --- vitkit fewshot / probe -----------------------------------------------------------------------------------
+def _features(model, ckpt: str, data: str, split: str, limit: int | None, batch_size: int, cache_dir: Path | None,
+              dev):
+    """Representations of a split, through a cache file named after the checkpoint and data when asked."""
+    from ..analysis.features import extract_features
+    from ..analysis.inputs import eval_transform, resolve_data
+
+    dataset = resolve_data(data, split)
+    cache = None
+    if cache_dir is not None:
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{Path(ckpt).name}-{data}-{split}")
+        cache = cache_dir / f"{stem}-{limit or 'all'}.safetensors"
+    feats = extract_features(model, dataset, cache=cache, data_key=f"{data}:{split}", batch_size=batch_size,
+                             transform=eval_transform(model.cfg), limit=limit, device=dev,
+                             desc=f"features {split}")
+    classes = getattr(dataset, "classes", None)
+    return feats, classes
+
+
+def fewshot(
+    ckpt: str = typer.Argument(..., help=CKPT_HELP),
+    data: str = typer.Option(..., "--data", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    shots: str = typer.Option("1,5,10,25", help="Training examples per class, comma-separated."),
+    seeds: int = typer.Option(3, help="Random draws of the shots to average over (big_vision: 3)."),
+    l2_reg: float = typer.Option(2.0**10, "--l2-reg", help="L2 regularisation of the least-squares fit "
+                                 "(big_vision: 2^10)."),
+    train_split: str = typer.Option("train", help="Split the shots are drawn from."),
+    test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
+    max_train: int | None = typer.Option(None, help="Use only the first N training images (faster)."),
+    max_test: int | None = typer.Option(None, help="Use only the first N test images (faster)."),
+    batch_size: int = typer.Option(128, "--batch-size", "-b"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw accuracy against shots to this PNG."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+) -> None:
+    """Few-shot linear evaluation as in the paper: least squares to {-1, 1}^K targets on frozen features.
+
+    The fit is closed-form and L2-regularised (big_vision's fewshot_lsr); accuracy is averaged over random
+    draws of the shots.
+    """
+    from ..analysis.fewshot import fewshot_eval
+    from .main import UsageError
+
+    shot_list = _parse_ints(shots, "--shots")
+    if seeds < 1:
+        raise UsageError(f"--seeds must be at least 1, got {seeds}")
+    model = _load(ckpt)
+    dev = _device(device)
+    train, classes = _features(model, ckpt, data, train_split, max_train, batch_size, cache_dir, dev)
+    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev)
+    K = len(classes) if classes else int(max(train.labels.max(), test.labels.max())) + 1
+    results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg, seeds)
+    table = Table(title=f"few-shot linear evaluation: {data}, {len(test.labels)} test images, {seeds} seeds")
+    for col in ("shots per class", "accuracy %", "std %", "per seed %"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r.shots), f"{100 * r.mean:.2f}", f"{100 * r.std:.2f}",
+                      " ".join(f"{100 * a:.2f}" for a in r.accuracies))
+    Console(width=100).print(table)
+    if plot is not None:
+        from ..analysis.figures import plot_fewshot, save_figure
+
+        rows = [(r.shots, 100 * r.mean, 100 * r.std) for r in results]
+        fig = plot_fewshot({Path(ckpt).name: rows}, title=f"Few-shot linear evaluation on {data}")
+        typer.echo(f"wrote {save_figure(fig, plot)}")
+    _write_json(json_out, {"checkpoint": ckpt, "data": data, "l2_reg": l2_reg, "seeds": seeds,
+                           "train_images": len(train.labels), "test_images": len(test.labels),
+                           "results": [{"shots": r.shots, "accuracy": r.mean, "std": r.std,
+                                        "per_seed": list(r.accuracies)} for r in results]})
+
+
+def probe(
+    ckpt: str = typer.Argument(..., help=CKPT_HELP),
+    data: str = typer.Option(..., "--data", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    c: float | None = typer.Option(None, "--C", help="Inverse regularisation strength; default: chosen from "
+                                   "0.01, 0.1, 1, 10 on a held-out tenth of the training features."),
+    train_split: str = typer.Option("train", help="Split to fit on."),
+    test_split: str = typer.Option("test", help="Split to measure on."),
+    max_train: int | None = typer.Option(None, help="Use only the first N training images (faster)."),
+    max_test: int | None = typer.Option(None, help="Use only the first N test images (faster)."),
+    max_iter: int = typer.Option(1000, help="L-BFGS iterations."),
+    batch_size: int = typer.Option(128, "--batch-size", "-b"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+) -> None:
+    """Linear probe: logistic regression on frozen representations (standardised features)."""
+    from ..analysis.probe import linear_probe
+
+    model = _load(ckpt)
+    dev = _device(device)
+    train, _ = _features(model, ckpt, data, train_split, max_train, batch_size, cache_dir, dev)
+    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev)
+    result = linear_probe(train.features, train.labels, test.features, test.labels, C=c, max_iter=max_iter)
+    for cv, acc in result.validation.items():
+        typer.echo(f"C={cv:g}: held-out accuracy {100 * acc:.2f}%")
+    typer.echo(f"linear probe on {data}: test accuracy {100 * result.accuracy:.2f}% "
+               f"(train {100 * result.train_accuracy:.2f}%, C={result.C:g}, {len(train.labels)} training and "
+               f"{len(test.labels)} test images)")
+    _write_json(json_out, {"checkpoint": ckpt, "data": data, "C": result.C, "accuracy": result.accuracy,
+                           "train_accuracy": result.train_accuracy, "validation": result.validation,
+                           "train_images": len(train.labels), "test_images": len(test.labels)})
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(analyze_app, name="analyze")
+    app.command()(fewshot)
+    app.command()(probe)
