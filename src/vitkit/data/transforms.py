@@ -1,0 +1,374 @@
+"""Image transforms for training and evaluation, in two forms.
+
+* Per sample, with torchvision.transforms.v2 (PIL images or uint8 tensors in, normalised float tensors out):
+  `build_train_transform`, `build_eval_transform`, and `build_batch_transform` for MixUp/CutMix on batches.
+* Per batch, for in-memory uint8 datasets (Fashion-MNIST, CIFAR), where a per-sample pipeline in DataLoader
+  workers is the bottleneck on a few CPU cores: `augment_batch` (random crop, flip, RandAugment, each with its
+  own random draw per image, not one draw for the whole batch as a v2 transform would make),
+  `normalize_batch` (resize, scale, normalise, channel count) and `random_erase_batch`; `train_batch` chains
+  the three.
+
+Normalisation uses the model's preprocessing config (`ViTConfig.mean`, `.std`, `.interpolation`, `.crop_pct`);
+grey images become the model's channel count (1 -> 3 by repeating, 3 -> 1 by ITU-R 601 luma).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import roi_align
+from torchvision.transforms import InterpolationMode, v2
+from torchvision.transforms.v2 import functional as TF
+
+from ..config import ViTConfig
+
+CROPS = ("rrc", "pad-crop", "none")
+ERASE_SCALE = (0.02, 1 / 3)  # area fraction of an erased rectangle (Zhong et al. 2020; timm and torchvision)
+ERASE_RATIO = (0.3, 3.3)  # its aspect ratio range
+RRC_ATTEMPTS = 10  # tries to draw a crop that fits, as torchvision's RandomResizedCrop
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, what PIL's convert("L") uses
+
+_INTERPOLATIONS = {
+    "bicubic": InterpolationMode.BICUBIC,
+    "bilinear": InterpolationMode.BILINEAR,
+    "nearest": InterpolationMode.NEAREST,
+}
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Training-time data augmentation.
+
+    crop: 'rrc' (random-resized-crop, area fraction in `crop_scale`, aspect ratio in `crop_ratio`),
+        'pad-crop' (pad `pad` pixels with zeros on each side, then a random crop of the original size),
+        or 'none' (resize only).
+    hflip: probability of a horizontal flip.
+    randaugment: "N,M" for RandAugment with N ops of magnitude M (of 31 levels; Cubuk et al. 2020), or None.
+    random_erasing: probability of erasing one random rectangle (to the mean: 0 after normalisation).
+    mixup, cutmix: Beta(alpha, alpha) parameters of MixUp and CutMix on batches; 0 turns one off. With both on,
+        each batch gets one of the two at random.
+    """
+
+    crop: str = "rrc"
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    pad: int = 4
+    hflip: float = 0.5
+    randaugment: str | None = None
+    random_erasing: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "crop_scale", tuple(float(s) for s in self.crop_scale))
+        object.__setattr__(self, "crop_ratio", tuple(float(r) for r in self.crop_ratio))
+        if self.randaugment in ("", "none", "None"):
+            object.__setattr__(self, "randaugment", None)
+        errors = []
+        if self.crop not in CROPS:
+            errors.append(f"crop={self.crop!r} (choose from {', '.join(CROPS)})")
+        lo, hi = self.crop_scale
+        if not 0 < lo <= hi <= 1:
+            errors.append(f"crop_scale={self.crop_scale} (need 0 < min <= max <= 1)")
+        lo, hi = self.crop_ratio
+        if not 0 < lo <= hi:
+            errors.append(f"crop_ratio={self.crop_ratio} (need 0 < min <= max)")
+        if self.pad < 0:
+            errors.append(f"pad={self.pad} (need >= 0)")
+        for key in ("hflip", "random_erasing"):
+            if not 0 <= getattr(self, key) <= 1:
+                errors.append(f"{key}={getattr(self, key)} (a probability, 0 to 1)")
+        for key in ("mixup", "cutmix"):
+            if getattr(self, key) < 0:
+                errors.append(f"{key}={getattr(self, key)} (an alpha >= 0; 0 is off)")
+        if self.randaugment is not None:
+            try:
+                self.randaugment_ops()
+            except ValueError as e:
+                errors.append(str(e))
+        if errors:
+            raise ValueError("invalid AugmentConfig: " + "; ".join(errors))
+
+    def randaugment_ops(self) -> tuple[int, int] | None:
+        """(num_ops, magnitude) from `randaugment` "N,M", or None when off."""
+        if self.randaugment is None:
+            return None
+        parts = str(self.randaugment).split(",")
+        try:
+            n, m = (int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"randaugment={self.randaugment!r} (expected 'N,M', e.g. '2,9')") from None
+        if n < 0 or not 0 <= m <= 30:
+            raise ValueError(f"randaugment={self.randaugment!r} (need N >= 0 and 0 <= M <= 30)")
+        return n, m
+
+
+def interpolation_mode(name: str) -> InterpolationMode:
+    """The torchvision interpolation for a ViTConfig.interpolation name."""
+    try:
+        return _INTERPOLATIONS[name]
+    except KeyError:
+        raise ValueError(f"interpolation={name!r}: choose from {', '.join(_INTERPOLATIONS)}") from None
+
+
+def _channel_transform(in_chans: int) -> nn.Module:
+    if in_chans == 3:
+        return v2.RGB()  # grey -> 3 equal channels; colour unchanged
+    if in_chans == 1:
+        return v2.Grayscale(num_output_channels=1)  # colour -> luma; grey unchanged
+    raise ValueError(f"in_chans={in_chans}: image transforms support 1 (grey) or 3 (colour) channels")
+
+
+class ResizeCenterCrop(nn.Module):
+    """Evaluation resize: an image larger than `size` is resized (aspect kept) so that it covers
+    `size / crop_pct`, then centre-cropped to `size`; an image no larger than `size` on both sides (e.g. a
+    28x28 one for a 32x32 model) is resized straight to `size`, as cropping it would only lose content."""
+
+    def __init__(self, size: tuple[int, int], crop_pct: float, interpolation: InterpolationMode):
+        super().__init__()
+        if not 0 < crop_pct <= 1:
+            raise ValueError(f"crop_pct={crop_pct}: need 0 < crop_pct <= 1")
+        self.size, self.crop_pct, self.interpolation = tuple(size), crop_pct, interpolation
+
+    def forward(self, img):
+        h, w = TF.get_size(img)
+        th, tw = self.size
+        if h <= th and w <= tw:
+            return TF.resize(img, list(self.size), interpolation=self.interpolation, antialias=True)
+        scale = max(th / self.crop_pct / h, tw / self.crop_pct / w)
+        resized = [max(th, round(h * scale)), max(tw, round(w * scale))]
+        img = TF.resize(img, resized, interpolation=self.interpolation, antialias=True)
+        return TF.center_crop(img, list(self.size))
+
+
+def _to_float_normalized(cfg: ViTConfig) -> list[nn.Module]:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(cfg.mean), std=list(cfg.std))]
+
+
+def build_train_transform(cfg: ViTConfig, aug: AugmentConfig) -> v2.Compose:
+    """Per-sample training transform: PIL image or uint8 tensor (C, H, W) -> float32 (cfg.in_chans, *size)."""
+    size = list(cfg.image_size)
+    interp = interpolation_mode(cfg.interpolation)
+    steps: list[nn.Module] = [v2.ToImage(), _channel_transform(cfg.in_chans)]
+    if aug.crop == "rrc":
+        steps.append(v2.RandomResizedCrop(size, scale=aug.crop_scale, ratio=aug.crop_ratio, interpolation=interp,
+                                          antialias=True))
+    else:
+        steps.append(v2.Resize(size, interpolation=interp, antialias=True))  # a no-op at the model's size
+        if aug.crop == "pad-crop" and aug.pad > 0:
+            steps.append(v2.RandomCrop(size, padding=aug.pad, fill=0))
+    if aug.hflip > 0:
+        steps.append(v2.RandomHorizontalFlip(aug.hflip))
+    ra = aug.randaugment_ops()
+    if ra is not None:
+        steps.append(v2.RandAugment(num_ops=ra[0], magnitude=ra[1], interpolation=InterpolationMode.BILINEAR))
+    steps += _to_float_normalized(cfg)
+    if aug.random_erasing > 0:
+        steps.append(v2.RandomErasing(p=aug.random_erasing, scale=ERASE_SCALE, ratio=ERASE_RATIO, value=0.0))
+    return v2.Compose(steps)
+
+
+def build_eval_transform(cfg: ViTConfig) -> v2.Compose:
+    """Per-sample evaluation transform: resize and centre crop (see ResizeCenterCrop), normalise."""
+    return v2.Compose([
+        v2.ToImage(),
+        _channel_transform(cfg.in_chans),
+        ResizeCenterCrop(cfg.image_size, cfg.crop_pct, interpolation_mode(cfg.interpolation)),
+        *_to_float_normalized(cfg),
+    ])
+
+
+def build_batch_transform(
+    aug: AugmentConfig, num_classes: int
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """MixUp and/or CutMix on a batch: (images (B, C, H, W), int labels (B,)) -> (images, soft labels
+    (B, num_classes)); None when both are off. One mixing weight per batch, as in the two papers."""
+    ops: list[nn.Module] = []
+    if aug.mixup > 0:
+        ops.append(v2.MixUp(alpha=aug.mixup, num_classes=num_classes))
+    if aug.cutmix > 0:
+        ops.append(v2.CutMix(alpha=aug.cutmix, num_classes=num_classes))
+    if not ops:
+        return None
+    return ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
+
+
+# --- whole-batch augmentation of uint8 tensors ------------------------------------------------------------
+def _uniform(n: int, lo: float, hi: float, generator: torch.Generator | None, device) -> torch.Tensor:
+    return lo + (hi - lo) * torch.rand(n, generator=generator, device=device)
+
+
+def _randint(high: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One integer in [0, high[i]) per entry (high >= 1)."""
+    u = torch.rand(high.shape, generator=generator, device=high.device)
+    return torch.minimum((u * high).long(), high - 1)
+
+
+def random_pad_crop_batch(images: torch.Tensor, pad: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pad each image with `pad` zeros per side and crop it back to its size at a random offset of its own:
+    a random translation by up to `pad` pixels in each direction."""
+    if pad == 0:
+        return images
+    b, c, h, w = images.shape
+    padded = F.pad(images, (pad, pad, pad, pad))
+    top = _randint(torch.full((b,), 2 * pad + 1, device=images.device), generator)
+    left = _randint(torch.full((b,), 2 * pad + 1, device=images.device), generator)
+    rows = (top[:, None] + torch.arange(h, device=images.device))[:, None, :, None].expand(b, c, h, w + 2 * pad)
+    picked = padded.gather(2, rows)  # (B, C, H, W+2p)
+    cols = (left[:, None] + torch.arange(w, device=images.device))[:, None, None, :].expand(b, c, h, w)
+    return picked.gather(3, cols)  # (B, C, H, W)
+
+
+def random_resized_crop_boxes(
+    b: int, h: int, w: int, scale: tuple[float, float], ratio: tuple[float, float],
+    generator: torch.Generator | None = None, device=None,
+) -> torch.Tensor:
+    """Per image a crop box (x1, y1, x2, y2) in pixels, drawn as torchvision's RandomResizedCrop does: area
+    fraction uniform in `scale`, log aspect ratio uniform in log `ratio`, the first of RRC_ATTEMPTS draws that
+    fits, else the whole image cropped to the nearest allowed ratio. Shape (B, 4), float."""
+    area = h * w
+    target = area * _uniform(b * RRC_ATTEMPTS, *scale, generator, device).view(b, RRC_ATTEMPTS)
+    log_r = _uniform(b * RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, device)
+    aspect = torch.exp(log_r).view(b, RRC_ATTEMPTS)
+    cw = torch.round(torch.sqrt(target * aspect))
+    ch = torch.round(torch.sqrt(target / aspect))
+    fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+    first = fits.float().argmax(dim=1)  # index of the first fitting draw (0 if none fits)
+    any_fit = fits.any(dim=1)
+    cw = cw.gather(1, first[:, None]).squeeze(1)
+    ch = ch.gather(1, first[:, None]).squeeze(1)
+    # Fallback: the central crop of the whole image at the nearest allowed aspect ratio.
+    in_ratio = w / h
+    if in_ratio < ratio[0]:
+        fw, fh = w, round(w / ratio[0])
+    elif in_ratio > ratio[1]:
+        fw, fh = round(h * ratio[1]), h
+    else:
+        fw, fh = w, h
+    cw = torch.where(any_fit, cw, torch.full_like(cw, fw))
+    ch = torch.where(any_fit, ch, torch.full_like(ch, fh))
+    top = _randint((h - ch + 1).long().clamp(min=1), generator).float()
+    left = _randint((w - cw + 1).long().clamp(min=1), generator).float()
+    top = torch.where(any_fit, top, torch.full_like(top, (h - fh) // 2))
+    left = torch.where(any_fit, left, torch.full_like(left, (w - fw) // 2))
+    return torch.stack([left, top, left + cw, top + ch], dim=1)
+
+
+def random_resized_crop_batch(
+    images: torch.Tensor, scale: tuple[float, float], ratio: tuple[float, float],
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """RandomResizedCrop per image, back to the input size; bilinear, averaging several samples per output
+    pixel when a crop shrinks (torchvision.ops.roi_align with adaptive sampling)."""
+    b, c, h, w = images.shape
+    boxes = random_resized_crop_boxes(b, h, w, scale, ratio, generator, images.device)
+    rois = torch.cat([torch.arange(b, device=images.device, dtype=boxes.dtype)[:, None], boxes], dim=1)
+    out = roi_align(images.float(), rois, output_size=(h, w), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    return out.round_().clamp_(0, 255).to(images.dtype) if images.dtype == torch.uint8 else out
+
+
+def random_hflip_batch(images: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flip each image left-right with probability p, independently."""
+    flip = torch.rand(images.shape[0], generator=generator, device=images.device) < p
+    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+
+
+def randaugment_batch(images: torch.Tensor, num_ops: int, magnitude: int,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """RandAugment with its own ops per image (a loop over the batch: v2.RandAugment draws once per call).
+    v2 draws from torch's global generator; it is seeded from `generator` inside a forked RNG state, so the
+    result depends on `generator` only and the global state is left as it was."""
+    ra = v2.RandAugment(num_ops=num_ops, magnitude=magnitude, interpolation=InterpolationMode.BILINEAR)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device if generator else None))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return torch.stack([ra(img) for img in images])
+
+
+def augment_batch(images: torch.Tensor, aug: AugmentConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random crop ('pad-crop' or 'rrc'), horizontal flip and RandAugment of a uint8 batch (B, C, H, W), each
+    image with its own random draws, all from `generator` (torch's global one if None). Returns uint8 of the
+    same shape. Random erasing is not done here: it erases to the normalised mean, so it comes after
+    `normalize_batch` (`random_erase_batch`; `train_batch` chains all three). MixUp/CutMix: build_batch_transform.
+    """
+    if images.dtype != torch.uint8 or images.ndim != 4:
+        raise ValueError(f"augment_batch expects uint8 (B, C, H, W), got {images.dtype} {tuple(images.shape)}")
+    if aug.crop == "pad-crop":
+        images = random_pad_crop_batch(images, aug.pad, generator)
+    elif aug.crop == "rrc":
+        images = random_resized_crop_batch(images, aug.crop_scale, aug.crop_ratio, generator)
+    if aug.hflip > 0:
+        images = random_hflip_batch(images, aug.hflip, generator)
+    ra = aug.randaugment_ops()
+    if ra is not None and ra[0] > 0:
+        images = randaugment_batch(images, ra[0], ra[1], generator)
+    return images
+
+
+def random_erase_batch(
+    x: torch.Tensor, p: float, generator: torch.Generator | None = None,
+    scale: tuple[float, float] = ERASE_SCALE, ratio: tuple[float, float] = ERASE_RATIO, value: float = 0.0,
+) -> torch.Tensor:
+    """Random erasing (Zhong et al. 2020) per image: with probability p, one rectangle of area fraction in
+    `scale` and aspect ratio in `ratio` is set to `value` (0: the mean, on normalised images). Draws that do
+    not fit leave the image as it is (10 tries, as torchvision)."""
+    if p <= 0:
+        return x
+    b, _, h, w = x.shape
+    dev = x.device
+    area = h * w * _uniform(b * RRC_ATTEMPTS, *scale, generator, dev).view(b, RRC_ATTEMPTS)
+    aspect = torch.exp(_uniform(b * RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, dev))
+    aspect = aspect.view(b, RRC_ATTEMPTS)
+    eh = torch.round(torch.sqrt(area * aspect))
+    ew = torch.round(torch.sqrt(area / aspect))
+    fits = (eh < h) & (ew < w) & (eh > 0) & (ew > 0)
+    first = fits.float().argmax(dim=1)
+    eh = eh.gather(1, first[:, None]).squeeze(1).long()
+    ew = ew.gather(1, first[:, None]).squeeze(1).long()
+    top = _randint((h - eh + 1).clamp(min=1), generator)
+    left = _randint((w - ew + 1).clamp(min=1), generator)
+    erase = (torch.rand(b, generator=generator, device=dev) < p) & fits.any(dim=1)
+    ys = torch.arange(h, device=dev)[None, :]
+    xs = torch.arange(w, device=dev)[None, :]
+    in_rows = (ys >= top[:, None]) & (ys < (top + eh)[:, None])  # (B, H)
+    in_cols = (xs >= left[:, None]) & (xs < (left + ew)[:, None])  # (B, W)
+    mask = (in_rows[:, :, None] & in_cols[:, None, :] & erase[:, None, None])[:, None]  # (B, 1, H, W)
+    return x.masked_fill(mask, value)
+
+
+def normalize_batch(images: torch.Tensor, cfg: ViTConfig) -> torch.Tensor:
+    """uint8 (B, C, H, W) -> float32 (B, cfg.in_chans, *cfg.image_size): resized to the model's size when it
+    differs (cfg.interpolation, antialiased), scaled to [0, 1], channel count converted, normalised with
+    cfg.mean and cfg.std. For images no larger than the model's this equals build_eval_transform up to
+    interpolation rounding (both just resize); larger images are resized, not centre-cropped."""
+    if images.dtype != torch.uint8 or images.ndim != 4:
+        raise ValueError(f"normalize_batch expects uint8 (B, C, H, W), got {images.dtype} {tuple(images.shape)}")
+    x = images.float().div_(255.0)
+    size = tuple(cfg.image_size)
+    if tuple(x.shape[-2:]) != size:
+        mode = cfg.interpolation if cfg.interpolation in ("bicubic", "bilinear") else "nearest"
+        x = F.interpolate(x, size=size, mode=mode, antialias=mode != "nearest",
+                          align_corners=False if mode != "nearest" else None).clamp_(0.0, 1.0)
+    c = x.shape[1]
+    if c != cfg.in_chans:
+        if c == 1 and cfg.in_chans == 3:
+            x = x.expand(-1, 3, -1, -1)
+        elif c == 3 and cfg.in_chans == 1:
+            x = (x * x.new_tensor(LUMA)[None, :, None, None]).sum(dim=1, keepdim=True)
+        else:
+            raise ValueError(f"cannot convert {c}-channel images to the model's in_chans={cfg.in_chans}")
+    mean = x.new_tensor(cfg.mean)[None, :, None, None]
+    std = x.new_tensor(cfg.std)[None, :, None, None]
+    return (x - mean) / std
+
+
+def train_batch(images: torch.Tensor, cfg: ViTConfig, aug: AugmentConfig,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """The whole per-batch training pipeline: augment_batch, normalize_batch, random_erase_batch."""
+    x = normalize_batch(augment_batch(images, aug, generator), cfg)
+    return random_erase_batch(x, aug.random_erasing, generator)
