@@ -1,0 +1,104 @@
+"""CIFAR-10 and CIFAR-100 from tiny files in the official binary format, written here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitkit.data import datasets, resolve
+from vitkit.data.datasets import load_cifar
+
+CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def cifar_records(images: np.ndarray, *label_columns: np.ndarray) -> bytes:
+    """Records of the binary version: the label byte(s), then the R, G, B 32x32 planes, row-major."""
+    n = images.shape[0]
+    rows = [np.asarray(col, np.uint8).reshape(n, 1) for col in label_columns]
+    rows.append(images.reshape(n, 3 * 32 * 32))
+    return np.concatenate(rows, axis=1).astype(np.uint8).tobytes()
+
+
+def write_cifar10(folder: Path, per_batch: int = 3, n_test: int = 4, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        n = n_test if name == "test_batch.bin" else per_batch
+        images = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        (folder / name).write_bytes(cifar_records(images, labels))
+        written[name] = (images, labels)
+    # The official batches.meta.txt ends with blank lines.
+    (folder / "batches.meta.txt").write_text("\n".join(CIFAR10_NAMES) + "\n\n")
+    return written
+
+
+def write_cifar100(folder: Path, n_train: int = 6, n_test: int = 3, seed: int = 1) -> dict:
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, n in (("train.bin", n_train), ("test.bin", n_test)):
+        images = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        coarse = rng.integers(0, 20, n, dtype=np.uint8)
+        fine = rng.integers(0, 100, n, dtype=np.uint8)
+        (folder / name).write_bytes(cifar_records(images, coarse, fine))
+        written[name] = (images, coarse, fine)
+    (folder / "fine_label_names.txt").write_text("\n".join(f"fine{i}" for i in range(100)) + "\n")
+    (folder / "coarse_label_names.txt").write_text("\n".join(f"coarse{i}" for i in range(20)) + "\n")
+    return written
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VITKIT_DATA", raising=False)
+    monkeypatch.setattr(datasets, "SYSTEM_DATA_DIRS", ())
+    return tmp_path
+
+
+def test_cifar10_binary(isolated):
+    written = write_cifar10(isolated / "data" / "cifar-10-batches-bin")
+    train = resolve("cifar10", "train", data_dir=isolated / "data")
+    test = resolve("cifar-10", "test", data_dir=isolated / "data")
+    assert train.classes == CIFAR10_NAMES and train.num_channels == 3
+    assert train.images.shape == (15, 3, 32, 32) and test.images.shape == (4, 3, 32, 32)
+    expected = np.concatenate([written[f"data_batch_{i}.bin"][0] for i in range(1, 6)])
+    assert torch.equal(train.images, torch.from_numpy(expected))
+    assert torch.equal(test.targets, torch.from_numpy(written["test_batch.bin"][1].astype(np.int64)))
+    # The planes are R, G, B: pixel (row 5, col 7) of image 2's green plane is byte 1 + 1024 + 5*32 + 7.
+    raw = (isolated / "data" / "cifar-10-batches-bin" / "test_batch.bin").read_bytes()
+    record = raw[2 * 3073: 3 * 3073]
+    assert int(test.images[2, 1, 5, 7]) == record[1 + 1024 + 5 * 32 + 7]
+    image, label = test[2]
+    assert image.shape == (3, 32, 32) and label == record[0]
+
+
+def test_cifar100_fine_and_coarse(isolated, monkeypatch):
+    written = write_cifar100(isolated / "env" / "cifar-100-binary")
+    monkeypatch.setenv("VITKIT_DATA", str(isolated / "env"))  # found through $VITKIT_DATA
+    fine = resolve("cifar100", "train")
+    assert len(fine.classes) == 100 and fine.classes[7] == "fine7"
+    assert torch.equal(fine.targets, torch.from_numpy(written["train.bin"][2].astype(np.int64)))
+    assert torch.equal(fine.images, torch.from_numpy(written["train.bin"][0]))
+    coarse = load_cifar("cifar100", "test", label="coarse")
+    assert len(coarse.classes) == 20
+    assert torch.equal(coarse.targets, torch.from_numpy(written["test.bin"][1].astype(np.int64)))
+
+
+def test_cifar_errors_name_the_file(isolated):
+    with pytest.raises(FileNotFoundError, match="cifar10 .*data_batch_1.bin"):
+        resolve("cifar10", data_dir=isolated / "nothing")
+    folder = isolated / "data"
+    write_cifar10(folder)
+    with (folder / "data_batch_3.bin").open("ab") as f:
+        f.write(b"\x00" * 10)
+    with pytest.raises(ValueError, match="data_batch_3.bin.*3073-byte"):
+        resolve("cifar10", data_dir=folder)
+    write_cifar10(folder)
+    (folder / "batches.meta.txt").write_text("a\nb\n")
+    with pytest.raises(ValueError, match="batches.meta.txt names 2 classes"):
+        resolve("cifar10", data_dir=folder)
