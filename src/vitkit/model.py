@@ -308,8 +308,18 @@ def count_flops(cfg: ViTConfig) -> float:
     """Forward FLOPs per image (2 per multiply-add) of the transformer, patch projection and head.
 
     Per layer: 12 T D^2 (qkv, projection, MLP at 4D) generalised to any MLP size, plus 2 T^2 D for the
-    attention matrix and its product with the values.
+    attention matrix and its product with the values. A hybrid's ResNet has no short closed form: its
+    convolutions are counted by torch's FlopCounterMode on the meta device (nothing is allocated).
     """
+    if cfg.hybrid_layers is not None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with torch.device("meta"):
+            model = VisionTransformer(cfg)
+            x = torch.empty(1, cfg.in_chans, *cfg.image_size)
+            with FlopCounterMode(display=False) as counter:
+                model(x)
+        return float(counter.get_total_flops())
     T, D = cfg.num_tokens, cfg.dim
     per_layer = T * (4 * D * D + 2 * D * cfg.mlp_dim) + 2 * T * T * D
     patch = cfg.num_patches * D * cfg.in_chans * cfg.patch_size**2
