@@ -174,6 +174,19 @@ def test_count_flops_equals_torch_flop_counter(name, overrides):
     assert count_flops(model.cfg) == counter.get_total_flops()
 
 
+def test_hybrid_flops_add_the_resnet_stem_to_the_transformer():
+    """R50+ViT-B/16: the transformer's closed form (its 'patch' is a 1x1 projection of 1024 ResNet channels)
+    plus the ResNet's convolutions as torch counts them."""
+    cfg = get_config("R50+ViT-B/16")
+    with torch.device("meta"):
+        resnet = VisionTransformer(cfg).patch_embed.backbone
+        with FlopCounterMode(display=False) as counter:
+            resnet(torch.empty(1, 3, 224, 224))
+    plain = count_flops(get_config("ViT-B/16"))  # the same transformer on 196 patches of 16 x 16 x 3
+    projection = 2 * 196 * 768 * 1024  # 1x1 convolution of the 14 x 14 x 1024 feature map
+    assert count_flops(cfg) == plain - 2 * 196 * 768 * 3 * 16 * 16 + projection + counter.get_total_flops()
+
+
 def test_vit_b16_flops_match_the_published_figure():
     # timm lists 17.58 GMACs for ViT-B/16 at 224 px, which also counts LayerNorm, softmax and GELU (~0.1 %).
     assert count_flops(get_config("ViT-B/16")) / 2 / 1e9 == pytest.approx(17.58, rel=2e-3)
