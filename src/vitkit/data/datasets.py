@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -401,6 +401,26 @@ class ImageFolderDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"ImageFolderDataset({str(self.root)!r}, {len(self)} images, {len(self.classes)} classes)"
+
+
+class TransformedDataset(Dataset):
+    """A dataset whose images go through `transform` (e.g. build_train_transform's), labels unchanged; keeps
+    the wrapped dataset's `classes` and `num_channels`."""
+
+    def __init__(self, dataset: Dataset, transform: Callable):
+        self.dataset, self.transform = dataset, transform
+        self.classes = list(getattr(dataset, "classes", []))
+
+    @property
+    def num_channels(self) -> int:
+        return self.dataset.num_channels
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        image, label = self.dataset[index]
+        return self.transform(image), label
 
 
 # --- names and folders to datasets ------------------------------------------------------------------------
