@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..checkpoint import CheckpointError
 
     try:
-        app(args=argv, standalone_mode=True)
+        app(args=argv, prog_name="vitkit", standalone_mode=True)
     except UsageError as e:
         fail(str(e), e.hint)
     except CheckpointError as e:
