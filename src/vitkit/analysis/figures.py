@@ -125,8 +125,7 @@ def plot_position_similarity(sim: torch.Tensor | np.ndarray,
     n, gh, gw = s.shape
     mosaic = similarity_mosaic(s)
     fig, ax = plt.subplots(figsize=(5.6, 5.6 * gh / gw + 0.4))
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("white")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # the NaN lines between tiles
     im = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
     step = max(1, math.ceil(max(gh, gw) / 8))  # at most ~8 tick labels per axis
     ax.set_xticks([c * (gw + 1) + (gw - 1) / 2 for c in range(0, gw, step)])

@@ -42,9 +42,11 @@ def _load(ckpt: str):
 
 
 def _label(ckpt: str, model) -> str:
-    name = model.cfg.name or Path(ckpt).name
-    gh, gw = model.cfg.grid_size
-    return f"{name} ({model.cfg.depth} layers, patch {model.cfg.patch_size}, {gh}x{gw} grid)"
+    """The checkpoint's name and the architecture, for figure titles."""
+    cfg = model.cfg
+    gh, gw = cfg.grid_size
+    name = Path(ckpt.rstrip("/")).name or cfg.name
+    return f"{name} (D {cfg.dim}, {cfg.depth} layers, {cfg.num_heads} heads, patch {cfg.patch_size}, {gh}x{gw} grid)"
 
 
 def _write_json(path: Path | None, payload: dict) -> None:
@@ -99,7 +101,7 @@ def attention(
     transform = eval_transform(cfg)
     dev = _device(device)
     model = model.to(dev)
-    x = torch.stack([transform(load_image(p)) for p in images])  # (B, C, H, W)
+    x = torch.stack([transform(load_image(p, cfg)) for p in images])  # (B, C, H, W)
     with torch.inference_mode():
         _, attns = model.forward_features(x.to(dev), return_attention=True)
     attns = [a.cpu() for a in attns]

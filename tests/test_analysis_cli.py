@@ -1,0 +1,117 @@
+"""`vitkit analyze ...`, `vitkit fewshot` and `vitkit probe` end to end on a tiny checkpoint and image folder."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.analysis.distance import mean_attention_distance
+from vitkit.analysis.features import compute_features
+from vitkit.analysis.fewshot import fewshot_eval
+from vitkit.cli.main import main
+from vitkit.data import resolve
+from vitkit.data.transforms import build_eval_transform
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analysis")
+    torch.manual_seed(0)
+    model = vitkit.create_model("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=2, num_heads=2,
+                                mlp_dim=64, num_classes=2)
+    vitkit.save(model, root / "ckpt", class_names=["plain", "striped"])
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c, name in enumerate(("plain", "striped")):
+            folder = root / "data" / split / name
+            folder.mkdir(parents=True)
+            for i in range(4):
+                arr = (rng.random((32, 32, 3)) * 80).astype(np.uint8)
+                if c:
+                    arr[:, ::4] = 255
+                Image.fromarray(arr).save(folder / f"{i}.png")
+    return root
+
+
+def run(*args):
+    try:
+        main([str(a) for a in args])
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def _is_small_png(path):
+    data = path.read_bytes()
+    return data[:8] == PNG_MAGIC and len(data) < 300_000
+
+
+def test_attention_filters_posemb_write_figures(setup, tmp_path):
+    ckpt, img = setup / "ckpt", setup / "data" / "test" / "striped" / "0.png"
+    assert run("analyze", "attention", ckpt, img, setup / "data" / "test" / "plain" / "1.png",
+               "--out", tmp_path / "a.png") == 0
+    assert run("analyze", "attention", ckpt, img, "--layer", "-1", "--head", "1", "--out", tmp_path / "b.png") == 0
+    assert run("analyze", "filters", ckpt, "--out", tmp_path / "f.png") == 0
+    assert run("analyze", "posemb", ckpt, "--out", tmp_path / "p.png") == 0
+    for name in ("a", "b", "f", "p"):
+        assert _is_small_png(tmp_path / f"{name}.png"), name
+
+
+def test_errors_are_one_line_with_a_hint(setup, tmp_path, capsys):
+    ckpt = setup / "ckpt"
+    assert run("analyze", "attention", ckpt, tmp_path / "missing.png", "--out", tmp_path / "x.png") == 1
+    assert "missing.png" in capsys.readouterr().err
+    assert run("analyze", "attention", ckpt, setup / "data" / "test" / "plain" / "0.png", "--head", "0") == 1
+    err = capsys.readouterr().err
+    assert "--head needs --layer" in err and "hint:" in err and "Traceback" not in err
+    assert run("analyze", "attention", ckpt, setup / "data" / "test" / "plain" / "0.png", "--layer", "5") == 1
+    assert "out of range" in capsys.readouterr().err
+    assert run("fewshot", ckpt, "--data", setup / "data", "--shots", "1,x") == 1
+    assert "comma-separated" in capsys.readouterr().err
+    nopos = vitkit.create_model("ViT-Ti/16", image_size=16, patch_size=8, dim=32, depth=1, num_heads=2,
+                                mlp_dim=64, pos_embed="none")
+    vitkit.save(nopos, tmp_path / "nopos")
+    assert run("analyze", "posemb", tmp_path / "nopos") == 1
+    assert "no position embedding" in capsys.readouterr().err
+
+
+def test_distance_numbers_equal_the_function_on_the_same_images(setup, tmp_path):
+    out = tmp_path / "d.json"
+    assert run("analyze", "distance", setup / "ckpt", "--data", setup / "data", "--split", "test", "-n", "6",
+               "-b", "4", "--out", tmp_path / "d.png", "--json", out, "--device", "cpu") == 0
+    assert _is_small_png(tmp_path / "d.png")
+    got = torch.tensor(json.loads(out.read_text())["distance_px"], dtype=torch.float64)
+    model = vitkit.load(setup / "ckpt")
+    data = resolve(str(setup / "data"), "test")
+    tf = build_eval_transform(model.cfg)
+    x = torch.stack([tf(data[i][0]) for i in range(6)])
+    with torch.no_grad():
+        _, attns = model.forward_features(x, return_attention=True)
+    expected = mean_attention_distance(attns, model.cfg.grid_size, 8, 1)
+    torch.testing.assert_close(got, expected)
+
+
+def test_fewshot_and_probe(setup, tmp_path):
+    out = tmp_path / "fs.json"
+    assert run("fewshot", setup / "ckpt", "--data", setup / "data", "--shots", "1,3", "--seeds", "2",
+               "--cache-dir", tmp_path / "cache", "--json", out, "--plot", tmp_path / "fs.png") == 0
+    assert _is_small_png(tmp_path / "fs.png")
+    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
+    got = json.loads(out.read_text())
+    model = vitkit.load(setup / "ckpt")
+    tf = build_eval_transform(model.cfg)
+    tr = compute_features(model, resolve(str(setup / "data"), "train"), transform=tf, progress=False)
+    te = compute_features(model, resolve(str(setup / "data"), "test"), transform=tf, progress=False)
+    expected = fewshot_eval(tr.features, tr.labels, te.features, te.labels, (1, 3), 2, seeds=2)
+    assert [r["shots"] for r in got["results"]] == [1, 3]
+    for r, e in zip(got["results"], expected, strict=True):
+        assert r["per_seed"] == pytest.approx(list(e.accuracies))
+    pout = tmp_path / "probe.json"
+    assert run("probe", setup / "ckpt", "--data", setup / "data", "--C", "1.0", "--json", pout) == 0
+    probe = json.loads(pout.read_text())
+    assert probe["C"] == 1.0 and 0.0 <= probe["accuracy"] <= 1.0 and probe["test_images"] == 8
