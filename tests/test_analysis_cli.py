@@ -56,9 +56,11 @@ def test_attention_filters_posemb_write_figures(setup, tmp_path):
     assert run("analyze", "attention", ckpt, img, setup / "data" / "test" / "plain" / "1.png",
                "--out", tmp_path / "a.png") == 0
     assert run("analyze", "attention", ckpt, img, "--layer", "-1", "--head", "1", "--out", tmp_path / "b.png") == 0
+    assert run("analyze", "attention", ckpt, "--data", setup / "data", "--indices", "0,5", "--out",
+               tmp_path / "c.png") == 0
     assert run("analyze", "filters", ckpt, "--out", tmp_path / "f.png") == 0
     assert run("analyze", "posemb", ckpt, "--out", tmp_path / "p.png") == 0
-    for name in ("a", "b", "f", "p"):
+    for name in ("a", "b", "c", "f", "p"):
         assert _is_small_png(tmp_path / f"{name}.png"), name
 
 
@@ -71,6 +73,10 @@ def test_errors_are_one_line_with_a_hint(setup, tmp_path, capsys):
     assert "--head needs --layer" in err and "hint:" in err and "Traceback" not in err
     assert run("analyze", "attention", ckpt, setup / "data" / "test" / "plain" / "0.png", "--layer", "5") == 1
     assert "out of range" in capsys.readouterr().err
+    assert run("analyze", "attention", ckpt, "--data", setup / "data", "--indices", "99") == 1
+    assert "out of range" in capsys.readouterr().err
+    assert run("analyze", "attention", ckpt) == 1
+    assert "image files or --data" in capsys.readouterr().err
     assert run("fewshot", ckpt, "--data", setup / "data", "--shots", "1,x") == 1
     assert "comma-separated" in capsys.readouterr().err
     nopos = vitkit.create_model("ViT-Ti/16", image_size=16, patch_size=8, dim=32, depth=1, num_heads=2,

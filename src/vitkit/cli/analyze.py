@@ -56,15 +56,15 @@ def _write_json(path: Path | None, payload: dict) -> None:
         typer.echo(f"numbers written to {path}")
 
 
-def _parse_ints(text: str, what: str) -> list[int]:
+def _parse_ints(text: str, what: str, minimum: int = 1) -> list[int]:
     from .main import UsageError
 
     try:
         values = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise UsageError(f"{what} {text!r} is not a comma-separated list of integers", "e.g. 1,5,10,25") from None
-    if not values or any(v < 1 for v in values):
-        raise UsageError(f"{what} {text!r} must list positive integers", "e.g. 1,5,10,25")
+    if not values or any(v < minimum for v in values):
+        raise UsageError(f"{what} {text!r} must list integers >= {minimum}", "e.g. 1,5,10,25")
     return values
 
 
@@ -72,7 +72,11 @@ def _parse_ints(text: str, what: str) -> list[int]:
 @analyze_app.command("attention")
 def attention(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    images: list[Path] = typer.Argument(..., help="Image files to explain."),
+    images: list[Path] | None = typer.Argument(None, help="Image files to explain (or use --data)."),
+    data: str | None = typer.Option(None, "--data", help="Take the images from this dataset (name or folder) "
+                                    "instead of files."),
+    split: str = typer.Option("test", help="With --data: train or test."),
+    indices: str = typer.Option("0,1,2,3", help="With --data: which items, comma-separated."),
     out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write."),
     layer: int | None = typer.Option(None, "--layer", help="Show this layer's raw attention (0-based, -1 the "
                                      "last) instead of the rollout through all layers."),
@@ -90,18 +94,34 @@ def attention(
     import torch
 
     from ..analysis.figures import plot_attention, save_figure
-    from ..analysis.inputs import eval_transform, load_image, to_display
+    from ..analysis.inputs import eval_transform, load_image, resolve_data, to_display
     from ..analysis.rollout import attention_rollout, layer_attention
     from .main import UsageError
 
     if head is not None and layer is None:
         raise UsageError("--head needs --layer", "e.g. --layer -1 --head 0")
+    if bool(images) == (data is not None):
+        raise UsageError("give image files or --data, not both or neither",
+                         "e.g. `vitkit analyze attention CKPT cat.jpg` or `... CKPT --data fashion-mnist`")
     model = _load(ckpt)
     cfg = model.cfg
     transform = eval_transform(cfg)
     dev = _device(device)
     model = model.to(dev)
-    x = torch.stack([transform(load_image(p, cfg)) for p in images])  # (B, C, H, W)
+    if data is not None:
+        dataset = resolve_data(data, split)
+        picked = _parse_ints(indices, "--indices", minimum=0)
+        bad = [i for i in picked if i >= len(dataset)]
+        if bad:
+            raise UsageError(f"--indices {bad} out of range: {data} ({split}) has {len(dataset)} items")
+        classes = getattr(dataset, "classes", None)
+        items = [dataset[i] for i in picked]
+        x = torch.stack([transform(im) for im, _ in items])  # (B, C, H, W)
+        titles = [f"{data} #{i}" + (f": {classes[y]}" if classes else "") for i, (_, y) in zip(picked, items,
+                                                                                            strict=True)]
+    else:
+        x = torch.stack([transform(load_image(p, cfg)) for p in images])  # (B, C, H, W)
+        titles = [p.name for p in images]
     with torch.inference_mode():
         _, attns = model.forward_features(x.to(dev), return_attention=True)
     attns = [a.cpu() for a in attns]
@@ -113,7 +133,7 @@ def attention(
         method = f"layer {layer}" + (f", head {head}" if head is not None else ", mean of heads")
     query = "class token" if cfg.num_prefix_tokens else "mean patch token (GAP)"
     fig = plot_attention([to_display(xi, cfg) for xi in x], list(maps), cfg.grid_size,
-                         titles=[p.name for p in images], method=method,
+                         titles=titles, method=method,
                          suptitle=f"Attention from the {query}: {_label(ckpt, model)}")
     typer.echo(f"wrote {save_figure(fig, out)}")
 
