@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import http.server
+import io
+import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from vitkit.data import datasets, resolve
+from vitkit.data import DownloadError, datasets, resolve
 from vitkit.data.datasets import load_cifar
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -91,7 +97,7 @@ def test_cifar100_fine_and_coarse(isolated, monkeypatch):
 
 def test_cifar_errors_name_the_file(isolated):
     with pytest.raises(FileNotFoundError, match="cifar10 .*data_batch_1.bin"):
-        resolve("cifar10", data_dir=isolated / "nothing")
+        resolve("cifar10", data_dir=isolated / "nothing", download=False)
     folder = isolated / "data"
     write_cifar10(folder)
     with (folder / "data_batch_3.bin").open("ab") as f:
@@ -102,3 +108,67 @@ def test_cifar_errors_name_the_file(isolated):
     (folder / "batches.meta.txt").write_text("a\nb\n")
     with pytest.raises(ValueError, match="batches.meta.txt names 2 classes"):
         resolve("cifar10", data_dir=folder)
+
+
+# --- download of the official archive, served over real HTTP on loopback ----------------------------------
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(_QuietHandler, directory=str(served)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield served, f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def make_archive(source: Path, dest: Path) -> str:
+    """A .tar.gz of `source` as its top folder, like the official archive; returns its MD5."""
+    with tarfile.open(dest, "w:gz") as tar:
+        tar.add(source, arcname=source.name)
+    return hashlib.md5(dest.read_bytes()).hexdigest()
+
+
+def test_cifar10_download_unpacks_and_loads(isolated, http_server, monkeypatch):
+    served, url = http_server
+    written = write_cifar10(isolated / "src" / "cifar-10-batches-bin", per_batch=2, n_test=3)
+    md5 = make_archive(isolated / "src" / "cifar-10-batches-bin", served / "cifar-10-binary.tar.gz")
+    monkeypatch.setenv("VITKIT_CIFAR_URL", url)
+    monkeypatch.setitem(datasets.CIFAR_ARCHIVES, "cifar10",
+                        ("cifar-10-binary.tar.gz", md5, "cifar-10-batches-bin"))
+    test = resolve("cifar10", "test")  # download=True by default; goes to ~/.cache/vitkit
+    assert torch.equal(test.images, torch.from_numpy(written["test_batch.bin"][0]))
+    cache = isolated / "home" / ".cache" / "vitkit"
+    assert sorted(p.name for p in cache.iterdir()) == ["cifar-10-batches-bin"]  # archive and temp folder gone
+    assert len(resolve("cifar10", "train", download=False)) == 10
+
+
+def test_cifar_download_bad_md5_and_unsafe_archive(isolated, http_server):
+    served, url = http_server
+    write_cifar100(isolated / "src" / "cifar-100-binary")
+    make_archive(isolated / "src" / "cifar-100-binary", served / "cifar-100-binary.tar.gz")
+    target = isolated / "target"
+    with pytest.raises(DownloadError, match=r"cifar-100-binary\.tar\.gz downloaded from .* has MD5 [0-9a-f]{32}, expected f{32}"):
+        datasets.load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5="f" * 32)
+    assert not any(target.iterdir())
+    # An archive with a member that would land outside the target folder is refused.
+    evil = served / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        info = tarfile.TarInfo("../escaped.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    (served / "cifar-100-binary.tar.gz").write_bytes(evil.read_bytes())
+    md5 = hashlib.md5(evil.read_bytes()).hexdigest()
+    with pytest.raises(DownloadError, match="cannot unpack"):
+        datasets.load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5=md5)
+    assert not (isolated / "escaped.txt").exists() and not any(target.iterdir())

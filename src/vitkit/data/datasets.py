@@ -2,7 +2,7 @@
 
 * Fashion-MNIST from its IDX files (gzip-compressed or not), downloaded from the official location and checked
   against the published MD5s when it is nowhere on disk.
-* CIFAR-10 and CIFAR-100 in their binary format (never the pickled Python one).
+* CIFAR-10 and CIFAR-100 in their binary format (never the pickled Python one), downloaded likewise.
 * Image folders: one sub-folder per class, each image opened with `vitkit.data.images.open_image`.
 
 Fashion-MNIST and CIFAR are held in memory as whole uint8 tensors (`.images`, (N, C, H, W); `.targets`, int64
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import tarfile
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -28,7 +30,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from .download import download_file
+from .download import DownloadError, download_file
 from .images import BadImageError, open_image
 
 # --- where datasets are looked for ------------------------------------------------------------------------
@@ -217,13 +219,14 @@ def load_fashion_mnist(
     split = _check_split(split, "fashion-mnist")
     found = find_fashion_mnist(split, data_dir)
     if found is None:
+        places = ", ".join(str(p) for p in data_roots(data_dir))
+        missing = f"Fashion-MNIST ({split}) not found in {places} (nor their fashion-mnist/ sub-folders)"
         if not download:
-            places = ", ".join(str(p) for p in data_roots(data_dir))
-            raise FileNotFoundError(
-                f"Fashion-MNIST ({split}) not found in {places} (nor their fashion-mnist/ sub-folders); "
-                "allow the download, or install Debian's dataset-fashion-mnist"
-            )
-        found = download_fashion_mnist(split, data_dir, base_url=base_url, md5s=md5s)
+            raise FileNotFoundError(f"{missing}; allow the download, or install Debian's dataset-fashion-mnist")
+        try:
+            found = download_fashion_mnist(split, data_dir, base_url=base_url, md5s=md5s)
+        except DownloadError as e:
+            raise DownloadError(f"{missing}, and {e}") from e
     images_path, labels_path = found
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3:
@@ -245,6 +248,14 @@ CIFAR10_SUBFOLDERS = ("cifar-10-batches-bin", "cifar10", "cifar-10", "cifar10/ci
 CIFAR100_FILES = {"train": ["train.bin"], "test": ["test.bin"]}
 CIFAR100_META = {"fine": "fine_label_names.txt", "coarse": "coarse_label_names.txt"}
 CIFAR100_SUBFOLDERS = ("cifar-100-binary", "cifar100", "cifar-100", "cifar100/cifar-100-binary")
+# The archives of the binary version and their MD5s, from the table on https://www.cs.toronto.edu/~kriz/cifar.html;
+# name -> (archive, md5, the folder it unpacks to).
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/"
+CIFAR_URL_ENV = "VITKIT_CIFAR_URL"
+CIFAR_ARCHIVES = {
+    "cifar10": ("cifar-10-binary.tar.gz", "c32a1d4ab5d03f1284b67883e8d87530", "cifar-10-batches-bin"),
+    "cifar100": ("cifar-100-binary.tar.gz", "03b5dce01913d631647c71ecec9e9cb8", "cifar-100-binary"),
+}
 
 
 def read_label_names(path: Path) -> list[str]:
@@ -272,11 +283,51 @@ def _find_cifar_folder(needed: Sequence[str], subfolders: Sequence[str], data_di
     return None
 
 
+def download_cifar(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    base_url: str | None = None,
+    md5: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """Download CIFAR-10 or CIFAR-100's binary archive into the download root, check its MD5, unpack it there
+    (through a temporary folder, renamed into place when complete; tar members outside it refused) and
+    return the unpacked folder. `base_url` defaults to `$VITKIT_CIFAR_URL`, else the official location."""
+    archive, published_md5, folder_name = CIFAR_ARCHIVES[name]
+    base_url = base_url or os.environ.get(CIFAR_URL_ENV) or CIFAR_URL
+    root = download_root(data_dir)
+    dest = root / folder_name
+    if dest.exists():
+        raise DownloadError(f"{dest} exists but lacks some of {name}'s files: remove it and try again")
+    tgz = download_file(base_url.rstrip("/") + "/" + archive, root / archive, md5=md5 or published_md5,
+                        progress=progress)
+    try:
+        with tempfile.TemporaryDirectory(dir=root, prefix=f".{folder_name}.") as tmp:
+            try:
+                with tarfile.open(tgz) as tar:
+                    tar.extractall(tmp, filter="data")
+            except (tarfile.TarError, OSError, EOFError) as e:
+                raise DownloadError(f"{tgz}: cannot unpack ({e})") from e
+            if not (Path(tmp) / folder_name).is_dir():
+                raise DownloadError(f"{tgz}: has no {folder_name}/ folder")
+            os.replace(Path(tmp) / folder_name, dest)
+    finally:
+        tgz.unlink(missing_ok=True)
+    return dest
+
+
 def load_cifar(
-    name: str, split: str = "train", data_dir: str | os.PathLike[str] | None = None, label: str = "fine"
+    name: str,
+    split: str = "train",
+    data_dir: str | os.PathLike[str] | None = None,
+    label: str = "fine",
+    download: bool = False,
+    base_url: str | None = None,
+    md5: str | None = None,
 ) -> TensorImageDataset:
     """CIFAR-10 (`name="cifar10"`) or CIFAR-100 (`"cifar100"`, with its `"fine"` 100 or `"coarse"` 20
-    labels) from the binary files; 32x32 colour images."""
+    labels) from the binary files; 32x32 colour images. With `download`, the official archive is fetched
+    when the files are nowhere on disk (see download_cifar)."""
     split = _check_split(split, name)
     if name == "cifar10":
         files, meta, subfolders, label_bytes, label_index = (
@@ -291,11 +342,15 @@ def load_cifar(
     folder = _find_cifar_folder([*files, meta], subfolders, data_dir)
     if folder is None:
         places = ", ".join(str(p) for p in data_roots(data_dir))
-        raise FileNotFoundError(
-            f"{name} ({split}): no folder with {', '.join([*files, meta])} in {places} "
-            f"(nor their {', '.join(subfolders)} sub-folders); get the binary version from "
-            "https://www.cs.toronto.edu/~kriz/cifar.html and unpack it there"
-        )
+        missing = (f"{name} ({split}): no folder with {', '.join([*files, meta])} in {places} "
+                   f"(nor their {', '.join(subfolders)} sub-folders)")
+        if not download:
+            raise FileNotFoundError(f"{missing}; allow the download, or get the binary version from "
+                                    "https://www.cs.toronto.edu/~kriz/cifar.html and unpack it there")
+        try:
+            folder = download_cifar(name, data_dir, base_url=base_url, md5=md5)
+        except DownloadError as e:
+            raise DownloadError(f"{missing}, and {e}") from e
     classes = read_label_names(folder / meta)
     parts = [read_cifar_records(folder / f, label_bytes, label_index) for f in files]
     images = torch.cat([p[0] for p in parts])
@@ -454,7 +509,8 @@ def resolve(
     (with `train`/`test`/`val` split sub-folders used when present). A Dataset is returned unchanged.
 
     `split` is train, test or val (val means test for the named datasets, which have no validation split).
-    `download` lets Fashion-MNIST be fetched when it is nowhere on disk; `skip_bad_images` applies to folders.
+    `download` lets a named dataset be fetched from its official location when it is nowhere on disk (with
+    its published MD5 checked); `skip_bad_images` applies to folders.
     """
     if isinstance(data, Dataset):
         return data
@@ -463,7 +519,7 @@ def resolve(
         name = _ALIASES[key]
         if name == "fashion-mnist":
             return load_fashion_mnist(split, data_dir, download=download)
-        return load_cifar(name, split, data_dir)
+        return load_cifar(name, split, data_dir, download=download)
     path = Path(data).expanduser()
     if path.is_dir():
         return ImageFolderDataset(_split_folder(path, split), skip_bad_images=skip_bad_images)
