@@ -1,7 +1,8 @@
 """vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021)."""
 
-from .checkpoint import load, save
+from .checkpoint import save
 from .config import ViTConfig, get_config, list_models
+from .loading import load  # every format; vitkit.checkpoint.load_vitkit reads the native one
 from .model import VisionTransformer, count_flops, count_parameters, create_model
 from .posemb import resample_pos_embed
 

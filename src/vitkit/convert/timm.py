@@ -1,0 +1,173 @@
+"""timm's VisionTransformer (and its ResNet hybrids): vitkit uses timm's parameter names, so the mapping is
+the identity, written out as rules so that anything timm has and vitkit does not (fc_norm, norm_pre,
+register tokens, layer scale, attention pooling, q/k norms) is reported instead of dropped.
+
+A timm folder, as `timm.models.push_to_hf_hub` writes it and the Hugging Face hub serves it, holds
+`config.json` ({"architecture", "num_classes", "pretrained_cfg": {mean, std, input_size, ...}, "model_args"})
+and `model.safetensors` (or `pytorch_model.bin`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import CheckpointError, _atomic_write
+from ..config import ViTConfig, get_preset
+from ..model import VisionTransformer
+from .common import Converted, Hints, add_class_row, default_class_names, infer_config, is_square, rename
+
+_BLOCK = r"blocks\.(\d+)\.(norm1|attn\.qkv|attn\.proj|norm2|mlp\.fc1|mlp\.fc2)\.(weight|bias)"
+RULES = [
+    (r"cls_token", "cls_token"),
+    (r"pos_embed", "pos_embed"),
+    (r"patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"patch_embed\.backbone\.(stem\.(?:conv|norm)\.(?:weight|bias))", r"patch_embed.backbone.\1"),
+    (r"patch_embed\.backbone\.(stages\.\d+\.blocks\.\d+\.(?:conv[123]|norm[123]|downsample\.conv|"
+     r"downsample\.norm)\.(?:weight|bias))", r"patch_embed.backbone.\1"),
+    (_BLOCK, r"blocks.\1.\2.\3"),
+    (r"norm\.(weight|bias)", r"norm.\1"),
+    (r"pre_logits\.fc\.(weight|bias)", r"pre_logits.\1"),  # timm < 0.9 kept the representation layer
+    (r"head\.(weight|bias)", r"head.\1"),
+]
+
+TIMM_GELU_TANH = "gelu_tanh"
+
+
+def is_timm_state(keys: set[str]) -> bool:
+    return "patch_embed.proj.weight" in keys or "patch_embed.backbone.stem.conv.weight" in keys
+
+
+def hints_from_config(config: dict[str, Any], source: str) -> Hints:
+    """What a timm config.json says that the tensors do not."""
+    pcfg = config.get("pretrained_cfg", config)  # older files kept everything at the top level
+    args = config.get("model_args", {}) or {}
+    hints = Hints(name=str(config.get("architecture", "")))
+    if pcfg.get("tag"):
+        hints.name += f".{pcfg['tag']}"
+    hints.num_heads = args.get("num_heads")
+    size = args.get("img_size") or (pcfg.get("input_size") or [None])[1:] or None
+    if isinstance(size, int):
+        size = (size, size)
+    if size:
+        hints.image_size = (int(size[0]), int(size[1]))
+    if args.get("global_pool") in ("avg", "token"):
+        hints.pool = "gap" if args["global_pool"] == "avg" else "token"
+    cfg: dict[str, Any] = {}
+    for ours, theirs in (("mean", "mean"), ("std", "std"), ("interpolation", "interpolation"),
+                         ("crop_pct", "crop_pct")):
+        if pcfg.get(theirs) is not None:
+            cfg[ours] = pcfg[theirs]
+    act = args.get("act_layer")
+    if act is not None:
+        if act not in ("gelu", TIMM_GELU_TANH):
+            raise CheckpointError(f"{source}: activation {act!r} is not one vitkit has (gelu, gelu_tanh)")
+        cfg["gelu"] = "tanh" if act == TIMM_GELU_TANH else "exact"
+    # A folder vitkit wrote keeps the whole config, for what timm's config cannot say (e.g. LayerNorm eps).
+    cfg.update({k: v for k, v in (config.get("vitkit_config") or {}).items()})
+    if "image_size" in cfg:
+        hints.image_size = tuple(cfg["image_size"])
+    if "num_heads" in cfg:
+        hints.num_heads = cfg["num_heads"]
+    hints.config = cfg
+    names = config.get("label_names", pcfg.get("label_names"))
+    if isinstance(names, dict):
+        names = [names[k] for k in sorted(names, key=int)]
+    hints.class_names = list(names) if names else None
+    if "no_embed_class" in args:
+        hints.no_embed_class = bool(args["no_embed_class"])
+    return hints
+
+
+def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Converted:
+    """A timm state dict (and what its config says) as vitkit tensors and config."""
+    state = rename(state, RULES, source, "timm")
+    no_embed_class = hints.no_embed_class
+    if "cls_token" in state and "pos_embed" in state:
+        rows = state["pos_embed"].shape[1]
+        if no_embed_class is None:  # shapes decide: a square table has no class row
+            no_embed_class = is_square(rows) and not is_square(rows - 1) and not hints.image_size
+        if no_embed_class:
+            state = add_class_row(state)
+    cfg = infer_config(state, hints, source)
+    return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, "timm")
+
+
+# --- writing ------------------------------------------------------------------------------------------
+def architecture_name(cfg: ViTConfig) -> str:
+    """A timm architecture whose builder makes this model once `model_args` are applied: the preset's timm
+    name when the config came from one, else the plain ViT (or the hybrid with the same ResNet)."""
+    for candidate in (cfg.name, cfg.name.split(".", 1)[0]):
+        try:
+            preset = get_preset(candidate).config
+        except KeyError:
+            continue
+        if preset.hybrid_layers == cfg.hybrid_layers:
+            return candidate.split(".", 1)[0]
+    if cfg.hybrid_layers is not None:
+        for name in ("R50+ViT-B/16", "R26+ViT-S/32"):
+            preset = get_preset(name)
+            if preset.config.hybrid_layers == cfg.hybrid_layers:
+                return preset.timm_name
+        raise ValueError(f"no timm architecture has the ResNet {cfg.hybrid_layers}; "
+                         "write this hybrid as vitkit or Hugging Face instead")
+    return "vit_base_patch16_224"
+
+
+def to_timm(model: VisionTransformer, class_names: list[str] | None = None
+            ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """timm's state dict and config.json for `model`."""
+    cfg = model.cfg
+    if cfg.pos_embed != "learned":
+        raise ValueError(f"timm's VisionTransformer has no {cfg.pos_embed!r} position embedding; "
+                         "write this model as vitkit instead")
+    if cfg.hybrid_width != 64 and cfg.hybrid_layers is not None:
+        raise ValueError(f"timm's hybrids have a ResNet of width 64, this one {cfg.hybrid_width}")
+    state = {}
+    for key, value in model.state_dict().items():
+        key = key.replace("pre_logits.", "pre_logits.fc.") if key.startswith("pre_logits.") else key
+        state[key] = value.detach().cpu().contiguous()
+    args: dict[str, Any] = {
+        "img_size": list(cfg.image_size), "patch_size": cfg.patch_size, "in_chans": cfg.in_chans,
+        "embed_dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
+        "mlp_ratio": cfg.mlp_dim / cfg.dim, "qkv_bias": cfg.qkv_bias, "class_token": cfg.class_token,
+        "global_pool": "token" if cfg.pool == "token" else "avg",
+        "fc_norm": False,  # vitkit normalises every token before pooling, as the paper (and timm's token pool)
+    }
+    if cfg.gelu == "tanh":
+        args["act_layer"] = TIMM_GELU_TANH
+    if cfg.hybrid_layers is not None:
+        args["patch_size"] = cfg.patch_size
+    config: dict[str, Any] = {
+        "architecture": architecture_name(cfg),
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.dim,
+        "global_pool": args["global_pool"],
+        "model_args": args,
+        "pretrained_cfg": {
+            "input_size": [cfg.in_chans, *cfg.image_size], "fixed_input_size": True,
+            "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": "center",
+            "mean": list(cfg.mean), "std": list(cfg.std), "num_classes": cfg.num_classes,
+            "classifier": "head",
+        },
+        "vitkit_config": cfg.to_dict(),
+    }
+    if class_names:
+        config["label_names"] = list(class_names)
+    return state, config
+
+
+def write_timm(model: VisionTransformer, folder: str | Path, class_names: list[str] | None = None) -> Path:
+    """A timm hub folder: config.json and model.safetensors (what `timm.create_model('local-dir:...')` and
+    vitkit read)."""
+    from safetensors.torch import save_file
+
+    state, config = to_timm(model, class_names)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    return folder

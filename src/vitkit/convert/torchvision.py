@@ -1,0 +1,58 @@
+"""torchvision's `vit_b_16`, `vit_b_32`, `vit_l_16`, `vit_l_32`, `vit_h_14` state dicts: a rename of timm's
+names (torchvision's `in_proj_weight` is already the fused q;k;v, rows q first).
+
+torchvision files carry no config: the heads come from the name or the width (Table 1), the image size
+from the position table, and the preprocessing is torchvision's ImageNet recipe (ImageNet mean/std,
+bilinear resize to 256 then a 224 centre crop).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import get_preset
+from .common import IMAGENET_MEAN, IMAGENET_STD, Converted, Hints, default_class_names, infer_config, rename
+
+_LAYER = r"encoder\.layers\.encoder_layer_(\d+)\."
+RULES = [
+    (r"class_token", "cls_token"),
+    (r"conv_proj\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"encoder\.pos_embedding", "pos_embed"),
+    (_LAYER + r"ln_1\.(weight|bias)", r"blocks.\1.norm1.\2"),
+    (_LAYER + r"self_attention\.in_proj_(weight|bias)", r"blocks.\1.attn.qkv.\2"),
+    (_LAYER + r"self_attention\.out_proj\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (_LAYER + r"ln_2\.(weight|bias)", r"blocks.\1.norm2.\2"),
+    (_LAYER + r"mlp\.(?:0|linear_1)\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),  # linear_1: torchvision < 0.13
+    (_LAYER + r"mlp\.(?:3|linear_2)\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
+    (r"encoder\.ln\.(weight|bias)", r"norm.\1"),
+    (r"heads\.pre_logits\.(weight|bias)", r"pre_logits.\1"),
+    (r"heads\.head\.(weight|bias)", r"head.\1"),
+]
+
+# torchvision's names for the paper's models (its weights' `meta` and builders).
+NAMES = {"vit_b_16": "ViT-B/16", "vit_b_32": "ViT-B/32", "vit_l_16": "ViT-L/16", "vit_l_32": "ViT-L/32",
+         "vit_h_14": "ViT-H/14"}
+
+
+def is_torchvision_state(keys: set[str]) -> bool:
+    return "conv_proj.weight" in keys and "encoder.pos_embedding" in keys
+
+
+def torchvision_hints(hints: Hints) -> Hints:
+    """torchvision's preprocessing and LayerNorm eps; the heads of the paper's model a `vit_*` name names."""
+    for tv, paper in NAMES.items():
+        if tv in hints.name and hints.num_heads is None:
+            hints.num_heads = get_preset(paper).config.num_heads
+            break
+    defaults = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "interpolation": "bilinear", "crop_pct": 224 / 256,
+                "ln_eps": 1e-6, "gelu": "exact"}
+    for k, v in defaults.items():
+        hints.config.setdefault(k, v)
+    return hints
+
+
+def from_torchvision(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Converted:
+    state = rename(state, RULES, source, "torchvision")
+    hints = torchvision_hints(hints)
+    cfg = infer_config(state, hints, source)
+    return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, "torchvision")

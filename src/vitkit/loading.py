@@ -1,0 +1,198 @@
+"""`vitkit.load`: any public ViT checkpoint, by path or hub name, as a vitkit model.
+
+Accepted: vitkit checkpoint folders; Google .npz files (vision_transformer and big_vision naming, scan
+files, the R50 hybrid); timm state dicts and hub folders (.safetensors, or .pth/.bin read with
+`torch.load(weights_only=True)`); Hugging Face ViTModel / ViTForImageClassification folders; torchvision
+`vit_*` state dicts; and hub names ("hf-hub:google/vit-base-patch16-224",
+"vit_base_patch16_224.augreg2_in21k_ft_in1k"), fetched into the Hugging Face cache.
+
+The architecture is read from the tensors: widths, depth, patch, MLP size and classes from shapes, the
+heads from the npz query kernel or from config.json. timm and torchvision fuse q;k;v, so their heads
+cannot be read from shapes: they come from config.json (timm's model_args, or the architecture's preset),
+else the preset whose width matches (Table 1, DeiT), else 64-wide heads. The image size comes from the
+position table (a non-square grid needs `image_size=` or a config). What differs between sources is
+recorded in the config: tanh GELU for Google's Flax models, LayerNorm eps (1e-12 for Hugging Face files
+without a config), normalisation mean/std (0.5 for Google and timm's ViTs, ImageNet's for torchvision).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import torch
+
+from .checkpoint import CheckpointError, load_vitkit, read_meta, read_tensors
+from .config import ViTConfig
+from .convert.common import Converted, Hints, build_model
+from .convert.detect import (
+    EXTENSIONS,
+    NPZ,
+    SAFETENSORS,
+    TORCH,
+    check_extension,
+    folder_format,
+    read_json,
+    sniff_file,
+    state_format,
+    weight_files,
+)
+from .model import VisionTransformer
+
+WRAPPER_KEYS = ("state_dict", "model", "model_state", "module", "state_dict_ema")
+
+
+def load(path_or_name: str | os.PathLike, map_location: str | torch.device = "cpu",
+         image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> VisionTransformer:
+    """The model a checkpoint or hub name holds, in eval mode, with `model.class_names` (list or None).
+
+    `image_size` and `num_heads` are needed only where the file cannot tell them: a non-square position
+    table without a config, or a fused-q;k;v file whose heads are not 64 wide and that has no config.
+    """
+    converted = read_checkpoint(path_or_name, image_size, num_heads)
+    if converted.format == "vitkit":  # the native format's own loader: its checks and messages
+        return load_vitkit(Path(converted.source).parent, map_location)
+    return build_model(converted, map_location)
+
+
+def read_checkpoint(path_or_name: str | os.PathLike, image_size: int | tuple[int, int] | None = None,
+                    num_heads: int | None = None) -> Converted:
+    """The tensors (vitkit names), config and class names of a checkpoint, without building the model."""
+    from . import hub
+
+    hints = Hints(num_heads=num_heads)
+    if image_size is not None:
+        hints.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    p = Path(path_or_name)
+    if not p.exists() and isinstance(path_or_name, str) and hub.is_hub_name(path_or_name):
+        p = hub.fetch(path_or_name)
+        hints.name = hub.display_name(path_or_name)
+    if not p.exists():
+        hint = " (hub names look like 'hf-hub:org/repo' or 'vit_base_patch16_224.augreg2_in21k_ft_in1k')" \
+            if "/" in str(path_or_name) and not str(path_or_name).startswith((".", "/")) else ""
+        raise CheckpointError(f"{path_or_name}: no such file or folder{hint}")
+    if p.is_file() and p.name in ("model.safetensors", "pytorch_model.bin") and (p.parent / "config.json").is_file():
+        p = p.parent  # the weights of a model folder: read with the folder's config
+    if p.is_dir():
+        return _read_folder(p, hints)
+    hints.name = hints.name or (p.stem if p.suffix.lower() in EXTENSIONS else p.name)
+    return _convert_state(_read_file(p), hints, str(p))
+
+
+def _read_folder(folder: Path, hints: Hints) -> Converted:
+    fmt, config = folder_format(folder)
+    source = str(folder)
+    if fmt == "vitkit":
+        meta = read_meta(folder)
+        try:
+            cfg = ViTConfig.from_dict(meta["model"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{folder / 'config.json'}: bad model config ({e})") from None
+        weights = folder / "model.safetensors"
+        return Converted(cfg, read_tensors(weights), meta.get("class_names"), str(weights), "vitkit")
+    files = weight_files(folder)
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(_read_file(f))
+    if fmt == "timm":
+        from .convert.timm import from_timm, hints_from_config
+
+        return from_timm(state, _merge(hints_from_config(config, source), hints), source)
+    if fmt == "hf":
+        from .convert.hf import from_hf, hints_from_config
+
+        pre = folder / "preprocessor_config.json"
+        return from_hf(state, _merge(hints_from_config(config, read_json(pre) if pre.is_file() else None,
+                                                       source), hints), source)
+    hints.name = hints.name or folder.name
+    return _convert_state(state, hints, source)
+
+
+def _merge(from_file: Hints, from_caller: Hints) -> Hints:
+    """The caller's explicit image size and heads win over the file's; the hub name over config's name."""
+    if from_caller.image_size:
+        from_file.image_size = from_caller.image_size
+    if from_caller.num_heads:
+        from_file.num_heads = from_caller.num_heads
+    if from_caller.name:
+        from_file.name = from_caller.name
+    return from_file
+
+
+def _convert_state(state, hints: Hints, source: str) -> Converted:
+    """A bare state dict (or .npz arrays), whose names say its format."""
+    if isinstance(state, _NpzArrays):
+        from .convert.npz import from_npz
+
+        return from_npz(state.arrays, hints, source)
+    try:
+        fmt = state_format(set(state))
+    except CheckpointError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    if fmt == "timm":
+        from .convert.timm import from_timm
+
+        return from_timm(state, hints, source)
+    if fmt == "hf":
+        from .convert.hf import from_hf
+
+        return from_hf(state, hints, source)
+    from .convert.torchvision import from_torchvision
+
+    return from_torchvision(state, hints, source)
+
+
+class _NpzArrays:
+    """The arrays of an .npz file, kept apart from PyTorch state dicts (their names need their own rules)."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+
+def _read_file(path: Path):
+    """The tensors of one file, by its content; refuses pickles that would run code."""
+    kind = sniff_file(path)
+    check_extension(path, kind)
+    if kind == SAFETENSORS:
+        return read_tensors(path)
+    if kind == NPZ:
+        from .convert.npz import read_npz
+
+        return _NpzArrays(read_npz(path))
+    assert kind == TORCH
+    return unwrap_state_dict(torch_load(path), str(path))
+
+
+def torch_load(path: Path):
+    """torch.load with weights_only=True: tensors and plain containers only, never code."""
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path}: refused: this pickle holds more than tensors and would run code when unpickled ({first}). "
+            "vitkit reads only state dicts of tensors; re-save with torch.save(model.state_dict(), ...) "
+            "or safetensors") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable PyTorch file ({str(e).splitlines()[0] if str(e) else e})") from None
+
+
+def unwrap_state_dict(obj, source: str) -> dict[str, torch.Tensor]:
+    """The state dict inside what torch.load returned: the object itself, or the entry of a training
+    checkpoint that holds it ("state_dict", "model", ...). A DDP "module." prefix on every key is removed."""
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{source}: holds a {type(obj).__name__}, not a state dict")
+    if not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        for key in WRAPPER_KEYS:
+            inner = obj.get(key)
+            if isinstance(inner, dict) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                obj = inner
+                break
+        else:
+            raise CheckpointError(f"{source}: a dict whose entries are not all tensors and that has no "
+                                  f"state dict under {list(WRAPPER_KEYS)} (keys {sorted(obj)[:10]})")
+    if obj and all(k.startswith("module.") for k in obj):
+        obj = {k[len("module."):]: v for k, v in obj.items()}
+    return dict(obj)
+
