@@ -506,7 +506,8 @@ def resolve(
     skip_bad_images: bool = False,
 ) -> Dataset:
     """The dataset `data` names: `fashion-mnist`, `cifar10`, `cifar100`, or a folder of class sub-folders
-    (with `train`/`test`/`val` split sub-folders used when present). A Dataset is returned unchanged.
+    (with `train`/`test`/`val` split sub-folders used when present; an existing folder wins over a dataset
+    name it happens to share). A Dataset is returned unchanged.
 
     `split` is train, test or val (val means test for the named datasets, which have no validation split).
     `download` lets a named dataset be fetched from its official location when it is nowhere on disk (with

@@ -357,8 +357,8 @@ def randaugment_batch(images: torch.Tensor, num_ops: int, magnitude: int,
 
 def augment_batch(images: torch.Tensor, aug: AugmentConfig, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random crop ('pad-crop' or 'rrc'), horizontal flip and RandAugment of a uint8 batch (B, C, H, W), each
-    image with its own random draws, all from `generator` (torch's global one if None). Returns uint8 of the
-    same shape. Random erasing is not done here: it erases to the normalised mean, so it comes after
+    image with its own random draws, all from `generator` (torch's global one if None; it must live on the
+    images' device, so that a batch already on the GPU is augmented there). Returns uint8 of the same shape. Random erasing is not done here: it erases to the normalised mean, so it comes after
     `normalize_batch` (`random_erase_batch`; `train_batch` chains all three). MixUp/CutMix: build_batch_transform.
     """
     if images.dtype != torch.uint8 or images.ndim != 4:
