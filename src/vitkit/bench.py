@@ -1,0 +1,348 @@
+"""Inference speed of vitkit against timm, Hugging Face and torchvision, measured side by side.
+
+Our machines are shared and noisy, so absolute times from different runs mean little. The harness therefore
+measures every contender of a cell (model x batch size) in one process, with the repetitions interleaved in
+a fresh random order each round, and reports medians. The fp32 SGEMM peak that model FLOP utilisation (MFU)
+is measured against is one more contender in the same loop: a big `torch.mm`, timed under the same
+conditions as the models.
+
+All models have random weights and the same architecture (built from one ViTConfig), so they do the same
+FLOPs (`vitkit.count_flops`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .config import ViTConfig, get_config
+from .model import count_flops, create_model
+
+# The anchors: the other implementations we compare against.
+ANCHORS: tuple[str, ...] = ("timm", "hf-eager", "hf-sdpa", "torchvision")
+# Our contenders: the plain model and what `vitkit.optimize` makes of it.
+OURS: tuple[str, ...] = ("vitkit", "vitkit-fp32-opt", "vitkit-int8")
+CONTENDERS: tuple[str, ...] = OURS + ANCHORS
+SGEMM = "sgemm"
+
+
+# --- the contenders -------------------------------------------------------------------------------------
+class LogitsOnly(nn.Module):
+    """Hugging Face models return an output object: keep the logits, so every contender returns a tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).logits
+
+
+def _square(cfg: ViTConfig, who: str) -> int:
+    h, w = cfg.image_size
+    if h != w:
+        raise ValueError(f"{who} builds square images only, got image_size={cfg.image_size}")
+    return h
+
+
+def build_timm(cfg: ViTConfig) -> nn.Module:
+    """timm's VisionTransformer with the same architecture, fused attention (F.scaled_dot_product_attention)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(
+        img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=cfg.num_classes,
+        embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.dim,
+        qkv_bias=cfg.qkv_bias, global_pool="token",
+    )
+    if not all(block.attn.fused_attn for block in model.blocks):
+        raise RuntimeError("timm's fused attention is off (TIMM_FUSED_ATTN=0?): the comparison would be unfair")
+    return model
+
+
+def build_hf(cfg: ViTConfig, attn_implementation: str) -> nn.Module:
+    """Hugging Face's ViTForImageClassification with the given attention implementation ('eager', 'sdpa')."""
+    from transformers import ViTConfig as HFConfig
+    from transformers import ViTForImageClassification
+
+    hf_cfg = HFConfig(
+        hidden_size=cfg.dim, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.mlp_dim, image_size=_square(cfg, "Hugging Face ViT"), patch_size=cfg.patch_size,
+        num_channels=cfg.in_chans, num_labels=cfg.num_classes, layer_norm_eps=cfg.ln_eps, qkv_bias=cfg.qkv_bias,
+    )
+    model = ViTForImageClassification._from_config(hf_cfg, attn_implementation=attn_implementation)
+    return LogitsOnly(model)
+
+
+def build_torchvision(cfg: ViTConfig) -> nn.Module:
+    """torchvision's VisionTransformer (what `vit_b_16` builds, at any size)."""
+    from torchvision.models import VisionTransformer
+
+    return VisionTransformer(
+        image_size=_square(cfg, "torchvision's ViT"), patch_size=cfg.patch_size, num_layers=cfg.depth,
+        num_heads=cfg.num_heads, hidden_dim=cfg.dim, mlp_dim=cfg.mlp_dim, num_classes=cfg.num_classes,
+    )
+
+
+def build_vitkit(cfg: ViTConfig, precision: str | None = None) -> nn.Module:
+    """vitkit's model, plain (precision None) or through `vitkit.optimize` (no compile)."""
+    from .optimize import optimize
+
+    model = create_model(cfg)
+    # Random, non-zero weights everywhere (our classifier starts at zero), like the other contenders.
+    with torch.no_grad():
+        for p in model.head.parameters():
+            nn.init.normal_(p, std=0.02)
+    if precision is None:
+        return model
+    return optimize(model, precision, compile=False)
+
+
+BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {
+    "vitkit": build_vitkit,
+    "vitkit-fp32-opt": lambda cfg: build_vitkit(cfg, "fp32"),
+    "vitkit-int8": lambda cfg: build_vitkit(cfg, "int8"),
+    "timm": build_timm,
+    "hf-eager": lambda cfg: build_hf(cfg, "eager"),
+    "hf-sdpa": lambda cfg: build_hf(cfg, "sdpa"),
+    "torchvision": build_torchvision,
+}
+
+
+# --- configuration and results --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure. `models` are preset names or ViTConfigs (tests use tiny ones)."""
+
+    models: tuple[str | ViTConfig, ...] = ("ViT-S/16", "ViT-B/16")
+    batch_sizes: tuple[int, ...] = (1, 16)
+    contenders: tuple[str, ...] = CONTENDERS
+    repeats: int = 10
+    warmup: int = 2
+    threads: int | None = None  # None: torch's default (all cores)
+    sgemm_size: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.contenders if c not in BUILDERS]
+        if unknown:
+            raise ValueError(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
+        if not self.contenders:
+            raise ValueError("no contenders to measure")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"repeats={self.repeats} must be >= 1 and warmup={self.warmup} >= 0")
+        if any(b < 1 for b in self.batch_sizes) or not self.batch_sizes:
+            raise ValueError(f"batch sizes {self.batch_sizes} must be positive")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads={self.threads} must be >= 1")
+        if self.sgemm_size < 16:
+            raise ValueError(f"sgemm_size={self.sgemm_size} is too small to measure a peak")
+
+
+QUICK = BenchConfig(models=("ViT-S/16",), batch_sizes=(1,), repeats=3, warmup=1)
+
+
+@dataclass
+class Measurement:
+    """The times of one contender in one cell, and what follows from them."""
+
+    model: str
+    batch: int
+    contender: str
+    seconds: list[float] = field(default_factory=list)
+    flops_per_image: float = 0.0
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.batch / self.median_s
+
+    @property
+    def gflops(self) -> float:
+        return self.flops_per_image * self.batch / self.median_s / 1e9
+
+
+@dataclass
+class Cell:
+    model: str
+    batch: int
+    flops_per_image: float
+    sgemm_gflops: float
+    results: dict[str, Measurement]
+
+    def best_anchor(self) -> Measurement | None:
+        anchors = [m for name, m in self.results.items() if name in ANCHORS]
+        return max(anchors, key=lambda m: m.images_per_s) if anchors else None
+
+    def rows(self) -> list[dict[str, Any]]:
+        best = self.best_anchor()
+        rows = []
+        for name, m in self.results.items():
+            rows.append({
+                "model": self.model, "batch": self.batch, "contender": name,
+                "images_per_s": m.images_per_s, "latency_ms": 1e3 * m.median_s,
+                "vs_best_anchor": m.images_per_s / best.images_per_s if best else None,
+                "best_anchor": best.contender if best else None,
+                "gflops": m.gflops, "mfu": m.gflops / self.sgemm_gflops,
+                "seconds": m.seconds,
+            })
+        return rows
+
+
+# --- measuring ------------------------------------------------------------------------------------------
+def sgemm_gflops(seconds: float, n: int) -> float:
+    """GFLOP/s of an n x n by n x n fp32 product taking `seconds` (2 n^3 FLOPs)."""
+    return 2.0 * n**3 / seconds / 1e9
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved_times(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int, rng: random.Random,
+                      progress: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Time every call `repeats` times, in a fresh random order each round, after `warmup` untimed rounds."""
+    for _ in range(warmup):
+        for fn in calls.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for _ in range(repeats):
+        rng.shuffle(names)
+        for name in names:
+            times[name].append(_timed(calls[name]))
+            if progress:
+                progress()
+    return times
+
+
+def _label(model: str | ViTConfig) -> str:
+    if isinstance(model, ViTConfig):
+        h, w = model.image_size
+        return model.name or f"D{model.dim}-L{model.depth}-P{model.patch_size}@{h}x{w}"
+    return model
+
+
+def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: random.Random,
+                 progress: Callable[[], None] | None = None) -> Cell:
+    """Build every contender for one model and batch size and time them interleaved with the SGEMM."""
+    cfg = model if isinstance(model, ViTConfig) else get_config(model)
+    torch.manual_seed(config.seed)
+    x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
+    n = config.sgemm_size
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    models = {name: BUILDERS[name](cfg).eval() for name in config.contenders}
+    calls: dict[str, Callable[[], Any]] = {name: (lambda m=m: m(x)) for name, m in models.items()}
+    calls[SGEMM] = lambda: torch.mm(a, b)
+    with torch.inference_mode():
+        times = interleaved_times(calls, config.repeats, config.warmup, rng, progress)
+    flops = count_flops(cfg)
+    label = _label(model)
+    results = {name: Measurement(label, batch, name, times[name], flops) for name in config.contenders}
+    return Cell(label, batch, flops, sgemm_gflops(statistics.median(times[SGEMM]), n), results)
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "python": platform.python_version(),
+    }
+
+
+def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Measure every cell of `config`; returns a JSON-ready dict (machine, SGEMM peak, one row per
+    contender and cell). `on_progress(done, total)` is called after every timed call."""
+    previous_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        rng = random.Random(config.seed)
+        cells_spec = [(m, b) for m in config.models for b in config.batch_sizes]
+        total = len(cells_spec) * config.repeats * (len(config.contenders) + 1)
+        done = 0
+
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            if on_progress:
+                on_progress(done, total)
+
+        cells = [measure_cell(m, b, config, rng, tick) for m, b in cells_spec]
+        info = machine_info()
+    finally:
+        torch.set_num_threads(previous_threads)
+    sgemm = [c.sgemm_gflops for c in cells]
+    return {
+        "machine": info,
+        "config": {**asdict(config), "models": [_label(m) for m in config.models]},
+        "sgemm_gflops": {"median_over_cells": statistics.median(sgemm), "per_cell": sgemm,
+                         "size": config.sgemm_size},
+        "rows": [row for cell in cells for row in cell.rows()],
+    }
+
+
+# --- reporting ------------------------------------------------------------------------------------------
+def format_table(report: dict[str, Any]):
+    """A rich Table of a `run` report."""
+    from rich.table import Table
+
+    info = report["machine"]
+    sgemm = report["sgemm_gflops"]["median_over_cells"]
+    table = Table(title=f"inference, fp32 unless named; {info['cpu']}, {info['threads']} thread(s); "
+                        f"SGEMM {sgemm:.0f} GFLOP/s (median)")
+    for col, justify in (("model", "left"), ("batch", "right"), ("contender", "left"), ("img/s", "right"),
+                         ("ms/batch", "right"), ("vs best anchor", "right"), ("GFLOP/s", "right"),
+                         ("MFU", "right")):
+        table.add_column(col, justify=justify)
+    previous = None
+    for row in report["rows"]:
+        cell = (row["model"], row["batch"])
+        if previous is not None and cell != previous:
+            table.add_section()
+        previous = cell
+        ratio = row["vs_best_anchor"]
+        style = "bold" if row["contender"] in OURS else ""
+        table.add_row(row["model"], str(row["batch"]), row["contender"], f"{row['images_per_s']:.2f}",
+                      f"{row['latency_ms']:.1f}", "-" if ratio is None else f"{ratio:.2f}x",
+                      f"{row['gflops']:.0f}", f"{100 * row['mfu']:.0f} %", style=style)
+    return table
+
+
+def write_json(report: dict[str, Any], path) -> None:
+    from pathlib import Path
+
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def summarize(report: dict[str, Any], contenders: Iterable[str] = OURS) -> list[str]:
+    """One line per (cell, our contender): the ratio to the best anchor, for the docs and the CLI."""
+    lines = []
+    for row in report["rows"]:
+        if row["contender"] in contenders and row["vs_best_anchor"] is not None and not math.isnan(
+                row["vs_best_anchor"]):
+            lines.append(f"{row['model']} batch {row['batch']}: {row['contender']} {row['vs_best_anchor']:.2f}x "
+                         f"the best anchor ({row['best_anchor']}), MFU {100 * row['mfu']:.0f} %")
+    return lines

@@ -1,0 +1,88 @@
+"""`vitkit bench` (inference speed against timm, Hugging Face and torchvision) and `vitkit export` (ONNX)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def bench(
+    model: list[str] = typer.Option(
+        ["ViT-S/16", "ViT-B/16"], "--model", "-m", help="Preset to measure; repeat for several."),
+    batch: list[int] = typer.Option([1, 16], "--batch", "-b", help="Batch size; repeat for several."),
+    contender: list[str] = typer.Option(
+        [], "--contender", "-c",
+        help="Implementation to time; repeat for several. Default: all of vitkit, vitkit-fp32-opt, "
+             "vitkit-int8, timm, hf-eager, hf-sdpa, torchvision."),
+    repeats: int = typer.Option(10, "--repeats", "-r", help="Timed calls per contender and cell (median kept)."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed calls per contender before timing."),
+    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: torch's default, all cores)."),
+    quick: bool = typer.Option(False, "--quick", "-q",
+                               help="A quick look: ViT-S/16, batch 1, 3 repeats, 1 warm-up (about a minute)."),
+    json_path: Path = typer.Option(None, "--json", help="Also write the full results (every time) as JSON here."),
+) -> None:
+    """Inference speed of vitkit against timm, Hugging Face and torchvision, in one process.
+
+    Every contender has random weights and the same architecture; the repetitions are interleaved in a fresh
+    random order each round and medians are reported, so the ratios hold on a busy machine. MFU is the
+    model's FLOP rate over the fp32 SGEMM rate of a 2048^3 torch.mm timed in the same loop.
+    The full default run (2 models x 2 batch sizes x 7 contenders x 10 repeats) takes 10-20 minutes on 2 cores.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .. import bench as B
+    from ..config import get_preset
+    from .main import UsageError
+
+    if quick:
+        model, batch, repeats, warmup = ["ViT-S/16"], [1], 3, 1
+    config = B.BenchConfig(models=tuple(model), batch_sizes=tuple(batch), repeats=repeats, warmup=warmup,
+                           contenders=tuple(contender) or B.CONTENDERS, threads=threads or None)
+
+    for name in config.models:
+        get_preset(name)  # an unknown name fails here, before minutes of measuring
+    if json_path is not None and not json_path.parent.exists():
+        raise UsageError(f"{json_path.parent}: no such folder for --json", "create it or choose another path")
+    console = Console(width=130)
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("timing", total=None)
+        report = B.run(config, on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+    console.print(B.format_table(report))
+    for line in B.summarize(report):
+        console.print(line)
+    if json_path is not None:
+        B.write_json(report, json_path)
+        console.print(f"results written to {json_path}")
+
+
+def export(
+    checkpoint: Path = typer.Argument(..., help="A vitkit checkpoint folder (or anything `vitkit info` reads)."),
+    output: Path = typer.Argument(..., help="The ONNX file to write, e.g. model.onnx."),
+    check: bool = typer.Option(True, "--check/--no-check",
+                               help="Run the file with onnxruntime and compare it with PyTorch."),
+    atol: float = typer.Option(1e-4, "--atol", help="Largest absolute difference of the logits allowed."),
+    opset: int = typer.Option(0, "--opset", help="ONNX opset (0: the exporter's default)."),
+) -> None:
+    """Export a checkpoint to ONNX (dynamo exporter, dynamic batch axis) and check it with onnxruntime."""
+    from .. import load
+    from ..export import check_onnx, export_onnx
+
+    model = load(checkpoint)
+    path = export_onnx(model, output, class_names=getattr(model, "class_names", None), opset=opset or None)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB), input pixel_values (batch, "
+               f"{model.cfg.in_chans}, {model.cfg.image_size[0]}, {model.cfg.image_size[1]}), output logits")
+    if check:
+        result = check_onnx(model, path, atol=atol)
+        diffs = ", ".join(f"batch {b}: {d:.2e}" for b, d in result.max_abs_diff.items())
+        if not result.ok:
+            raise ValueError(f"{path}: onnxruntime differs from PyTorch by up to {result.worst:.2e} "
+                             f"> atol {atol:g} ({diffs})")
+        typer.echo(f"onnxruntime matches PyTorch: max |diff| {diffs} (atol {atol:g})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(bench)
+    app.command()(export)

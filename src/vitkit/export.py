@@ -1,0 +1,91 @@
+"""Export a ViT to ONNX with the dynamo exporter, and check the file with onnxruntime against PyTorch.
+
+The graph takes `pixel_values` (batch, C, H, W), normalised as the checkpoint's preprocessing says, with a
+dynamic batch axis, and returns `logits` (batch, classes). The preprocessing and the class names are stored
+in the file's metadata (`vitkit.preprocessing`, `vitkit.class_names`, JSON), so that the file alone is
+enough to use the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .checkpoint import preprocessing
+from .model import VisionTransformer
+
+INPUT_NAME = "pixel_values"
+OUTPUT_NAME = "logits"
+DEFAULT_ATOL = 1e-4
+
+
+@dataclass(frozen=True)
+class ExportCheck:
+    """onnxruntime against PyTorch on random inputs: the largest absolute difference per batch size."""
+
+    max_abs_diff: dict[int, float]
+    atol: float
+
+    @property
+    def ok(self) -> bool:
+        return all(d <= self.atol for d in self.max_abs_diff.values())
+
+    @property
+    def worst(self) -> float:
+        return max(self.max_abs_diff.values())
+
+
+def export_onnx(model: VisionTransformer, path: str | Path, class_names: list[str] | None = None,
+                opset: int | None = None) -> Path:
+    """Write `model` (fp32, eval mode, CPU) to `path` as ONNX with a dynamic batch axis; returns the path."""
+    path = Path(path)
+    if path.suffix != ".onnx":
+        raise ValueError(f"{path}: the output file should end in .onnx")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = model.float().eval().cpu()
+    cfg = model.cfg
+    example = torch.randn(2, cfg.in_chans, *cfg.image_size)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    kwargs = {} if opset is None else {"opset_version": opset}
+    with torch.inference_mode(False), torch.no_grad():
+        program = torch.onnx.export(
+            model, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_shapes=({0: batch},), verbose=False, **kwargs,
+        )
+    if program is None:
+        raise RuntimeError("torch.onnx.export returned no program")
+    # program.model is the ONNX IR that save() serialises; its metadata_props is a plain str -> str dict.
+    program.model.metadata_props.update({
+        "vitkit.preprocessing": json.dumps(preprocessing(cfg)),
+        "vitkit.config": json.dumps(cfg.to_dict()),
+        "vitkit.class_names": json.dumps(class_names),
+    })
+    program.save(str(path))
+    return path
+
+
+def check_onnx(model: nn.Module, path: str | Path, batch_sizes: tuple[int, ...] = (1, 3),
+               atol: float = DEFAULT_ATOL, seed: int = 0) -> ExportCheck:
+    """Run the ONNX file with onnxruntime (CPU) and PyTorch on the same random inputs, at several batch
+    sizes (which also proves the batch axis is dynamic); returns the largest differences."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (inp,) = session.get_inputs()
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    diffs = {}
+    model = model.float().eval().cpu()
+    for b in batch_sizes:
+        x = torch.randn(b, cfg.in_chans, *cfg.image_size, generator=gen)
+        with torch.inference_mode():
+            ref = model(x).numpy()
+        (out,) = session.run([OUTPUT_NAME], {inp.name: x.numpy()})
+        if out.shape != ref.shape:
+            raise ValueError(f"{path}: onnxruntime returned shape {out.shape}, PyTorch {ref.shape} at batch {b}")
+        diffs[b] = float(abs(out - ref).max())
+    return ExportCheck(diffs, atol)

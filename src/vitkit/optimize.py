@@ -1,0 +1,185 @@
+"""Make a ViT fast for inference without changing what it computes.
+
+`optimize(model, precision)` returns a model for inference (eval mode, no gradients):
+
+- "fp32" (the default): the same function to within 1e-4. On a CPU every linear layer's weight is reordered
+  once into oneDNN's blocked layout and the layer runs through oneDNN (`torch.ops.mkldnn._linear_pointwise`),
+  with the MLP's GELU fused into its first layer. Measured on our 2-core AVX-512 CPU (docs/speed.md), oneDNN's
+  packed GEMM is 10-20 % faster than the MKL `addmm` that `nn.Linear` calls, and GELU no longer makes a
+  second pass over the (T, 4D) hidden activations. Attention already runs through
+  `F.scaled_dot_product_attention` with one fused q;k;v projection (see model.py). With `compile=True`,
+  torch.compile (inductor, with freezing on the CPU) is applied on top.
+- "int8": dynamic quantisation of the encoder's linear layers (int8 weights per output channel,
+  activations quantised per batch at run time; fbgemm's VNNI kernels on x86). The patch projection, the
+  attention matrices, the LayerNorms and the classifier stay in fp32. The function changes slightly: the
+  Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
+- "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32: for GPUs only.
+  On a CPU `optimize` refuses it with a ValueError: CPUs without native bf16 emulate it at a third of the
+  fp32 speed, and even where the CPU has it the result differs from fp32 by far more than 1e-4.
+
+`compile="auto"` (the default) compiles only where it pays for itself in a one-off call: on CUDA. On our
+CPU, compiling ViT-B/16 takes about a minute and gains less than the oneDNN path already does (docs/speed.md),
+so `vitkit predict` and `vitkit eval` can call `optimize(model)` for free.
+
+The returned model is a copy; the argument is left untouched. It keeps the VisionTransformer interface
+(forward_features with return_attention, forward_head) unless it was compiled.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+Precision = Literal["fp32", "int8", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
+CompileMode = bool | Literal["auto"]
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build can run prepacked oneDNN linear layers (x86 builds with mkldnn)."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear whose weight lives in oneDNN's blocked layout, optionally followed by a
+    fused GELU (`activation="gelu"`). `batch_hint` is the number of rows the packing is tuned for (any number
+    works)."""
+
+    def __init__(self, linear: nn.Linear, activation: Literal["none", "gelu"] = "none",
+                 approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197):
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        weight = linear.weight.detach().float().contiguous()
+        # A plain attribute, not a buffer: an mkldnn tensor cannot be saved, copied or moved like a dense one.
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.activation = activation
+        self.approximate = approximate if activation == "gelu" else ""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"PackedLinear runs fp32 on the CPU, got {x.dtype} on {x.device}")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self.activation, [],
+                                                  self.approximate)
+
+    def extra_repr(self) -> str:
+        act = f", activation=gelu({self.approximate})" if self.activation == "gelu" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed{act}"
+
+
+def _gelu_approximate(act: nn.Module) -> Literal["none", "tanh"] | None:
+    """The `approximate` of an nn.GELU, or None for any other activation (which then is not fused)."""
+    if isinstance(act, nn.GELU) and act.approximate in ("none", "tanh"):
+        return act.approximate  # type: ignore[return-value]
+    return None
+
+
+def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
+    """Replace, in place, every nn.Linear of `model` by a PackedLinear; where a module has an `fc1` followed
+    by an nn.GELU `act` (our Mlp), the GELU is fused into fc1 and `act` becomes the identity."""
+    for module in list(model.modules()):
+        fc1, act = getattr(module, "fc1", None), getattr(module, "act", None)
+        approximate = _gelu_approximate(act) if act is not None else None
+        if isinstance(fc1, nn.Linear) and approximate is not None:
+            module.fc1 = PackedLinear(fc1, "gelu", approximate, batch_hint)
+            module.act = nn.Identity()
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, PackedLinear(child, batch_hint=batch_hint))
+    return model
+
+
+def quantize_linears_int8(model: nn.Module) -> nn.Module:
+    """Dynamic int8 quantisation of the encoder's linear layers (`blocks.*`), in place; weights per output
+    channel. The classifier and the patch projection stay fp32: they cost little and carry the decision."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    blocks = getattr(model, "blocks", None)
+    target = blocks if isinstance(blocks, nn.Module) else model
+    qconfig = {nn.Linear: per_channel_dynamic_qconfig}
+    with warnings.catch_warnings():
+        # torch.ao's eager quantisation warns that it will move to torchao; it is what ships with torch.
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+        warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
+        quantized = quantize_dynamic(target, qconfig, dtype=torch.qint8, inplace=True)
+    if target is model:
+        return quantized
+    return model
+
+
+def _cast_bf16(model: nn.Module) -> nn.Module:
+    """Weights in bf16; inputs are cast on the way in, the output back to fp32."""
+    model.to(torch.bfloat16)
+
+    def cast_inputs(_module, args, kwargs):
+        args = tuple(a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+        return args, kwargs
+
+    def cast_output(_module, _args, output):
+        return output.float() if torch.is_tensor(output) else output
+
+    model.register_forward_pre_hook(cast_inputs, with_kwargs=True)
+    model.register_forward_hook(cast_output)
+    return model
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _compile(model: nn.Module, device: torch.device) -> nn.Module:
+    """torch.compile with inductor; on the CPU with freezing, which folds the weights in as constants and
+    lets inductor prepack them."""
+    options = {"freezing": True} if device.type == "cpu" else {}
+    return torch.compile(model, backend="inductor", options=options, dynamic=False)
+
+
+def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMode = "auto") -> nn.Module:
+    """A copy of `model` made fast for inference (see the module docstring for what each precision does).
+
+    compile: True, False, or "auto" (compile only on CUDA, where it pays for itself quickly).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose from {', '.join(PRECISIONS)}")
+    if compile not in (True, False, "auto"):
+        raise ValueError(f"compile={compile!r}: choose True, False or 'auto'")
+    device = _model_device(model)
+    if precision == "bf16" and device.type != "cuda":
+        raise ValueError(
+            f"precision='bf16' is for GPUs, but the model is on {device.type}: on a CPU bf16 is emulated or "
+            "changes results far beyond fp32's; use precision='fp32' or 'int8' (move the model with .cuda() first)"
+        )
+    if precision == "int8" and device.type != "cpu":
+        raise ValueError(f"precision='int8' runs on the CPU (fbgemm/oneDNN kernels), the model is on {device}")
+    out = copy.deepcopy(model).eval()
+    out.requires_grad_(False)
+    if precision == "fp32" and device.type == "cpu" and onednn_linear_available():
+        pack_linears(out)
+    elif precision == "int8":
+        quantize_linears_int8(out)
+    elif precision == "bf16":
+        _cast_bf16(out)
+    do_compile = compile is True or (compile == "auto" and device.type == "cuda")
+    if do_compile:
+        if precision == "int8":
+            raise ValueError("compile=True with precision='int8' is not supported: the dynamic-quantised "
+                             "layers do not trace; use compile=False")
+        if precision == "fp32" and device.type == "cpu":
+            # Inductor does its own weight packing from plain linear layers: start again from them.
+            out = copy.deepcopy(model).eval()
+            out.requires_grad_(False)
+        out = _compile(out, device)
+    return out
