@@ -50,11 +50,13 @@ def test_every_variant_patch_and_resolution_has_a_preset():
     assert len(PLAIN_PRESETS) == 5 * 4 * 2
 
 
-@pytest.mark.parametrize("name", PLAIN_PRESETS)
+@pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_shapes_on_meta_device(name):
-    """Every preset at its real size: the meta device propagates shapes without allocating or computing."""
+    """Every preset at its real size: the meta device propagates shapes without allocating or computing.
+    A hybrid's tokens are its ResNet's stride-16 (R50) or stride-32 (R26) feature map."""
     cfg = get_config(name)
-    gh, gw = cfg.image_size[0] // cfg.patch_size, cfg.image_size[1] // cfg.patch_size
+    stride = cfg.patch_size * (1 if cfg.hybrid_layers is None else {3: 16, 4: 32}[len(cfg.hybrid_layers)])
+    gh, gw = cfg.image_size[0] // stride, cfg.image_size[1] // stride
     with torch.device("meta"):
         model = create_model(name)
         x = torch.empty(2, 3, *cfg.image_size)
