@@ -122,7 +122,7 @@ def http_server(tmp_path):
     served.mkdir()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
                                              functools.partial(_QuietHandler, directory=str(served)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield served, f"http://127.0.0.1:{server.server_address[1]}/"

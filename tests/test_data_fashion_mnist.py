@@ -147,7 +147,7 @@ def http_server(tmp_path):
     served.mkdir()
     handler = functools.partial(_QuietHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield served, f"http://127.0.0.1:{server.server_address[1]}/"
