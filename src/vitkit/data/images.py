@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageCms, ImageFile
+from PIL import Image, ImageFile
 
 # The largest image we decode, Pillow's own default limit: 2**30 // 4 // 3 = 89.5 megapixels (0.25 GiB as
 # RGB; a 12000 x 7400 photograph). A header claiming more is taken for a decompression bomb, a small file that
@@ -52,6 +52,8 @@ def _high_depth_to_8bit(im: Image.Image) -> Image.Image:
 
 
 def _lab_to_rgb(im: Image.Image) -> Image.Image:
+    from PIL import ImageCms  # LittleCMS; only CIE L*a*b* images need it
+
     srgb, lab = ImageCms.createProfile("sRGB"), ImageCms.createProfile("LAB")
     transform = ImageCms.buildTransform(lab, srgb, "LAB", "RGB")
     return ImageCms.applyTransform(im, transform)
