@@ -1,0 +1,156 @@
+"""Google .npz files (vision_transformer and big_vision naming), written by the test in the documented layout,
+loaded by vitkit and by timm's own .npz loader: the logits must agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import vitkit
+from convert_reference import assert_same, randomize_, timm_to_npz_arrays
+from vitkit.checkpoint import CheckpointError
+
+timm = pytest.importorskip("timm")
+from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
+from timm.models.vision_transformer import _load_weights  # noqa: E402
+
+SIZE = 32
+
+
+def tiny_timm(seed: int = 1, **kw) -> TimmViT:
+    """timm's ViT with Flax's tanh GELU, as Google's models compute."""
+    args = dict(img_size=SIZE, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10,
+                act_layer="gelu_tanh")
+    args.update(kw)
+    return randomize_(TimmViT(**args), seed).eval()
+
+
+def save_npz(path, arrays) -> str:
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def through_timm(path: str, seed: int = 7, **kw) -> TimmViT:
+    """A differently initialised timm model, filled by timm's own .npz loader."""
+    model = tiny_timm(seed, **kw)
+    _load_weights(model, path)
+    return model.eval()
+
+
+def test_vision_transformer_layout(tmp_path):
+    ref = tiny_timm()
+    path = save_npz(tmp_path / "ViT-B_16.npz", timm_to_npz_arrays(ref))
+    check = through_timm(path)
+    x = torch.randn(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        torch.testing.assert_close(check(x), ref(x))  # the written file is what timm's loader expects
+        ours = vitkit.load(path)
+        assert_same(ours(x), check(x), "npz vision_transformer vs timm _load_weights")
+    cfg = ours.cfg
+    assert (cfg.num_heads, cfg.gelu, cfg.ln_eps, cfg.mean, cfg.image_size) == (4, "tanh", 1e-6, (0.5,) * 3, (32, 32))
+    assert ours.class_names is None  # 10 classes: no names to give
+
+
+def test_pre_logits_and_21k_head(tmp_path):
+    """ImageNet-21k files carry the pre-training head: pre_logits (tanh) then the classifier."""
+    ref = tiny_timm(num_classes=0)
+    g = torch.Generator().manual_seed(3)
+    pre = torch.nn.Linear(64, 48)
+    head = torch.nn.Linear(48, 21843)
+    with torch.no_grad():
+        for p in (*pre.parameters(), *head.parameters()):
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    arrays = timm_to_npz_arrays(ref, pre_logits=pre)
+    arrays["head/kernel"] = head.weight.detach().numpy().T.copy()
+    arrays["head/bias"] = head.bias.detach().numpy().copy()
+    path = save_npz(tmp_path / "imagenet21k_ViT-B_16.npz", arrays)
+    check = through_timm(path, num_classes=0)  # timm drops the representation layer: apply it by hand
+    x = torch.randn(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        expected = head(torch.tanh(pre(check.forward_features(x)[:, 0])))
+        ours = vitkit.load(path)
+        assert (ours.cfg.representation_size, ours.cfg.num_classes) == (48, 21843)
+        assert_same(ours(x), expected, "npz with pre_logits vs timm features + pre_logits + head")
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_big_vision_layout(tmp_path, scan):
+    """big_vision: params/ prefix, _0/_0/_1/_0 numbering, position table without the class row, scan
+    files stacked on a depth axis; checked against the vision_transformer-layout equivalent through timm."""
+    ref = tiny_timm()
+    with torch.no_grad():
+        ref.pos_embed[:, 0] = 0  # big_vision's class token has no position
+    bv = save_npz(tmp_path / "bv.npz", timm_to_npz_arrays(ref, big_vision=True, scan=scan))
+    assert ("params/Transformer/encoderblock/LayerNorm_0/scale" in np.load(bv)) == scan
+    equivalent = save_npz(tmp_path / "vt.npz", timm_to_npz_arrays(ref))
+    check = through_timm(equivalent)
+    x = torch.randn(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        ours = vitkit.load(bv)
+        assert_same(ours(x), check(x), f"npz big_vision{' scan' if scan else ''} vs timm (equivalent layout)")
+    assert ours.cfg.num_heads == 4
+
+
+def test_big_vision_gap_model(tmp_path):
+    """No class token, GAP over the normalised tokens: timm's loader reads this big_vision file directly."""
+    kw = dict(class_token=False, global_pool="avg", fc_norm=False)
+    ref = tiny_timm(**kw)
+    path = save_npz(tmp_path / "gap.npz", timm_to_npz_arrays(ref, big_vision=True))
+    check = through_timm(path, **kw)
+    x = torch.randn(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        ours = vitkit.load(path)
+        assert (ours.cfg.pool, ours.cfg.class_token) == ("gap", False)
+        assert_same(ours(x), check(x), "npz big_vision GAP vs timm _load_weights")
+
+
+def test_big_vision_sincos_has_no_table(tmp_path):
+    ref = tiny_timm(class_token=False, global_pool="avg", fc_norm=False)
+    arrays = timm_to_npz_arrays(ref, big_vision=True)
+    del arrays["params/pos_embedding"]
+    model = vitkit.load(save_npz(tmp_path / "sincos.npz", arrays))
+    assert model.cfg.pos_embed == "sincos-2d"
+
+
+def test_r26_hybrid_npz(tmp_path):
+    """Google's hybrid layout (conv_root, gn_root, block{s}/unit{u}/...), through timm's hybrid loader."""
+    kw = dict(img_size=64, embed_dim=64, depth=1, num_heads=2, num_classes=5, act_layer="gelu_tanh")
+    ref = randomize_(timm.create_model("vit_small_r26_s32_224", **kw)).eval()
+    path = save_npz(tmp_path / "R26_S_32.npz", timm_to_npz_arrays(ref))
+    check = randomize_(timm.create_model("vit_small_r26_s32_224", **kw), seed=5).eval()
+    _load_weights(check, path)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(check(x), ref(x))
+        ours = vitkit.load(path)
+        assert ours.cfg.hybrid_layers == (2, 2, 2, 2) and ours.cfg.hybrid_width == 64
+        assert_same(ours(x), check(x), "npz R26 hybrid vs timm _load_weights")
+
+
+# --- every key accounted for ----------------------------------------------------------------------------
+def test_extra_and_missing_arrays_are_listed(tmp_path):
+    arrays = timm_to_npz_arrays(tiny_timm())
+    arrays["Transformer/encoderblock_0/LayerScale_0/gamma"] = np.ones(64, np.float32)
+    path = save_npz(tmp_path / "extra.npz", arrays)
+    with pytest.raises(CheckpointError, match=r"unexpected keys .*LayerScale_0/gamma"):
+        vitkit.load(path)
+    arrays = timm_to_npz_arrays(tiny_timm())
+    del arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias"]
+    del arrays["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/value/kernel"]
+    path = save_npz(tmp_path / "missing.npz", arrays)
+    with pytest.raises(CheckpointError, match=r"missing attention keys \['blocks.0.attn.v.weight'\]"):
+        vitkit.load(path)
+    arrays = timm_to_npz_arrays(tiny_timm())
+    del arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias"]
+    with pytest.raises(CheckpointError, match=r"missing keys \['blocks.1.mlp.fc2.bias'\]"):
+        vitkit.load(save_npz(tmp_path / "missing2.npz", arrays))
+
+
+def test_pickled_object_arrays_are_refused(tmp_path):
+    arrays = timm_to_npz_arrays(tiny_timm())
+    arrays["evil"] = np.array([{"a": 1}], dtype=object)
+    path = tmp_path / "objects.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(CheckpointError, match="refused: the .npz holds pickled objects"):
+        vitkit.load(path)

@@ -1,0 +1,136 @@
+"""timm state dicts and hub folders, against timm's VisionTransformer with the same random weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import vitkit
+from convert_reference import assert_same, randomize_
+from vitkit.checkpoint import CheckpointError
+from vitkit.convert import write
+
+timm = pytest.importorskip("timm")
+from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
+
+
+def tiny_timm(seed: int = 1, **kw) -> TimmViT:
+    args = dict(img_size=32, patch_size=8, embed_dim=128, depth=2, num_heads=2, num_classes=10)
+    args.update(kw)
+    return randomize_(TimmViT(**args), seed).eval()
+
+
+def timm_folder(folder, model: TimmViT, architecture: str, model_args: dict, **extra) -> str:
+    """A timm hub folder as timm's push_to_hf_hub writes it."""
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    h, w = model.patch_embed.img_size
+    config = {"architecture": architecture, "num_classes": model.num_classes, "num_features": model.num_features,
+              "global_pool": model.global_pool, "model_args": model_args,
+              "pretrained_cfg": {"tag": "test", "input_size": [3, h, w], "interpolation": "bicubic",
+                                 "crop_pct": 0.9, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+                                 "num_classes": model.num_classes}}
+    config.update(extra)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".bin"])
+def test_state_dict_files(tmp_path, suffix):
+    """A bare state dict: heads by the 64-wide convention (128 / 64 = 2), the size from the position table."""
+    ref = tiny_timm()
+    path = tmp_path / f"weights{suffix}"
+    if suffix == ".safetensors":
+        save_file(ref.state_dict(), str(path))
+    else:
+        torch.save(ref.state_dict(), path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = vitkit.load(path)
+        assert_same(ours(x), ref(x), f"timm {suffix} state dict vs timm")
+    assert (ours.cfg.num_heads, ours.cfg.image_size, ours.cfg.ln_eps, ours.cfg.gelu) == (2, (32, 32), 1e-6, "exact")
+
+
+def test_hub_folder_non_square_with_heads_and_labels(tmp_path):
+    """config.json gives what shapes cannot: 4 heads of 32, a 32x48 image, the preprocessing, label names."""
+    ref = tiny_timm(img_size=(32, 48), num_heads=4, num_classes=3)
+    folder = timm_folder(tmp_path / "t", ref, "vit_base_patch16_224",
+                         {"img_size": [32, 48], "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 4},
+                         label_names=["cat", "dog", "cow"])
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        ours = vitkit.load(folder)
+        assert_same(ours(x), ref(x), "timm hub folder (non-square, config heads) vs timm")
+    assert ours.class_names == ["cat", "dog", "cow"]
+    assert (ours.cfg.crop_pct, ours.cfg.name) == (0.9, "vit_base_patch16_224.test")
+
+
+def test_gap_without_fc_norm_and_no_embed_class(tmp_path):
+    x = torch.randn(2, 3, 32, 32)
+    gap = tiny_timm(class_token=False, global_pool="avg", fc_norm=False)
+    save_file(gap.state_dict(), str(tmp_path / "gap.safetensors"))
+    nec = tiny_timm(no_embed_class=True)  # class token without a position row (DeiT III style)
+    save_file(nec.state_dict(), str(tmp_path / "nec.safetensors"))
+    with torch.no_grad():
+        ours = vitkit.load(tmp_path / "gap.safetensors")
+        assert ours.cfg.pool == "gap"
+        assert_same(ours(x), gap(x), "timm GAP vs timm")
+        assert_same(vitkit.load(tmp_path / "nec.safetensors")(x), nec(x), "timm no_embed_class vs timm")
+
+
+def test_hybrid_state_dict(tmp_path):
+    ref = randomize_(timm.create_model("vit_small_r26_s32_224", img_size=64, embed_dim=64, depth=1, num_heads=1,
+                                       num_classes=4)).eval()
+    save_file(ref.state_dict(), str(tmp_path / "r26.safetensors"))
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        ours = vitkit.load(tmp_path / "r26.safetensors")
+        assert_same(ours(x), ref(x), "timm R26 hybrid state dict vs timm")
+    assert ours.cfg.hybrid_layers == (2, 2, 2, 2)
+
+
+def test_what_vitkit_cannot_represent_is_listed(tmp_path):
+    """timm's fc_norm (GAP then LayerNorm) and layer scale are not vitkit's: named, never dropped."""
+    model = tiny_timm(class_token=False, global_pool="avg", init_values=1e-5)  # fc_norm on by default
+    save_file(model.state_dict(), str(tmp_path / "m.safetensors"))
+    with pytest.raises(CheckpointError) as err:
+        vitkit.load(tmp_path / "m.safetensors")
+    message = str(err.value)
+    assert "unexpected keys" in message and "'fc_norm.weight'" in message and "'blocks.0.ls1.gamma'" in message
+
+
+def test_misfit_tensors_are_all_named(tmp_path):
+    state = tiny_timm().state_dict()
+    del state["blocks.1.mlp.fc2.bias"]
+    state["blocks.0.norm2.weight"] = torch.ones(7)
+    save_file(state, str(tmp_path / "m.safetensors"))
+    with pytest.raises(CheckpointError) as err:
+        vitkit.load(tmp_path / "m.safetensors")
+    message = str(err.value)
+    assert "(timm format): tensors do not fit the config" in message
+    assert "missing keys ['blocks.1.mlp.fc2.bias']" in message
+    assert "blocks.0.norm2.weight: file (7,) vs model (128,)" in message
+
+
+def test_write_timm_round_trip_and_timm_reads_it(tmp_path):
+    """vitkit -> timm folder -> vitkit is exact, and timm builds the same function from the folder."""
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=(32, 48), patch_size=8, dim=64, depth=2,
+                                          num_heads=4, mlp_dim=96, num_classes=3, gelu="tanh", ln_eps=1e-5))
+    folder = write(ours.eval(), tmp_path / "out", to="timm", class_names=["a", "b", "c"])
+    back = vitkit.load(folder)
+    assert back.cfg == ours.cfg and back.class_names == ["a", "b", "c"]
+    for k, v in ours.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    config = json.loads((folder / "config.json").read_text())
+    args = dict(config["model_args"])
+    ref = timm.create_model(config["architecture"], num_classes=config["num_classes"], **args).eval()
+    for m in ref.modules():  # timm's LayerNorm eps is fixed at 1e-6; this model was made with 1e-5
+        if isinstance(m, torch.nn.LayerNorm):
+            m.eps = 1e-5
+    ref.load_state_dict(load_file(str(folder / "model.safetensors")))
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        assert_same(ours(x), ref(x), "vitkit written as timm, read by timm")
