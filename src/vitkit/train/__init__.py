@@ -1,0 +1,20 @@
+"""Training: recipes (typed configs), the resumable distributed loop, evaluation and prediction."""
+
+from .evaluate import EvalResult, confusion_png, evaluate
+from .loop import RunResult, TrainingDiverged, train
+from .recipes import RECIPES, DataConfig, OptimConfig, TrainConfig, apply_overrides, get_recipe
+
+__all__ = [
+    "RECIPES",
+    "DataConfig",
+    "EvalResult",
+    "OptimConfig",
+    "RunResult",
+    "TrainConfig",
+    "TrainingDiverged",
+    "apply_overrides",
+    "confusion_png",
+    "evaluate",
+    "get_recipe",
+    "train",
+]

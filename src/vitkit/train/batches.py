@@ -1,0 +1,174 @@
+"""The order in which a run sees its data, and the batches each process trains on.
+
+The order of an epoch is a permutation drawn from (seed, epoch) alone, so a resumed run replays it exactly and
+every process computes the same one without talking to the others. Step s of the epoch takes the global batch
+order[s*B : (s+1)*B] (the last incomplete batch is dropped); process r of W takes the r-th contiguous 1/W of
+it, cut into micro-batches for gradient accumulation. The union over processes and micro-batches is the global
+batch, which is why W processes with accumulation compute the gradient of one process with the whole batch.
+
+Augmentation draws come from a generator seeded by (seed, epoch, step, rank, micro-batch): stateless, so
+resuming needs no augmentation state. Two sources of batches:
+
+* `MemoryBatches`, for datasets held as a uint8 tensor (Fashion-MNIST, CIFAR): whole batches are augmented at
+  once (`vitkit.data.transforms.train_batch`), no worker processes. The fast path on a few CPU cores.
+* `LoaderBatches`, for any other dataset (image folders): per-image torchvision v2 transforms in a DataLoader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..config import ViTConfig
+from ..data.transforms import (
+    AugmentConfig,
+    build_batch_transform,
+    build_train_transform,
+    train_batch,
+)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+_MIX = 1_000_003  # a prime, to spread (seed, epoch, step, ...) over the seed space
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one optimizer step's global batch is split: `world` processes x `accum` micro-batches of `micro`."""
+
+    global_batch: int
+    world: int
+    rank: int
+    micro: int
+
+    def __post_init__(self) -> None:
+        per_rank, rest = divmod(self.global_batch, self.world)
+        if rest or per_rank % self.micro:
+            raise ValueError(f"batch_size={self.global_batch} must be a multiple of processes ({self.world}) x "
+                             f"micro_batch ({self.micro})")
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.world
+
+    @property
+    def accum(self) -> int:
+        return self.per_rank // self.micro
+
+
+def make_plan(global_batch: int, micro_batch: int, world: int, rank: int) -> BatchPlan:
+    """micro_batch 0 means one micro-batch per process per step (no accumulation)."""
+    micro = micro_batch or global_batch // max(world, 1)
+    return BatchPlan(global_batch=global_batch, world=world, rank=rank, micro=micro)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of range(n) that epoch `epoch` visits, a function of (seed, epoch) only."""
+    g = torch.Generator().manual_seed(seed * _MIX + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def steps_per_epoch(n: int, global_batch: int) -> int:
+    if n < global_batch:
+        raise ValueError(f"the training set has {n} images, fewer than one batch of {global_batch}; "
+                         "lower batch_size")
+    return n // global_batch
+
+
+def rank_indices(order: torch.Tensor, step: int, plan: BatchPlan) -> list[torch.Tensor]:
+    """This process's micro-batches (index tensors) of step `step` of the epoch."""
+    start = step * plan.global_batch + plan.rank * plan.per_rank
+    mine = order[start:start + plan.per_rank]
+    return list(mine.split(plan.micro))
+
+
+def step_generator(seed: int, epoch: int, step: int, rank: int, micro: int) -> torch.Generator:
+    """The augmentation generator of one micro-batch."""
+    key = (((seed * _MIX + epoch) * _MIX + step) * _MIX + rank) * 131 + micro
+    return torch.Generator().manual_seed(key % (2**63 - 1))
+
+
+def is_in_memory(dataset: Dataset) -> bool:
+    images = getattr(dataset, "images", None)
+    targets = getattr(dataset, "targets", None)
+    return (torch.is_tensor(images) and images.dtype == torch.uint8 and images.ndim == 4
+            and torch.is_tensor(targets) and len(targets) == len(images))
+
+
+class MemoryBatches:
+    """Batches of an in-memory uint8 dataset, augmented a whole batch at a time."""
+
+    def __init__(self, dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int, seed: int):
+        self.images, self.targets = dataset.images, dataset.targets
+        self.cfg, self.aug, self.seed = model_cfg, aug, seed
+        self.mix = build_batch_transform(aug, num_classes)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def epoch(self, epoch: int, plan: BatchPlan, start_step: int, num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
+        order = epoch_order(len(self), self.seed, epoch)
+        for step in range(start_step, num_steps):
+            micro_batches = []
+            for j, idx in enumerate(rank_indices(order, step, plan)):
+                g = step_generator(self.seed, epoch, step, plan.rank, j)
+                x = train_batch(self.images[idx], self.cfg, self.aug, g)
+                y = self.targets[idx]
+                if self.mix is not None:
+                    x, y = self.mix(x, y)
+                micro_batches.append((x, y))
+            yield step, micro_batches
+
+
+class _IndexBatches(torch.utils.data.Sampler):
+    """Yields this process's micro-batches of index lists, steps start_step .. num_steps - 1."""
+
+    def __init__(self, order: torch.Tensor, plan: BatchPlan, start_step: int, num_steps: int):
+        self.order, self.plan, self.start, self.stop = order, plan, start_step, num_steps
+
+    def __iter__(self):
+        for step in range(self.start, self.stop):
+            for idx in rank_indices(self.order, step, self.plan):
+                yield idx.tolist()
+
+    def __len__(self) -> int:
+        return (self.stop - self.start) * self.plan.accum
+
+
+class LoaderBatches:
+    """Batches of any dataset through per-image v2 transforms, in `workers` DataLoader processes."""
+
+    def __init__(self, dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int, seed: int,
+                 workers: int = 0):
+        from ..data import TransformedDataset
+
+        self.dataset = TransformedDataset(dataset, build_train_transform(model_cfg, aug))
+        self.seed, self.workers = seed, workers
+        self.mix = build_batch_transform(aug, num_classes)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def epoch(self, epoch: int, plan: BatchPlan, start_step: int, num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
+        order = epoch_order(len(self), self.seed, epoch)
+        loader = DataLoader(self.dataset, batch_sampler=_IndexBatches(order, plan, start_step, num_steps),
+                            num_workers=self.workers, persistent_workers=False,
+                            generator=torch.Generator().manual_seed(self.seed * _MIX + epoch))
+        it = iter(loader)
+        for step in range(start_step, num_steps):
+            micro_batches = []
+            for _ in range(plan.accum):
+                x, y = next(it)
+                if self.mix is not None:
+                    x, y = self.mix(x, y)
+                micro_batches.append((x, y))
+            yield step, micro_batches
+
+
+def batch_source(dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int, seed: int,
+                 workers: int = 0) -> MemoryBatches | LoaderBatches:
+    if is_in_memory(dataset):
+        return MemoryBatches(dataset, model_cfg, aug, num_classes, seed)
+    return LoaderBatches(dataset, model_cfg, aug, num_classes, seed, workers)

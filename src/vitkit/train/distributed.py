@@ -1,0 +1,69 @@
+"""Processes and devices: one code path for a single process and for `torchrun --nproc_per_node N` (DDP with
+gloo on CPUs, nccl on GPUs). torchrun tells each process its place through RANK, WORLD_SIZE and LOCAL_RANK."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process stands: its rank among `world` processes and the device it computes on."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """'auto' is this process's GPU when there is one, else the CPU; 'cuda' means cuda:LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch finds no GPU; use device=cpu or auto")
+        return torch.device("cuda", local_rank)
+    return torch.device(name)
+
+
+def setup(device: str = "auto") -> Context:
+    """Join the process group when started by torchrun (WORLD_SIZE > 1), else a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = pick_device(device, local_rank)
+    if world > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return Context(rank=rank, world=world, local_rank=local_rank, device=dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum `t` over the processes, in place (a no-op for a single process)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -1,0 +1,47 @@
+"""Exponential moving average of the weights (Polyak averaging, used for the paper's ImageNet results)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+
+class EMA:
+    """Keeps `decay * average + (1 - decay) * weights` after every optimizer step, in fp32.
+
+    `module` is a copy of the model holding the averaged parameters (buffers are copied, not averaged); use it
+    for evaluation. The first updates use a smaller decay, min(decay, (1 + n) / (10 + n)) after n updates, so
+    that the random initialisation is forgotten quickly (as TensorFlow's ExponentialMovingAverage with
+    num_updates).
+    """
+
+    def __init__(self, model: nn.Module, decay: float):
+        if not 0 < decay < 1:
+            raise ValueError(f"EMA decay={decay}: need 0 < decay < 1")
+        self.decay = decay
+        self.updates = 0
+        self.module = copy.deepcopy(model).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+
+    def current_decay(self) -> float:
+        return min(self.decay, (1 + self.updates) / (10 + self.updates))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        d = self.current_decay()
+        ema_params = list(self.module.parameters())
+        params = [p.detach() for p in model.parameters()]
+        torch._foreach_lerp_(ema_params, params, 1.0 - d)  # ema += (1 - d) * (p - ema)
+        for b_ema, b in zip(self.module.buffers(), model.buffers(), strict=True):
+            b_ema.copy_(b)
+        self.updates += 1
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.module.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], updates: int) -> None:
+        self.module.load_state_dict(state)
+        self.updates = updates

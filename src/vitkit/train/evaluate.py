@@ -1,0 +1,145 @@
+"""Evaluation: top-1, top-5, mean cross-entropy, per-class accuracy and the confusion matrix, from one pass.
+
+`evaluate` returns plain numbers (an `EvalResult`); `confusion_png` draws the matrix with matplotlib. In a
+distributed run each process evaluates its share (every W-th image) and the sums are added up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from ..config import ViTConfig
+from ..data.transforms import build_eval_transform, normalize_batch
+from .batches import is_in_memory
+from .distributed import all_reduce_sum
+
+
+@dataclass
+class EvalResult:
+    """Metrics over `count` images. `confusion[i, j]` counts images of class i predicted as class j."""
+
+    top1: float
+    top5: float
+    loss: float
+    count: int
+    confusion: torch.Tensor = field(repr=False)
+    class_names: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def per_class(self) -> list[float]:
+        """Accuracy on the images of each class (nan for a class with no image)."""
+        totals = self.confusion.sum(dim=1).double()
+        return (self.confusion.diag().double() / totals).tolist()
+
+    def to_dict(self) -> dict:
+        names = self.class_names or [str(i) for i in range(self.confusion.shape[0])]
+        return {
+            "top1": self.top1, "top5": self.top5, "loss": self.loss, "count": self.count,
+            "per_class": dict(zip(names, self.per_class, strict=True)),
+            "confusion": self.confusion.tolist(),
+        }
+
+
+def eval_batches(dataset: Dataset, cfg: ViTConfig, batch_size: int, rank: int = 0, world: int = 1,
+                 workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, labels) batches of this process's share, preprocessed for a model of config `cfg`."""
+    if is_in_memory(dataset):
+        images, targets = dataset.images[rank::world], dataset.targets[rank::world]
+        for i in range(0, len(images), batch_size):
+            yield normalize_batch(images[i:i + batch_size], cfg), targets[i:i + batch_size]
+        return
+    from ..data import TransformedDataset
+
+    share = Subset(dataset, range(rank, len(dataset), world)) if world > 1 else dataset
+    data = TransformedDataset(share, build_eval_transform(cfg))
+    yield from DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers)
+
+
+def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:
+    """How many labels are among the k highest logits (k is capped at the number of classes)."""
+    k = min(k, logits.shape[1])
+    return int((logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1).sum())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, batch_size: int = 256,
+             device: torch.device | str = "cpu", autocast_dtype: torch.dtype | None = None, rank: int = 0,
+             world: int = 1, workers: int = 0, progress: bool = False) -> EvalResult:
+    """Evaluate `model` (its own `cfg` by default) on `dataset`; see EvalResult."""
+    cfg = cfg or model.cfg
+    device = torch.device(device)
+    k = cfg.num_classes
+    was_training = model.training
+    model.eval()
+    confusion = torch.zeros(k, k, dtype=torch.int64)
+    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, top-5 correct, count
+    batches = eval_batches(dataset, cfg, batch_size, rank, world, workers)
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, total=-(-len(dataset) // (batch_size * world)), desc="eval", leave=False)
+    for x, y in batches:
+        x, y = x.to(device, non_blocking=True), torch.as_tensor(y).to(device)
+        ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+        with ctx:
+            logits = model(x)
+        logits = logits.float()
+        if logits.shape[1] != k:
+            raise ValueError(f"the model has {logits.shape[1]} outputs but the config says {k} classes")
+        if int(y.max()) >= k:
+            raise ValueError(f"the data has label {int(y.max())} but the model only {k} classes")
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
+        sums[1] += topk_correct(logits, y, 5)
+        sums[2] += len(y)
+        confusion += torch.bincount(y.cpu() * k + logits.argmax(1).cpu(), minlength=k * k).view(k, k)
+    all_reduce_sum(confusion)
+    all_reduce_sum(sums)
+    model.train(was_training)
+    n = int(sums[2])
+    if n == 0:
+        raise ValueError("the evaluation set is empty")
+    names = list(getattr(dataset, "classes", []) or getattr(model, "class_names", None) or [])
+    return EvalResult(top1=float(confusion.diag().sum()) / n, top5=float(sums[1]) / n, loss=float(sums[0]) / n,
+                      count=n, confusion=confusion, class_names=names if len(names) == k else [])
+
+
+def confusion_png(result: EvalResult, path: str | Path, title: str = "") -> Path:
+    """Draw the confusion matrix, rows normalised to the true class, counts written in the cells when few."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = result.confusion.double()
+    k = cm.shape[0]
+    rates = cm / cm.sum(dim=1, keepdim=True).clamp(min=1)
+    names = result.class_names or [str(i) for i in range(k)]
+    size = min(4 + 0.45 * k, 30)
+    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    im = ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
+    if k <= 30:
+        ax.set_xticks(range(k), names, rotation=45, ha="right")
+        ax.set_yticks(range(k), names)
+        for i in range(k):
+            for j in range(k):
+                if cm[i, j] > 0:
+                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=7,
+                            color="white" if rates[i, j] > 0.5 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title or f"top-1 {100 * result.top1:.2f} % on {result.count} images")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

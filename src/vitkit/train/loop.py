@@ -1,0 +1,355 @@
+"""The training loop, in the style of nanoGPT's train.py and DeiT's engine.py: explicit steps, no callbacks.
+
+    vitkit train demo --out runs/demo                                   # one process
+    torchrun --nproc_per_node 2 -m vitkit.cli.main train demo --out D   # DDP, the same code
+
+One optimizer step: the schedule sets the learning rate; this process's micro-batches (see batches.py) go
+forward and backward, the loss of each divided by their number so the gradients add up to the mean over the
+process's share (DDP then averages over the processes: the mean over the global batch); the gradient norm is
+clipped; the optimizer steps; the EMA of the weights follows. Evaluation and checkpoints come every
+`eval_every` / `ckpt_every` steps (default: every epoch) and at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset, Subset
+
+from ..data import TensorImageDataset, resolve
+from ..model import VisionTransformer
+from . import distributed
+from .batches import batch_source, is_in_memory, make_plan, steps_per_epoch
+from .checkpoints import (
+    latest_checkpoint,
+    load_train_state,
+    restore_rng,
+    save_model_atomically,
+    save_train_state,
+)
+from .ema import EMA
+from .evaluate import EvalResult, confusion_png, evaluate
+from .optim import build_optimizer, lr_at, set_lr
+from .recipes import TrainConfig
+
+# Settings that may change when a run is resumed: they do not alter what is computed.
+RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads", "data.workers",
+                     "data.eval_batch_size", "data.data_dir", "data.download")
+
+
+class TrainingDiverged(ValueError):
+    """The loss became nan or infinite; the message says at which step and which checkpoint is the last good."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    seconds: float
+    final: EvalResult | None
+    best_top1: float | None
+    last_dir: Path
+    best_dir: Path | None
+
+
+# --- data and model ---------------------------------------------------------------------------------------
+def _first(dataset: Dataset, n: int) -> Dataset:
+    """The first n items (all when n is 0), keeping `.classes` and the in-memory fast path."""
+    if n <= 0 or n >= len(dataset):
+        return dataset
+    classes = list(dataset.classes)
+    if is_in_memory(dataset):
+        return TensorImageDataset(dataset.images[:n], dataset.targets[:n], classes, getattr(dataset, "name", ""))
+    subset = Subset(dataset, range(n))
+    subset.classes = classes
+    return subset
+
+
+def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None):
+    """The training and validation datasets (None when there is no validation) and the class names."""
+    d = cfg.data
+    if train_set is None:
+        if not d.name:
+            raise ValueError("no training data: set data.name to a dataset name or a folder "
+                             "(e.g. --set data.name=/data/imagenet)")
+        train_set = resolve(d.name, d.train_split, d.data_dir, d.download, d.skip_bad_images)
+        if val_set is None and d.val_split:
+            val_set = resolve(d.name, d.val_split, d.data_dir, d.download, d.skip_bad_images)
+    classes = list(getattr(train_set, "classes", None) or [])
+    if not classes:
+        raise ValueError("the training set has no `.classes`; give it a list of class names")
+    return _first(train_set, d.limit), (_first(val_set, d.val_limit) if val_set is not None else None), classes
+
+
+def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
+    """From scratch (`cfg.model` with the data's number of classes), or from `cfg.init` for fine-tuning."""
+    if cfg.init:
+        from ..transfer import prepare_finetune
+
+        m = cfg.model
+        return prepare_finetune(cfg.init, num_classes, image_size=m.image_size, dropout=m.dropout,
+                                attn_dropout=m.attn_dropout, drop_path=m.drop_path)
+    return VisionTransformer(cfg.model.replace(num_classes=num_classes))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA ('auto' or 'bf16'); fp32 on a CPU unless bf16 is asked for (it is emulated and
+    slower on CPUs without native bf16)."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_differences(va, vb, prefix + key + ".")
+        elif va != vb:
+            out.append(prefix + key)
+    return out
+
+
+# --- logging -----------------------------------------------------------------------------------------------
+class MetricsLog:
+    """Metrics to RUN/metrics.csv and TensorBoard (RUN/tb); only the main process writes."""
+
+    COLUMNS = ("time", "step", "epoch", "split", "loss", "lr", "img_per_s", "top1", "top5")
+
+    def __init__(self, run_dir: Path, enabled: bool, resume_step: int):
+        self.enabled = enabled
+        self.path = run_dir / "metrics.csv"
+        self.tb = None
+        if not enabled:
+            return
+        if resume_step and self.path.is_file():
+            # Rows a killed run wrote after its last checkpoint are replayed by the resumed run: drop them.
+            with self.path.open(newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+            self._rewrite(rows)
+        elif not self.path.is_file() or not resume_step:
+            self._rewrite([])
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step or None)
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        with self.path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+
+    def write(self, step: int, epoch: float, split: str, **values: float) -> None:
+        if not self.enabled:
+            return
+        row = {"time": f"{time.time():.1f}", "step": step, "epoch": f"{epoch:.4f}", "split": split}
+        row.update({k: f"{v:.6g}" for k, v in values.items()})
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.COLUMNS).writerow(row)
+        for k, v in values.items():
+            self.tb.add_scalar(f"{split}/{k}", v, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+# --- the loop ----------------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Dataset | None = None,
+          val_set: Dataset | None = None, progress: bool = True) -> RunResult:
+    """Run `cfg`, writing the run folder `out` (see checkpoints.py for its layout). With `resume`, continue
+    from the newest complete checkpoint in `out`. `train_set`/`val_set` replace the datasets `cfg.data`
+    names (any Dataset with `.classes` whose items are (image, label))."""
+    ctx = distributed.setup(cfg.device)
+    try:
+        return _train(cfg, Path(out), resume, train_set, val_set, progress, ctx)
+    finally:
+        distributed.teardown()
+
+
+def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progress: bool,
+           ctx: distributed.Context) -> RunResult:
+    t_start = time.time()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    seed_everything(cfg.seed)  # the same on every process: the same initial weights
+    device = ctx.device
+
+    train_set, val_set, classes = load_data(cfg, train_set, val_set)
+    model = build_model(cfg, len(classes))
+    cfg = dataclasses.replace(cfg, model=model.cfg)  # the resolved config: what actually runs
+
+    # The run folder: a new run must not overwrite an old one; a resumed one must be the same run.
+    newest = latest_checkpoint(out)
+    if newest is not None and not resume:
+        raise ValueError(f"{out} already holds a run (checkpoint {newest.name}); pass --resume to continue it, "
+                         "or choose another --out")
+    saved_cfg = out / "config.json"
+    if resume and newest is not None and saved_cfg.is_file():
+        changed = [k for k in config_differences(json.loads(saved_cfg.read_text()), cfg.to_dict())
+                   if k not in RESUMABLE_CHANGES]
+        if changed:
+            raise ValueError(f"--resume: the config differs from the one {out} was started with, in "
+                             f"{', '.join(changed)}; resume with the same recipe and --set options")
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        saved_cfg.write_text(cfg.to_json())
+
+    plan = make_plan(cfg.batch_size, cfg.micro_batch, ctx.world, ctx.rank)
+    source = batch_source(train_set, cfg.model, cfg.augment, len(classes), cfg.seed, cfg.data.workers)
+    per_epoch = steps_per_epoch(len(source), cfg.batch_size)
+    total = cfg.steps or max(1, round(cfg.epochs * per_epoch))
+    warmup = cfg.optim.warmup_steps or round(cfg.optim.warmup_epochs * per_epoch)
+    eval_every = cfg.eval_every or per_epoch
+    ckpt_every = cfg.ckpt_every or per_epoch
+
+    model.to(device)
+    optimizer = build_optimizer(model, cfg.optim)
+    ema = EMA(model, cfg.ema) if cfg.ema else None
+    step, best, elapsed_before = 0, None, 0.0
+    if resume and newest is not None:
+        ck = load_train_state(newest)
+        model.load_state_dict(ck["model"])
+        optimizer.load_state_dict(ck["optimizer"])
+        if ema is not None:
+            ema.load_state_dict(ck["ema"], ck["state"]["ema_updates"])
+        restore_rng(*ck["rng"])
+        step, best = ck["state"]["step"], ck["state"]["best_top1"]
+        elapsed_before = ck["state"].get("seconds", 0.0)
+        if ctx.is_main:
+            print(f"resuming {out} from {newest.name} (epoch {step / per_epoch:.2f})", flush=True)
+    net = DistributedDataParallel(model) if ctx.distributed else model
+    eval_model = ema.module if ema is not None else model
+    amp = autocast_dtype(cfg.precision, device)
+    log = MetricsLog(out, ctx.is_main, step)
+    bar = None
+    if progress and ctx.is_main:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=step, desc=cfg.recipe or "train", unit="step", dynamic_ncols=True,
+                   mininterval=1.0)
+
+    def state(step_now: int) -> dict[str, Any]:
+        return {"epoch": step_now // per_epoch, "step_in_epoch": step_now % per_epoch, "total_steps": total,
+                "best_top1": best, "ema_updates": ema.updates if ema else 0,
+                "seconds": elapsed_before + time.time() - t_start}
+
+    def run_eval(step_now: int) -> EvalResult | None:
+        nonlocal best
+        if val_set is None:
+            return None
+        r = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank, ctx.world)
+        log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.top5)
+        if ctx.is_main:
+            msg = f"step {step_now}/{total} val top-1 {100 * r.top1:.2f} % top-5 {100 * r.top5:.2f} % loss {r.loss:.4f}"
+            (bar.write if bar else print)(msg)
+            if best is None or r.top1 > best:
+                save_model_atomically(eval_model, out / "best", classes, {"train": {"step": step_now, **r.to_dict()}})
+        if best is None or r.top1 > best:
+            best = r.top1
+        return r
+
+    window_t, window_n, loss_ema = time.time(), 0, None
+    result = None
+    epoch = step // per_epoch
+    while step < total:
+        first = step % per_epoch
+        last = min(per_epoch, first + total - step)
+        for _, micro_batches in source.epoch(epoch, plan, first, last):
+            lr = lr_at(step, total, cfg.optim.lr, warmup, cfg.optim.schedule, cfg.optim.min_lr)
+            set_lr(optimizer, lr)
+            loss_sum = torch.zeros((), device=device)
+            for j, (x, y) in enumerate(micro_batches):
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                # DDP averages gradients on the last micro-batch's backward only.
+                sync = j == len(micro_batches) - 1 or not ctx.distributed
+                with contextlib.nullcontext() if sync else net.no_sync():
+                    with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
+                        logits = net(x)
+                    loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.optim.label_smoothing)
+                    (loss / len(micro_batches)).backward()
+                loss_sum += loss.detach()
+            loss_value = loss_sum / len(micro_batches)
+            finite = torch.isfinite(loss_value).float()
+            if ctx.distributed:
+                finite = distributed.all_reduce_sum(finite.clone()) / ctx.world
+            if finite.item() < 1:
+                raise TrainingDiverged(_diverged_message(float(loss_value), step, per_epoch, out))
+            if cfg.optim.clip_grad_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update(model)
+            step += 1
+
+            window_n += cfg.batch_size
+            lv = float(loss_value)
+            loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
+            if bar is not None:
+                bar.update(1)
+            if step % cfg.log_every == 0 or step == total:
+                ips = window_n / max(time.time() - window_t, 1e-9)
+                window_t, window_n = time.time(), 0
+                log.write(step, step / per_epoch, "train", loss=lv, lr=lr, img_per_s=ips)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
+                                    epoch=f"{step / per_epoch:.2f}")
+            if step % eval_every == 0 or step == total:
+                result = run_eval(step)
+            if step % ckpt_every == 0 or step == total:
+                if ctx.is_main:
+                    save_train_state(out, step, model, optimizer, state(step), classes,
+                                     ema.state_dict() if ema else None, cfg.keep_last)
+                distributed.barrier()
+        epoch += 1
+    if bar is not None:
+        bar.close()
+    log.close()
+
+    seconds = elapsed_before + time.time() - t_start
+    last_dir = out / "last"
+    if ctx.is_main:
+        extra = {"train": {"step": step, "seconds": seconds, **(result.to_dict() if result else {})}}
+        save_model_atomically(eval_model, last_dir, classes, extra)
+        if result is not None:
+            confusion_png(result, out / "confusion.png", f"{cfg.recipe}: top-1 {100 * result.top1:.2f} % "
+                                                         f"on {result.count} images")
+        summary = {"recipe": cfg.recipe, "steps": step, "seconds": round(seconds, 1),
+                   "processes": ctx.world, "best_top1": best, **(result.to_dict() if result else {})}
+        summary.pop("confusion", None)
+        (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+    best_dir = out / "best" if (out / "best").is_dir() else None
+    return RunResult(out, step, seconds, result, best, last_dir, best_dir)
+
+
+def _diverged_message(loss: float, step: int, per_epoch: int, out: Path) -> str:
+    good = latest_checkpoint(out)
+    where = f"the last good checkpoint is {good}" if good else "no checkpoint was written yet"
+    kind = "nan" if math.isnan(loss) else "infinite"
+    return (f"the loss became {kind} at step {step + 1} (epoch {step / per_epoch:.2f}); training stopped and "
+            f"{where}. Lower optim.lr or set optim.clip_grad_norm, then --resume")

@@ -1,0 +1,71 @@
+"""Optimizers, weight-decay parameter groups and learning-rate schedules (pure functions of the step)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from .recipes import OptimConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: weights of 2 or more dimensions get `weight_decay`; biases, norms and whatever the model's
+    `no_weight_decay()` names (position embedding, class token) get none."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name in skip else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "group": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"},
+    ]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW or SGD (momentum) over `param_groups`; the learning rate is set every step by the schedule."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.name!r}; choose adamw or sgd")
+
+
+def warmup_factor(step: int, warmup: int) -> float:
+    """Linear warm-up: (step + 1) / warmup for the first `warmup` steps, so the first step is not wasted at 0."""
+    return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+def linear_decay(progress: float) -> float:
+    """1 at progress 0, 0 at progress 1."""
+    return max(0.0, 1.0 - progress)
+
+
+def cosine_decay(progress: float) -> float:
+    """Half a cosine from 1 at progress 0 to 0 at progress 1 (Loshchilov and Hutter, SGDR)."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
+def lr_at(step: int, total_steps: int, peak: float, warmup: int, schedule: str = "cosine",
+          min_lr: float = 0.0) -> float:
+    """The learning rate of step `step` (0-based) of `total_steps`: linear warm-up to `peak` over `warmup`
+    steps, then `schedule` ('cosine', 'linear' or 'constant') from `peak` down to `min_lr` at the last step."""
+    if step < warmup:
+        return peak * warmup_factor(step, warmup)
+    if schedule == "constant":
+        return peak
+    span = max(1, total_steps - warmup)
+    progress = (step - warmup) / span
+    decay = {"cosine": cosine_decay, "linear": linear_decay}.get(schedule)
+    if decay is None:
+        raise ValueError(f"unknown schedule {schedule!r}; choose cosine, linear or constant")
+    return min_lr + (peak - min_lr) * decay(progress)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
