@@ -1,0 +1,100 @@
+"""Hugging Face transformers folders (ViTModel, ViTForImageClassification) against transformers itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from convert_reference import assert_same, randomize_
+from vitkit.checkpoint import CheckpointError
+from vitkit.convert import write
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_config(**kw):
+    args = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=32,
+                patch_size=8, layer_norm_eps=1e-12)
+    args.update(kw)
+    return transformers.ViTConfig(**args)
+
+
+def test_image_classification_folder(tmp_path):
+    labels = {0: "tench", 1: "goldfish", 2: "shark"}
+    ref = randomize_(transformers.ViTForImageClassification(
+        hf_config(id2label=labels, label2id={v: k for k, v in labels.items()}))).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "preprocessor_config.json").write_text(json.dumps(
+        {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2, "size": {"height": 32}}))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = vitkit.load(tmp_path / "hf")
+        assert_same(ours(x), ref(x).logits, "HF ViTForImageClassification vs transformers")
+    assert ours.class_names == ["tench", "goldfish", "shark"]
+    assert (ours.cfg.num_heads, ours.cfg.ln_eps, ours.cfg.interpolation, ours.cfg.crop_pct) == (4, 1e-12, "bilinear", 1.0)
+
+
+def test_vit_model_with_pooler_tanh_gelu_and_bin_weights(tmp_path):
+    """ViTModel: the pooler is the pre-logits layer, the output is pooler_output; pytorch_model.bin weights;
+    a non-square image given in config.json."""
+    ref = randomize_(transformers.ViTModel(hf_config(hidden_act="gelu_pytorch_tanh", image_size=[32, 48]))).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    torch.save(weights, tmp_path / "hf" / "pytorch_model.bin")
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        out = ref(x)
+        ours = vitkit.load(tmp_path / "hf")
+        assert (ours.cfg.gelu, ours.cfg.num_classes, ours.cfg.representation_size) == ("tanh", 0, 64)
+        assert_same(ours(x), out.pooler_output, "HF ViTModel pooler_output vs transformers")
+        assert_same(ours.forward_features(x), out.last_hidden_state, "HF ViTModel last_hidden_state")
+
+
+def test_in_memory_names_of_transformers_5(tmp_path):
+    """transformers 5 names modules `layers.{i}.attention.q_proj`...; a state dict saved from memory loads."""
+    ref = randomize_(transformers.ViTForImageClassification(hf_config(num_labels=5))).eval()
+    torch.save(ref.state_dict(), tmp_path / "sd.pth")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        # No config.json: HF's default eps 1e-12; heads from the caller (64 / 4 are not the 64-wide convention).
+        ours = vitkit.load(tmp_path / "sd.pth", num_heads=4)
+        assert ours.cfg.ln_eps == 1e-12
+        assert_same(ours(x), ref(x).logits, "HF state dict without config vs transformers")
+
+
+def test_write_hf_round_trip_and_transformers_reads_it(tmp_path):
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=2, num_heads=4,
+                                          mlp_dim=96, num_classes=3)).eval()
+    folder = write(ours, tmp_path / "out", to="hf", class_names=["a", "b", "c"])
+    back = vitkit.load(folder)
+    assert back.cfg == ours.cfg and back.class_names == ["a", "b", "c"]
+    for k, v in ours.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    ref = transformers.ViTForImageClassification.from_pretrained(folder).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(ours(x), ref(x).logits, "vitkit written as HF, read by transformers")
+    assert ref.config.id2label[2] == "c"
+
+
+def test_write_hf_refuses_what_transformers_cannot_hold(tmp_path):
+    gap = vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=96,
+                              pool="gap")
+    with pytest.raises(ValueError, match="classifies from the class token"):
+        write(gap, tmp_path / "x", to="hf")
+
+
+def test_a_non_vit_config_is_refused(tmp_path):
+    ref = transformers.ViTModel(hf_config())
+    ref.save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg["model_type"] = "deit"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="a Hugging Face 'deit' model, not a plain ViT"):
+        vitkit.load(tmp_path / "hf")

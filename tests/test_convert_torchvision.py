@@ -1,0 +1,51 @@
+"""torchvision's VisionTransformer state dicts against torchvision itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitkit
+from convert_reference import assert_same, randomize_
+from vitkit.convert.common import IMAGENET_MEAN, IMAGENET_STD
+
+tv = pytest.importorskip("torchvision.models.vision_transformer")
+
+
+def tiny_tv(**kw):
+    args = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=128, mlp_dim=96,
+                num_classes=1000)
+    args.update(kw)
+    return randomize_(tv.VisionTransformer(**args)).eval()
+
+
+def test_state_dict_equals_torchvision(tmp_path):
+    ref = tiny_tv()
+    torch.save(ref.state_dict(), tmp_path / "vit_tiny-0123abcd.pth")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = vitkit.load(tmp_path / "vit_tiny-0123abcd.pth")
+        assert_same(ours(x), ref(x), "torchvision state dict vs torchvision")
+    cfg = ours.cfg
+    assert (cfg.mean, cfg.std, cfg.interpolation, cfg.crop_pct) == (IMAGENET_MEAN, IMAGENET_STD, "bilinear", 0.875)
+    assert ours.class_names[:2] == ["tench", "goldfish"] and len(ours.class_names) == 1000
+
+
+def test_pre_logits_and_the_vit_name_gives_heads(tmp_path):
+    """torchvision's representation layer is vitkit's pre_logits; a `vit_b_*` name gives ViT-B's 12 heads."""
+    ref = tiny_tv(hidden_dim=96, num_heads=12, representation_size=48, num_classes=7)
+    torch.save(ref.state_dict(), tmp_path / "vit_b_16-c867db91.pth")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = vitkit.load(tmp_path / "vit_b_16-c867db91.pth")
+        assert (ours.cfg.num_heads, ours.cfg.representation_size) == (12, 48)
+        assert_same(ours(x), ref(x), "torchvision with pre_logits vs torchvision")
+
+
+def test_training_checkpoint_wrapper(tmp_path):
+    """torchvision's reference scripts save {"model": state_dict, "optimizer": ..., "epoch": ...}."""
+    ref = tiny_tv(num_classes=4)
+    torch.save({"model": ref.state_dict(), "epoch": 3, "args": None}, tmp_path / "checkpoint.pth")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(vitkit.load(tmp_path / "checkpoint.pth")(x), ref(x), "torchvision training checkpoint")
