@@ -7,6 +7,7 @@ import torch
 from vitkit.analysis.fewshot import (
     BIAS_FEATURE,
     class_permutations,
+    draw_shots,
     fewshot_eval,
     fit_lsr,
     signed_one_hot,
@@ -76,6 +77,21 @@ def test_shots_are_per_class_nested_and_seeded():
     assert all((a == b).all() for a, b in zip(perms, again, strict=True))
     with pytest.raises(ValueError, match="class 0 has 7 training examples, fewer than 8"):
         take_shots(perms, 8)
+
+
+def test_precomputed_draws_on_a_subset_give_the_same_result():
+    train_x, train_y = _clusters(12, spread=4.0)  # overlapping clusters: accuracy below 100 %
+    test_x, test_y = _clusters(5, spread=4.0, noise_seed=9)
+    full = fewshot_eval(train_x, train_y, test_x, test_y, shots=(1, 3), seeds=2, l2_reg=1.0)
+    draws = draw_shots(train_y, 10, (1, 3), 2)
+    needed = np.unique(np.concatenate(list(draws.values())))
+    assert len(needed) <= 2 * 3 * 10 < len(train_y)
+    row = {int(i): j for j, i in enumerate(needed)}
+    local = {k: np.array([row[int(i)] for i in v]) for k, v in draws.items()}
+    sub = fewshot_eval(train_x[needed], train_y[needed], test_x, test_y, shots=(1, 3), num_classes=10, seeds=2,
+                       l2_reg=1.0, draws=local)
+    assert [r.accuracies for r in sub] == [r.accuracies for r in full]
+    assert 0.2 < full[0].mean < 1.0
 
 
 def test_chance_level_on_random_labels_and_errors():

@@ -100,23 +100,40 @@ class FewShotResult:
         return float(np.std(self.accuracies))
 
 
-def fewshot_eval(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
-                 shots: Sequence[int] = DEFAULT_SHOTS, num_classes: int | None = None,
-                 l2_reg: float = DEFAULT_L2, seeds: int = 3) -> list[FewShotResult]:
-    """Few-shot accuracy on (test_x, test_y) of classifiers fitted to `shots` per class drawn from
-    (train_x, train_y), for each number of shots, over `seeds` random draws (seed s draws with
-    numpy's default_rng(s), as big_vision)."""
+def draw_shots(labels: np.ndarray | torch.Tensor, num_classes: int, shots: Sequence[int],
+               seeds: int) -> dict[tuple[int, int], np.ndarray]:
+    """Indices of the training examples for every (seed, shots): seed s permutes each class's examples with
+    numpy's default_rng(s), as big_vision, and `shots` takes the first ones of each class (so the sets of one
+    seed are nested). Only these examples' features are ever needed."""
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
-    train_y_np = train_y.cpu().numpy()
+    labels = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    draws = {}
+    for seed in range(seeds):
+        perms = class_permutations(labels, num_classes, np.random.default_rng(seed))
+        for s in shots:
+            draws[(seed, s)] = take_shots(perms, s)
+    return draws
+
+
+def fewshot_eval(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
+                 shots: Sequence[int] = DEFAULT_SHOTS, num_classes: int | None = None,
+                 l2_reg: float = DEFAULT_L2, seeds: int = 3,
+                 draws: dict[tuple[int, int], np.ndarray] | None = None) -> list[FewShotResult]:
+    """Few-shot accuracy on (test_x, test_y) of classifiers fitted to `shots` per class drawn from
+    (train_x, train_y), for each number of shots, over `seeds` random draws (see draw_shots).
+
+    `draws`, when given, are the (seed, shots) -> row indices into train_x to use instead of drawing them here:
+    a caller that drew them from a whole dataset's labels needs only those rows' features.
+    """
     K = int(num_classes if num_classes is not None else max(int(train_y.max()), int(test_y.max())) + 1)
+    if draws is None:
+        draws = draw_shots(train_y, K, shots, seeds)
     test_y = test_y.long()
     per_shot: dict[int, list[float]] = {s: [] for s in shots}
     for seed in range(seeds):
-        perms = class_permutations(train_y_np, K, np.random.default_rng(seed))
         for s in shots:
-            idx = torch.from_numpy(take_shots(perms, s))
+            idx = torch.as_tensor(draws[(seed, s)], dtype=torch.long)
             model = fit_lsr(train_x[idx], train_y[idx], K, l2_reg)
-            acc = (model.predict(test_x) == test_y).double().mean().item()
-            per_shot[s].append(acc)
+            per_shot[s].append((model.predict(test_x) == test_y).double().mean().item())
     return [FewShotResult(s, tuple(per_shot[s])) for s in shots]

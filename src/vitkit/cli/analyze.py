@@ -243,22 +243,35 @@ def distance(
 
 
 # --- vitkit fewshot / probe -----------------------------------------------------------------------------------
+def _cache_file(cache_dir: Path | None, ckpt: str, data: str, split: str, tag: str) -> Path | None:
+    if cache_dir is None:
+        return None
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{Path(ckpt).name}-{data}-{split}-{tag}")
+    return cache_dir / f"{stem}.safetensors"
+
+
 def _features(model, ckpt: str, data: str, split: str, limit: int | None, batch_size: int, cache_dir: Path | None,
-              dev):
-    """Representations of a split, through a cache file named after the checkpoint and data when asked."""
+              dev, dataset=None):
+    """Representations of a split (its first `limit` items), through a cache file when asked."""
     from ..analysis.features import extract_features
     from ..analysis.inputs import eval_transform, resolve_data
 
-    dataset = resolve_data(data, split)
-    cache = None
-    if cache_dir is not None:
-        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{Path(ckpt).name}-{data}-{split}")
-        cache = cache_dir / f"{stem}-{limit or 'all'}.safetensors"
-    feats = extract_features(model, dataset, cache=cache, data_key=f"{data}:{split}", batch_size=batch_size,
-                             transform=eval_transform(model.cfg), limit=limit, device=dev,
-                             desc=f"features {split}")
-    classes = getattr(dataset, "classes", None)
-    return feats, classes
+    dataset = resolve_data(data, split) if dataset is None else dataset
+    feats = extract_features(model, dataset, cache=_cache_file(cache_dir, ckpt, data, split, str(limit or "all")),
+                             data_key=f"{data}:{split}", batch_size=batch_size, transform=eval_transform(model.cfg),
+                             limit=limit, device=dev, desc=f"features {split}")
+    return feats, getattr(dataset, "classes", None)
+
+
+def _labels(dataset, limit: int | None):
+    """The labels of a dataset's first `limit` items, without decoding images where the dataset keeps them."""
+    import torch
+
+    n = len(dataset) if limit is None else min(limit, len(dataset))
+    targets = getattr(dataset, "targets", None)
+    if targets is not None:
+        return torch.as_tensor(targets[:n], dtype=torch.int64)
+    return torch.as_tensor([int(dataset[i][1]) for i in range(n)], dtype=torch.int64)
 
 
 def fewshot(
@@ -270,7 +283,7 @@ def fewshot(
                                  "(big_vision: 2^10)."),
     train_split: str = typer.Option("train", help="Split the shots are drawn from."),
     test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
-    max_train: int | None = typer.Option(None, help="Use only the first N training images (faster)."),
+    max_train: int | None = typer.Option(None, help="Draw the shots from the first N training images only."),
     max_test: int | None = typer.Option(None, help="Use only the first N test images (faster)."),
     batch_size: int = typer.Option(128, "--batch-size", "-b"),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
@@ -283,18 +296,38 @@ def fewshot(
     The fit is closed-form and L2-regularised (big_vision's fewshot_lsr); accuracy is averaged over random
     draws of the shots.
     """
-    from ..analysis.fewshot import fewshot_eval
+    from ..analysis.features import extract_features
+    from ..analysis.fewshot import draw_shots, fewshot_eval
+    from ..analysis.inputs import eval_transform, resolve_data
     from .main import UsageError
 
     shot_list = _parse_ints(shots, "--shots")
     if seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {seeds}")
+    import hashlib
+
+    import numpy as np
+    import torch
+
     model = _load(ckpt)
     dev = _device(device)
-    train, classes = _features(model, ckpt, data, train_split, max_train, batch_size, cache_dir, dev)
+    train_set = resolve_data(data, train_split)
+    labels = _labels(train_set, max_train)
+    classes = getattr(train_set, "classes", None)
+    K = len(classes) if classes else int(labels.max()) + 1
+    # Draw the shots from all the labels first: only the drawn images' features are needed.
+    draws = draw_shots(labels, K, shot_list, seeds)
+    needed = np.unique(np.concatenate(list(draws.values())))
+    row = {int(i): j for j, i in enumerate(needed)}
+    local = {k: np.array([row[int(i)] for i in v]) for k, v in draws.items()}
+    subset = torch.utils.data.Subset(train_set, needed.tolist())
+    digest = hashlib.sha256(needed.tobytes()).hexdigest()[:12]
+    train = extract_features(model, subset, cache=_cache_file(cache_dir, ckpt, data, train_split, f"shots-{digest}"),
+                             data_key=f"{data}:{train_split}:{digest}", batch_size=batch_size,
+                             transform=eval_transform(model.cfg), device=dev, desc=f"features {train_split} (shots)")
     test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev)
-    K = len(classes) if classes else int(max(train.labels.max(), test.labels.max())) + 1
-    results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg, seeds)
+    results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg, seeds,
+                           draws=local)
     table = Table(title=f"few-shot linear evaluation: {data}, {len(test.labels)} test images, {seeds} seeds")
     for col in ("shots per class", "accuracy %", "std %", "per seed %"):
         table.add_column(col, justify="right")
@@ -309,8 +342,8 @@ def fewshot(
         fig = plot_fewshot({Path(ckpt).name: rows}, title=f"Few-shot linear evaluation on {data}")
         typer.echo(f"wrote {save_figure(fig, plot)}")
     _write_json(json_out, {"checkpoint": ckpt, "data": data, "l2_reg": l2_reg, "seeds": seeds,
-                           "train_images": len(train.labels), "test_images": len(test.labels),
-                           "results": [{"shots": r.shots, "accuracy": r.mean, "std": r.std,
+                           "train_images": len(labels), "train_images_embedded": len(train.labels),
+                           "test_images": len(test.labels), "results": [{"shots": r.shots, "accuracy": r.mean, "std": r.std,
                                         "per_seed": list(r.accuracies)} for r in results]})
 
 
