@@ -96,13 +96,13 @@ def fetch(name: str) -> Path:
         try:
             return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=str(cache),
                                         local_files_only=local_only))
-        except EntryNotFoundError:  # the repository has no such file (checked online)
-            return None
-        except LocalEntryNotFoundError:
+        except LocalEntryNotFoundError:  # before its base class EntryNotFoundError: not cached, not fetched
             if local_only:
                 return None
             raise CheckpointError(f"{name}: cannot download {filename} from the hub repository {repo} and it is "
                                   f"not in the cache {cache} (no network?)") from None
+        except EntryNotFoundError:  # the repository has no such file (checked online)
+            return None
         except GatedRepoError:
             raise CheckpointError(f"{name}: the repository {repo} is gated; accept its terms on "
                                   "huggingface.co and log in (huggingface-cli login)") from None

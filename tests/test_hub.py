@@ -1,0 +1,135 @@
+"""Hub names through a local Hugging Face cache, offline: no test touches the network."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vitkit
+from convert_reference import randomize_
+from vitkit import hub
+from vitkit.checkpoint import CheckpointError
+
+timm = pytest.importorskip("timm")
+
+TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_snapshot(cache: Path, repo: str) -> Path:
+    """The folder huggingface_hub's cache layout gives `repo` at its main revision."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(COMMIT)
+    snapshot = root / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True, exist_ok=True)
+    return snapshot
+
+
+def tiny_timm_model():
+    from timm.models.vision_transformer import VisionTransformer
+
+    return randomize_(VisionTransformer(img_size=32, patch_size=16, embed_dim=64, depth=1, num_heads=2,
+                                        num_classes=1000)).eval()
+
+
+def put_timm_model(cache: Path, name: str = TIMM_NAME):
+    """A small but valid timm hub model under a real timm name: config.json as timm writes it (model_args
+    for the reduced size) and model.safetensors."""
+    model = tiny_timm_model()
+    snapshot = cache_snapshot(cache, f"timm/{name}")
+    save_file(model.state_dict(), str(snapshot / "model.safetensors"))
+    arch, tag = name.split(".")
+    config = {"architecture": arch, "num_classes": 1000, "num_features": 64, "global_pool": "token",
+              "model_args": {"img_size": 32, "embed_dim": 64, "depth": 1, "num_heads": 2},
+              "pretrained_cfg": {"tag": tag, "input_size": [3, 32, 32], "interpolation": "bicubic",
+                                 "crop_pct": 0.9, "mean": [0.5] * 3, "std": [0.5] * 3, "num_classes": 1000}}
+    (snapshot / "config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "hf-home" / "hub"
+    cache.mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_timm_name_from_the_cache(offline_cache):
+    ref = put_timm_model(offline_cache)
+    model = vitkit.load(TIMM_NAME)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
+    assert model.cfg.name == TIMM_NAME and model.cfg.num_heads == 2 and model.cfg.crop_pct == 0.9
+    assert model.class_names[0] == "tench" and len(model.class_names) == 1000
+
+
+def test_hf_hub_name_from_the_cache(offline_cache):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=96,
+                                 image_size=32, patch_size=16, num_labels=3)
+    ref = randomize_(transformers.ViTForImageClassification(cfg)).eval()
+    ref.save_pretrained(cache_snapshot(offline_cache, "google/vit-fake-patch16-32"))
+    model = vitkit.load("hf-hub:google/vit-fake-patch16-32")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x).logits, rtol=0, atol=1e-5)
+    assert model.cfg.name == "google/vit-fake-patch16-32"
+
+
+def test_offline_and_not_cached_is_a_clear_error(offline_cache):
+    with pytest.raises(CheckpointError, match=r"not in the Hugging Face cache .*HF_HUB_OFFLINE=1 forbids"):
+        vitkit.load("vit_base_patch16_224.augreg2_in21k_ft_in1k")
+    # config.json cached, weights not: the message says which file is missing
+    snapshot = cache_snapshot(offline_cache, "timm/vit_small_patch16_224.augreg_in21k")
+    (snapshot / "config.json").write_text(json.dumps({"architecture": "vit_small_patch16_224"}))
+    with pytest.raises(CheckpointError, match=r"model.safetensors or pytorch_model.bin of "
+                                              r"timm/vit_small_patch16_224.augreg_in21k is not in the"):
+        vitkit.load("vit_small_patch16_224.augreg_in21k")
+
+
+def test_names():
+    assert hub.repo_for("hf-hub:google/vit-base-patch16-224") == ("google/vit-base-patch16-224", None)
+    assert hub.repo_for("hf-hub:org/repo@v1.0") == ("org/repo", "v1.0")
+    assert hub.repo_for(TIMM_NAME) == (f"timm/{TIMM_NAME}", None)
+    # a bare architecture takes timm's default pretrained tag
+    assert hub.repo_for("vit_base_patch16_224") == ("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", None)
+    assert hub.is_hub_name(TIMM_NAME) and hub.is_hub_name("hf-hub:a/b")
+    assert not hub.is_hub_name("weights.npz") and not hub.is_hub_name("runs/model")
+    with pytest.raises(CheckpointError, match="expected 'hf-hub:ORG/REPO'"):
+        hub.repo_for("hf-hub:just-a-name")
+
+
+def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path):
+    with pytest.raises(CheckpointError, match=r"model.npz: no such file or folder"):
+        vitkit.load(str(tmp_path / "model.npz"))
+
+
+def test_predict_with_a_hub_cached_timm_model(offline_cache, tmp_path):
+    """`vitkit predict <timm-name> cat.jpg` (the predict command is the training engineer's)."""
+    from typer.testing import CliRunner
+
+    from vitkit.cli.main import app
+
+    if "predict" not in {c.name or c.callback.__name__ for c in app.registered_commands}:
+        pytest.skip("the predict command is not registered yet")
+    from PIL import Image
+
+    put_timm_model(offline_cache)
+    image = tmp_path / "cat.jpg"
+    Image.fromarray((torch.rand(40, 50, 3) * 255).to(torch.uint8).numpy()).save(image)
+    result = CliRunner().invoke(app, ["predict", TIMM_NAME, str(image)])
+    assert result.exit_code == 0, result.output
+    from vitkit.convert.common import imagenet_classes
+
+    line = result.output.strip().splitlines()[-1]
+    labels = [part.rsplit(" ", 2)[0].strip() for part in line.split(": ", 1)[1].split(", ")]
+    assert len(labels) == 5 and all(label in imagenet_classes() for label in labels), line
