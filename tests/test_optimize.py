@@ -1,0 +1,184 @@
+"""vitkit.optimize: the fast paths compute the model's function (fp32 to 1e-4, int8 to >= 99 % top-1 agreement),
+leave the original alone and refuse what they cannot do."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import vitkit
+from vitkit.optimize import DynamicInt8Linear, PackedLinear, onednn_linear_available, optimize
+
+TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
+
+
+def tiny_model(**overrides) -> vitkit.VisionTransformer:
+    """A tiny ViT with random weights everywhere (our classifier starts at zero, which would hide errors)."""
+    model = vitkit.create_model(vitkit.ViTConfig(**{**TINY, **overrides})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, p.shape[-1] ** -0.5)
+            else:
+                p.normal_(0, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("overrides", [{}, {"gelu": "tanh"}, {"pool": "gap"}, {"representation_size": 48}])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fp32_computes_the_same_function(overrides, batch):
+    model = tiny_model(**overrides)
+    fast = optimize(model, "fp32")
+    x = torch.randn(batch, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), model(x), rtol=0, atol=1e-4)
+        # The interface survives: features and every block's attention, equal too.
+        f_ref, a_ref = model.forward_features(x, return_attention=True)
+        f_fast, a_fast = fast.forward_features(x, return_attention=True)
+    torch.testing.assert_close(f_fast, f_ref, rtol=0, atol=1e-4)
+    for a, b in zip(a_fast, a_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+def test_fp32_packs_every_linear_and_fuses_gelu():
+    fast = optimize(tiny_model(), "fp32")
+    assert not any(type(m) is nn.Linear for m in fast.modules())
+    for block in fast.blocks:
+        assert isinstance(block.mlp.fc1, PackedLinear) and block.mlp.fc1.activation == "gelu"
+        assert isinstance(block.mlp.act, nn.Identity)
+        assert isinstance(block.attn.qkv, PackedLinear) and block.attn.qkv.activation == "none"
+
+
+def test_optimize_returns_a_copy_for_inference():
+    model = tiny_model()
+    model.train()
+    x = torch.randn(2, 3, 32, 32)
+    fast = optimize(model, "fp32")
+    assert fast is not model and not fast.training
+    assert not any(p.requires_grad for p in fast.parameters())
+    # The original is untouched: still training, plain linear layers, gradients on.
+    assert model.training and isinstance(model.blocks[0].mlp.fc1, nn.Linear)
+    assert all(p.requires_grad for p in model.parameters())
+    model.eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), model(x), rtol=0, atol=1e-4)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models train faster on one thread than on two busy ones; the setting is restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def trained_tiny_model(steps: int = 40):
+    """A tiny ViT trained for a few seconds to tell 4 noisy templates apart, and a sampler of that task.
+
+    A model with random weights makes no decisions worth keeping: it predicts nearly the same class for
+    every input, or, with a head centred on its features, separates inputs by margins that any rounding
+    flips. Agreement is only meaningful for a model that has learned something.
+    """
+    cfg = vitkit.ViTConfig(image_size=16, patch_size=4, dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
+    templates = torch.randn(4, 3, 16, 16)
+
+    def sample(n: int):
+        y = torch.randint(0, 4, (n,))
+        return templates[y] + 1.5 * torch.randn(n, 3, 16, 16), y
+
+    model = vitkit.create_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        x, y = sample(32)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), sample
+
+
+def test_int8_agrees_with_fp32_on_a_trained_model(one_thread):
+    model, sample = trained_tiny_model()
+    q = optimize(model, "int8")
+    x, y = sample(1024)
+    with torch.inference_mode():
+        ref, out = model(x), q(x)
+    assert (ref.argmax(-1) == y).float().mean() > 0.9  # it has learned the task
+    agreement = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
+    assert agreement >= 0.99, f"int8 top-1 agreement {agreement:.4f} < 0.99"
+
+
+def test_int8_quantises_the_encoder_only():
+    model = tiny_model()
+    q = optimize(model, "int8")
+    assert sum(isinstance(m, DynamicInt8Linear) for m in q.modules()) == 4 * len(q.blocks)  # qkv, proj, fc1, fc2
+    assert type(q.head) is nn.Linear  # the classifier stays fp32
+    x = torch.randn(64, 3, 32, 32)
+    with torch.inference_mode():
+        ref, out = model(x), q(x)
+    # Close, but not equal: it really is quantised.
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert 0 < rel < 0.05, rel
+
+
+def test_int8_linear_matches_a_reference_quantisation():
+    """DynamicInt8Linear against the arithmetic written out: per-channel symmetric int8 weights, per-tensor
+    asymmetric uint8 activations, int32 products, rescaled; 8-bit or 7-bit activations."""
+    layer = nn.Linear(64, 24)
+    x = torch.randn(5, 64) * 3
+    for reduce_range in (False, True):
+        q = DynamicInt8Linear(layer, reduce_range=reduce_range)
+        levels = 127 if reduce_range else 255
+        lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+        sx = (hi - lo) / levels
+        zx = round(-lo / sx)
+        xq = torch.clamp(torch.round(x / sx) + zx, 0, levels)
+        sw = layer.weight.abs().amax(dim=1) / 127
+        wq = torch.round(layer.weight / sw[:, None])
+        expected = ((xq - zx) @ wq.T) * sx * sw + layer.bias
+        with torch.no_grad():
+            torch.testing.assert_close(q(x), expected, rtol=0, atol=2e-3 * expected.abs().max().item())
+            # and it is close to the float layer
+            assert (q(x) - layer(x)).abs().max() < 0.05 * layer(x).abs().max()
+
+
+def test_bf16_on_cpu_is_refused_with_a_reason():
+    with pytest.raises(ValueError, match="GPU"):
+        optimize(tiny_model(), "bf16")
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        optimize(tiny_model(), "fp16")
+    with pytest.raises(ValueError, match="compile='yes'"):
+        optimize(tiny_model(), "fp32", compile="yes")
+
+
+def test_packed_linear_refuses_other_dtypes():
+    if not onednn_linear_available():
+        pytest.skip("this torch build has no oneDNN linear")
+    layer = PackedLinear(nn.Linear(8, 4))
+    with pytest.raises(ValueError, match="fp32"):
+        layer(torch.randn(2, 8, dtype=torch.float64))
+
+
+@pytest.mark.slow  # inductor compiles C++: about 20 s on 2 busy cores
+def test_compile_computes_the_same_function():
+    model = tiny_model(depth=1)
+    fast = optimize(model, "fp32", compile=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), model(x), rtol=0, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 is for GPUs; no CUDA device here")
+def test_bf16_on_cuda_is_close():
+    model = tiny_model().cuda()
+    fast = optimize(model, "bf16", compile=False)
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    with torch.inference_mode():
+        out, ref = fast(x), model(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05)
