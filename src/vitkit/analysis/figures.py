@@ -151,7 +151,7 @@ def plot_attention_distance(distance: torch.Tensor | np.ndarray, reference: floa
     d = _np(distance)
     L, H = d.shape
     depth = np.arange(1, L + 1)
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
     cmap = plt.get_cmap("tab20" if H > 10 else "tab10")
     for h in range(H):
         ax.scatter(depth, d[:, h], s=18, color=cmap(h % cmap.N), label=f"head {h + 1}", zorder=3)
@@ -161,10 +161,12 @@ def plot_attention_distance(distance: torch.Tensor | np.ndarray, reference: floa
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_xticks(depth if L <= 16 else depth[:: math.ceil(L / 12)])
-    ax.set_ylim(bottom=0)
+    top = max(float(np.nanmax(d)), reference or 0.0)
+    ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2 if H > 6 else 1, loc="best", framealpha=0.8)
+    # Outside the axes, so that no point hides behind it.
+    ax.legend(fontsize=7, ncol=2 if H > 12 else 1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 
