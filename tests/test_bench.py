@@ -1,0 +1,121 @@
+"""The benchmark harness: every contender builds the same architecture, the timing loop interleaves in random
+order, and the whole harness runs end to end on tiny configs (table, JSON, CLI) in seconds."""
+
+import json
+import random
+
+import pytest
+import torch
+
+import vitkit
+from vitkit import bench
+from vitkit.cli.main import main
+
+TINY = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
+
+
+@pytest.mark.parametrize("name", bench.CONTENDERS)
+def test_every_contender_is_the_same_architecture(name):
+    """Same parameter count as vitkit's model (so the same FLOPs), and logits of the right shape."""
+    model = bench.BUILDERS[name](TINY).eval()
+    reference = vitkit.create_model(TINY)
+    if name in bench.ANCHORS or name == "vitkit":
+        assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in reference.parameters())
+    with torch.inference_mode():
+        out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
+
+
+def test_timm_anchor_is_our_function_with_our_weights():
+    """timm's model is the anchor that shares our parameter names: with our weights it is our function."""
+    ours = bench.build_vitkit(TINY).eval()
+    theirs = bench.build_timm(TINY).eval()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(theirs(x), ours(x), rtol=0, atol=1e-5)
+
+
+def test_interleaved_times_shuffles_rounds_and_skips_warmup():
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abcdef"}
+    times = bench.interleaved_times(calls, repeats=6, warmup=2, rng=random.Random(0))
+    assert {k: len(v) for k, v in times.items()} == dict.fromkeys("abcdef", 6)
+    assert len(order) == 2 * 6 + 6 * 6  # warm-up rounds are called but not timed
+    rounds = ["".join(order[12 + 6 * i: 18 + 6 * i]) for i in range(6)]
+    assert all(sorted(r) == list("abcdef") for r in rounds)  # every round calls each once
+    assert len(set(rounds)) > 1  # in a fresh order
+
+
+def test_sgemm_and_measurement_arithmetic():
+    assert bench.sgemm_gflops(2.0, 1000) == pytest.approx(1.0)
+    m = bench.Measurement("m", 4, "c", [0.3, 0.1, 0.2], flops_per_image=1e9)
+    assert m.median_s == pytest.approx(0.2)
+    assert m.images_per_s == pytest.approx(20.0)
+    assert m.gflops == pytest.approx(20.0)
+
+
+def test_harness_end_to_end_on_a_tiny_config(tmp_path):
+    config = bench.BenchConfig(models=(TINY,), batch_sizes=(1, 2), repeats=2, warmup=1, sgemm_size=128, threads=1)
+    before = torch.get_num_threads()
+    seen = []
+    report = bench.run(config, on_progress=lambda done, total: seen.append((done, total)))
+    assert torch.get_num_threads() == before  # restored
+    assert seen[-1][0] == seen[-1][1] == 2 * 2 * (len(bench.CONTENDERS) + 1)
+    rows = report["rows"]
+    assert len(rows) == 2 * len(bench.CONTENDERS)
+    assert report["machine"]["threads"] == 1
+    for row in rows:
+        assert row["images_per_s"] > 0 and row["mfu"] > 0 and len(row["seconds"]) == 2
+        assert row["best_anchor"] in bench.ANCHORS
+        assert row["images_per_s"] == pytest.approx(row["batch"] / (row["latency_ms"] / 1e3))
+    for batch in (1, 2):
+        cell = [r for r in rows if r["batch"] == batch]
+        best = max((r for r in cell if r["contender"] in bench.ANCHORS), key=lambda r: r["images_per_s"])
+        assert best["vs_best_anchor"] == pytest.approx(1.0)
+        assert all(r["best_anchor"] == best["contender"] for r in cell)
+    path = tmp_path / "bench.json"
+    bench.write_json(report, path)
+    assert json.loads(path.read_text())["rows"][0]["contender"] == rows[0]["contender"]
+    from rich.console import Console
+
+    console = Console(width=130, record=True)
+    console.print(bench.format_table(report))
+    text = console.export_text()
+    assert "vitkit-int8" in text and "MFU" in text
+    assert len(bench.summarize(report)) == 2 * len(bench.OURS)
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="unknown contenders"):
+        bench.BenchConfig(contenders=("tensorflow",))
+    with pytest.raises(ValueError, match="repeats"):
+        bench.BenchConfig(repeats=0)
+    with pytest.raises(ValueError, match="batch sizes"):
+        bench.BenchConfig(batch_sizes=(0,))
+
+
+def test_cli_bench_runs_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "-m", "ViT-Ti/16", "-b", "1", "-c", "vitkit", "-c", "timm", "-r", "1", "--warmup", "0",
+              "-t", "1", "--json", str(out)])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "ViT-Ti/16" in text and "timm" in text
+    assert {r["contender"] for r in json.loads(out.read_text())["rows"]} == {"vitkit", "timm"}
+
+
+def test_cli_bench_help_and_errors(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "-m", "ViT-Q/99"])
+    assert e.value.code != 0
+    assert capsys.readouterr().err.startswith("error:")
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "-c", "tensorflow"])
+    assert e.value.code != 0
+    assert "unknown contenders" in capsys.readouterr().err
