@@ -1,0 +1,134 @@
+"""Training-step speed (forward, loss, backward, AdamW) of vitkit against timm's VisionTransformer.
+
+Both models have the same architecture and random weights, train on the same random batch, and their steps
+are timed interleaved in a fresh random order each round (medians). Two models: ViT-S/16 at 224 px, and the
+Fashion-MNIST model (`--fmnist-dim` etc.; default patch 4 on 28x28x1, D 192, depth 6, 3 heads, MLP 384,
+standing in for the recipe's model until it is defined in vitkit.train.recipes).
+
+    .venv/bin/python benchmarks/bench_training.py --threads 1                 # the table
+    .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import vitkit
+from vitkit.bench import build_timm
+from vitkit.config import ViTConfig
+
+
+def fmnist_config(dim: int, depth: int, heads: int, mlp: int) -> ViTConfig:
+    return ViTConfig(image_size=28, patch_size=4, in_chans=1, num_classes=10, dim=dim, depth=depth,
+                     num_heads=heads, mlp_dim=mlp, mean=(0.5,), std=(0.5,), name="fmnist-p4")
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def contenders(cfg: ViTConfig, batch: int) -> dict[str, Callable[[], None]]:
+    torch.manual_seed(0)
+    x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
+    y = torch.randint(0, cfg.num_classes, (batch,))
+    steps = {}
+    for name, model in (("vitkit", vitkit.create_model(cfg)), ("timm", build_timm(cfg))):
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+        steps[name] = train_step(model, opt, x, y)
+    return steps
+
+
+def profile(cfg: ViTConfig, batch: int, rows: int) -> None:
+    """Where the time of a training step goes, vitkit and timm, by operator (self CPU time)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for name, step in contenders(cfg, batch).items():
+        step()
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                step()
+        print(f"\n=== {name}, {cfg.name or 'model'}, batch {batch}: top operators by self CPU time ===")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))
+
+
+def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int) -> dict:
+    steps = contenders(cfg, batch)
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    rng = random.Random(seed)
+    names = list(steps)
+    for _ in range(repeats):
+        rng.shuffle(names)
+        for name in names:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    return {
+        "model": cfg.name, "batch": batch, "threads": torch.get_num_threads(),
+        "images_per_s": {name: batch / m for name, m in med.items()},
+        "ratio_vitkit_over_timm": med["timm"] / med["vitkit"],
+        "seconds": times,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--vit-batch", type=int, default=8, help="batch of the ViT-S/16 step")
+    p.add_argument("--fmnist-batch", type=int, default=128)
+    p.add_argument("--fmnist-dim", type=int, default=192)
+    p.add_argument("--fmnist-depth", type=int, default=6)
+    p.add_argument("--fmnist-heads", type=int, default=3)
+    p.add_argument("--fmnist-mlp", type=int, default=384)
+    p.add_argument("--only", choices=["vit-s", "fmnist"], default=None)
+    p.add_argument("--profile", action="store_true", help="print the profiler's operator tables and exit")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cells = []
+    if args.only in (None, "vit-s"):
+        cells.append((vitkit.get_config("ViT-S/16"), args.vit_batch))
+    if args.only in (None, "fmnist"):
+        cells.append((fmnist_config(args.fmnist_dim, args.fmnist_depth, args.fmnist_heads, args.fmnist_mlp),
+                      args.fmnist_batch))
+    if args.profile:
+        for cfg, batch in cells:
+            profile(cfg, batch, rows=18)
+        return
+    results = []
+    for cfg, batch in cells:
+        r = measure(cfg, batch, args.repeats, args.warmup, seed=0)
+        results.append(r)
+        ips = r["images_per_s"]
+        print(f"{r['model']:>22} batch {batch:>4} threads {r['threads']}: vitkit {ips['vitkit']:8.2f} img/s, "
+              f"timm {ips['timm']:8.2f} img/s, vitkit/timm {r['ratio_vitkit_over_timm']:.3f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
