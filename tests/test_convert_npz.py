@@ -113,19 +113,36 @@ def test_big_vision_sincos_has_no_table(tmp_path):
     assert model.cfg.pos_embed == "sincos-2d"
 
 
-def test_r26_hybrid_npz(tmp_path):
-    """Google's hybrid layout (conv_root, gn_root, block{s}/unit{u}/...), through timm's hybrid loader."""
-    kw = dict(img_size=64, embed_dim=64, depth=1, num_heads=2, num_classes=5, act_layer="gelu_tanh")
-    ref = randomize_(timm.create_model("vit_small_r26_s32_224", **kw)).eval()
-    path = save_npz(tmp_path / "R26_S_32.npz", timm_to_npz_arrays(ref))
-    check = randomize_(timm.create_model("vit_small_r26_s32_224", **kw), seed=5).eval()
+def narrow_timm_hybrid(layers, seed: int):
+    """timm's hybrid ViT around its own BiT ResNetV2 (non-pre-activation, 'SAME' StdConv eps 1e-8), as
+    `_resnetv2` builds it for vit_base_r50_s16_* / vit_small_r26_s32_*, at width 32 to keep the test fast."""
+    from functools import partial
+
+    from timm.layers import HybridEmbed, StdConv2dSame
+    from timm.models.resnetv2 import ResNetV2
+
+    backbone = ResNetV2(layers=layers, channels=tuple(128 * 2**i for i in range(len(layers))), stem_chs=32,
+                        num_classes=0, global_pool="", preact=False, stem_type="same",
+                        conv_layer=partial(StdConv2dSame, eps=1e-8))
+    model = TimmViT(img_size=32, patch_size=1, embed_dim=64, depth=1, num_heads=2, num_classes=5,
+                    act_layer="gelu_tanh", embed_layer=partial(HybridEmbed, backbone=backbone))
+    return randomize_(model, seed).eval()
+
+
+@pytest.mark.parametrize("layers", [(3, 4, 9), (2, 2, 2, 2)], ids=["R50", "R26"])
+def test_hybrid_npz(tmp_path, layers):
+    """Google's hybrid layout (conv_root, gn_root, block{s}/unit{u}/..., conv_proj/gn_proj), as in the
+    released R50+ViT-B_16.npz, through timm's hybrid loader."""
+    ref = narrow_timm_hybrid(layers, seed=1)
+    path = save_npz(tmp_path / "R50+ViT-B_16.npz", timm_to_npz_arrays(ref))
+    check = narrow_timm_hybrid(layers, seed=5)
     _load_weights(check, path)
-    x = torch.randn(2, 3, 64, 64)
+    x = torch.randn(2, 3, 32, 32)  # a 2x2 grid for R50 (stride 16), 1x1 for R26 (stride 32)
     with torch.no_grad():
         torch.testing.assert_close(check(x), ref(x))
         ours = vitkit.load(path)
-        assert ours.cfg.hybrid_layers == (2, 2, 2, 2) and ours.cfg.hybrid_width == 64
-        assert_same(ours(x), check(x), "npz R26 hybrid vs timm _load_weights")
+        assert (ours.cfg.hybrid_layers, ours.cfg.hybrid_width, ours.cfg.num_heads) == (layers, 32, 2)
+        assert_same(ours(x), check(x), f"npz hybrid {layers} vs timm _load_weights")
 
 
 # --- every key accounted for ----------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -301,6 +300,3 @@ def default_class_names(num_classes: int, given: list[str] | None) -> list[str] 
         return list(given)
     return imagenet_classes() if num_classes == 1000 else None
 
-
-def map_values(state: dict[str, Any], fn: Callable[[str, Any], Any]) -> dict[str, Any]:
-    return {k: fn(k, v) for k, v in state.items()}
