@@ -37,6 +37,7 @@ def fail(message: str, hint: str = "", code: int = 1) -> None:
 # The command modules, in the order their commands appear in --help.
 COMMAND_MODULES = [
     "vitkit.cli.inspect",
+    "vitkit.cli.train",
     "vitkit.cli.analyze",
     "vitkit.cli.speed",
     "vitkit.cli.convert",

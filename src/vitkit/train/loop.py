@@ -210,7 +210,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
                          "or choose another --out")
     saved_cfg = out / "config.json"
     if resume and newest is not None and saved_cfg.is_file():
-        changed = [k for k in config_differences(json.loads(saved_cfg.read_text()), cfg.to_dict())
+        changed = [k for k in config_differences(json.loads(saved_cfg.read_text()), json.loads(cfg.to_json()))
                    if k not in RESUMABLE_CHANGES]
         if changed:
             raise ValueError(f"--resume: the config differs from the one {out} was started with, in "

@@ -1,0 +1,157 @@
+"""`vitkit train` (a recipe into a run folder), `vitkit eval` (metrics on a dataset) and `vitkit predict`
+(top-k labels for image files and folders)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..train.recipes import RECIPES
+
+_RECIPE_HELP = "Recipe: " + ", ".join(RECIPES) + "."
+
+
+def inference_model(model, fast: bool):
+    """The model to run for eval/predict: with `fast`, `vitkit.optimize.optimize(model)` (same function, a
+    faster path) when that module is present; otherwise the model itself."""
+    if not fast:
+        return model
+    try:
+        from ..optimize import optimize
+    except ImportError:
+        return model
+    return optimize(model, precision="fp32")
+
+
+def _load(checkpoint: str):
+    from .. import load
+
+    return load(checkpoint)
+
+
+def train(
+    recipe: str = typer.Argument(..., help=_RECIPE_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Run folder: checkpoints, logs, the best and last models."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in --out."),
+    overrides: list[str] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE",
+                                        help="Override a setting, e.g. --set optim.lr=0.002 --set model.depth=4 "
+                                             "(repeatable; unknown keys are rejected with the valid ones)."),
+    show: bool = typer.Option(False, "--show", help="Print the resolved config as JSON and exit."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Train a ViT with a recipe. Under `torchrun --nproc_per_node N -m vitkit.cli.main train ...` the same
+    command runs data-parallel (gloo on CPUs, nccl on GPUs)."""
+    from ..train import get_recipe
+    from ..train import train as run
+    from .main import UsageError
+
+    if recipe not in RECIPES:
+        raise UsageError(f"unknown recipe {recipe!r}", f"choose from {', '.join(RECIPES)}")
+    try:
+        cfg = get_recipe(recipe, overrides or [])
+    except ValueError as e:
+        raise UsageError(str(e), "see `vitkit train --help`; keys are dotted, e.g. optim.lr") from None
+    if show:
+        typer.echo(cfg.to_json(), nl=False)
+        return
+    result = run(cfg, out, resume=resume, progress=progress)
+    if result.final is not None:
+        typer.echo(f"test top-1 {100 * result.final.top1:.2f} %, top-5 {100 * result.final.top5:.2f} % on "
+                   f"{result.final.count} images; {result.steps} steps in {result.seconds / 60:.1f} min")
+    typer.echo(f"last model: {result.last_dir}" + (f"   best model: {result.best_dir}" if result.best_dir else ""))
+
+
+def eval(
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder or file (anything `vitkit.load` reads)."),
+    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or a folder."),
+    split: str = typer.Option("test", "--split", help="Split: test, val or train."),
+    data_dir: Path = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
+    batch_size: int = typer.Option(256, "--batch-size", "-b"),
+    limit: int = typer.Option(0, "--limit", help="Evaluate only the first N images (0: all)."),
+    out: Path = typer.Option(None, "--out", "-o",
+                             help="Folder for metrics.json and confusion.png (default: CHECKPOINT/eval-DATA)."),
+    skip_bad_images: bool = typer.Option(False, "--skip-bad-images", help="Skip unreadable images in a folder."),
+    fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
+) -> None:
+    """Top-1, top-5, loss and per-class accuracy on a dataset, and a confusion-matrix PNG."""
+    import torch
+
+    from ..data import resolve
+    from ..train.evaluate import confusion_png, evaluate
+    from ..train.loop import _first
+
+    model = _load(checkpoint)
+    cfg = model.cfg
+    dataset = _first(resolve(data, split, data_dir, skip_bad_images=skip_bad_images), limit)
+    classes = list(getattr(dataset, "classes", []))
+    if len(classes) != cfg.num_classes:
+        from .main import UsageError
+
+        raise UsageError(f"{data} has {len(classes)} classes but {checkpoint} predicts {cfg.num_classes}",
+                         "evaluate on the dataset the model was trained for")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net = inference_model(model.to(device), fast)
+    result = evaluate(net, dataset, cfg, batch_size, device, progress=True)
+    folder = out or _default_eval_dir(checkpoint, data)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    png = confusion_png(result, folder / "confusion.png", f"{Path(checkpoint).name} on {data} ({split}): "
+                                                          f"top-1 {100 * result.top1:.2f} %")
+    table = Table(title=f"{checkpoint} on {data} ({split}, {result.count} images)")
+    table.add_column("class")
+    table.add_column("accuracy", justify="right")
+    for name, acc in result.to_dict()["per_class"].items():
+        table.add_row(name, f"{100 * acc:.2f} %")
+    console = Console(width=100)
+    console.print(table)
+    console.print(f"top-1 {100 * result.top1:.2f} %   top-5 {100 * result.top5:.2f} %   loss {result.loss:.4f}")
+    console.print(f"confusion matrix: {png}   metrics: {folder / 'metrics.json'}")
+
+
+def _default_eval_dir(checkpoint: str, data: str) -> Path:
+    p = Path(checkpoint)
+    folder = p if p.is_dir() else p.parent
+    return folder / f"eval-{Path(data).name or 'data'}"
+
+
+def predict(
+    checkpoint: str = typer.Argument(..., help="A checkpoint folder or file (anything `vitkit.load` reads)."),
+    paths: list[Path] = typer.Argument(..., help="Image files and folders (searched recursively)."),
+    top_k: int = typer.Option(5, "--top-k", "-k", help="Labels per image."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per image instead of text."),
+    fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
+) -> None:
+    """Top-k labels with probabilities for image files and folders. Unreadable files are reported one line
+    each (the others are still classified) and make the exit code 1."""
+    import torch
+
+    from ..train.predict import predict as run
+
+    model = _load(checkpoint)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net = inference_model(model.to(device), fast)
+    predictions, failures = run(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=device)
+    for p in predictions:
+        if as_json:
+            typer.echo(json.dumps({"path": str(p.path), "labels": p.labels, "probs": p.probs}))
+        else:
+            top = ", ".join(f"{label} {100 * prob:.1f} %" for label, prob in zip(p.labels, p.probs, strict=True))
+            typer.echo(f"{p.path}: {top}")
+    for f in failures:
+        typer.echo(f"error: {f.message}", err=True)
+    if failures:
+        raise typer.Exit(1)
+    if not predictions:
+        from .main import UsageError
+
+        raise UsageError("no images found in " + " ".join(map(str, paths)), "give image files or folders of them")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(train)
+    app.command(name="eval")(eval)
+    app.command()(predict)

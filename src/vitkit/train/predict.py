@@ -1,0 +1,85 @@
+"""Classify image files and folders: top-k labels with probabilities. A file that cannot be read gets a
+one-line error naming it; the others are still classified."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from PIL import Image
+
+from ..config import ViTConfig
+from ..data import BadImageError, open_image
+from ..data.transforms import build_eval_transform
+
+
+@dataclass
+class Prediction:
+    path: Path
+    labels: list[str]
+    probs: list[float]
+
+
+@dataclass
+class Failure:
+    path: Path
+    message: str
+
+
+def image_suffixes() -> set[str]:
+    """File name endings Pillow can open (.png, .jpg, ...)."""
+    return {s.lower() for s in Image.registered_extensions()}
+
+
+def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Failure]]:
+    """Files as given, and the image files (by suffix) inside folders, recursively and sorted. Paths that do
+    not exist come back as failures."""
+    suffixes = image_suffixes()
+    files, failures = [], []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
+        elif p.is_file():
+            files.append(p)
+        else:
+            failures.append(Failure(p, f"{p}: no such file or folder"))
+    return files, failures
+
+
+@torch.no_grad()
+def predict(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None = None, top_k: int = 5,
+            class_names: list[str] | None = None, batch_size: int = 64,
+            device: torch.device | str = "cpu") -> tuple[list[Prediction], list[Failure]]:
+    """Top-k predictions for every image in `paths` (files and folders), in order, and the failures."""
+    cfg = cfg or model.cfg
+    names = class_names or getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
+    transform = build_eval_transform(cfg)
+    files, failures = expand_paths(paths)
+    mode = "L" if cfg.in_chans == 1 else "RGB"
+    predictions: list[Prediction] = []
+    k = min(top_k, cfg.num_classes)
+    batch: list[tuple[Path, torch.Tensor]] = []
+
+    def flush() -> None:
+        if not batch:
+            return
+        x = torch.stack([t for _, t in batch]).to(device)
+        probs = model(x).float().softmax(dim=-1).cpu()
+        top = probs.topk(k, dim=-1)
+        for (path, _), p, i in zip(batch, top.values, top.indices, strict=True):
+            predictions.append(Prediction(path, [names[j] for j in i.tolist()], p.tolist()))
+        batch.clear()
+
+    for f in files:
+        try:
+            batch.append((f, transform(open_image(f, mode))))
+        except (BadImageError, OSError) as e:
+            failures.append(Failure(f, str(e) if str(f) in str(e) else f"{f}: {e}"))
+            continue
+        if len(batch) == batch_size:
+            flush()
+    flush()
+    return predictions, failures

@@ -1,0 +1,132 @@
+"""The training loop: it learns, accumulation equals the large batch, logs are written, a non-finite loss
+stops the run and keeps the last good checkpoint."""
+
+import csv
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from train_helpers import synthetic_dataset
+from vitkit.data import FASHION_MNIST_CLASSES
+from vitkit.train import TrainingDiverged, get_recipe, train
+from vitkit.train.batches import epoch_order, make_plan, rank_indices
+from vitkit.train.checkpoints import latest_checkpoint, list_checkpoints
+
+
+def plain(name: str = "demo-tiny", *overrides: str):
+    """A tiny recipe without augmentation or randomness in the model, so runs can be compared exactly."""
+    return get_recipe(name, ["augment.crop=none", "augment.hflip=0", "augment.random_erasing=0",
+                             "model.drop_path=0", "threads=1", *overrides])
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_few_steps_on_one_batch_drive_the_loss_down(tmp_path):
+    data = synthetic_dataset(32, seed=0)
+    cfg = plain("demo-tiny", "batch_size=32", "steps=25", "optim.schedule=constant", "optim.warmup_epochs=0",
+                "optim.lr=0.003", "optim.label_smoothing=0", "log_every=1", "ckpt_every=100")
+    train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+    assert len(losses) == 25
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_gradient_accumulation_equals_the_large_batch(tmp_path):
+    data = synthetic_dataset(128, seed=1)
+    # SGD, not Adam: the key bias gets a gradient of exactly 0 in theory (softmax ignores a constant per
+    # row), i.e. float noise, which Adam's normalisation blows up to full-size steps in either run.
+    common = ["batch_size=32", "steps=3", "optim.warmup_epochs=0", "ckpt_every=100", "eval_every=100",
+              "optim.name=sgd", "optim.lr=0.05"]
+    whole = train(plain("demo-tiny", *common), tmp_path / "whole", train_set=data, progress=False)
+    accum = train(plain("demo-tiny", *common, "micro_batch=8"), tmp_path / "accum", train_set=data,
+                  progress=False)
+    a, b = weights(whole.last_dir), weights(accum.last_dir)
+    moved = weights(whole.last_dir)["head.weight"].abs().sum()
+    assert moved > 0
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_batches_split_the_global_batch_among_processes():
+    order = epoch_order(64, seed=3, epoch=2)
+    assert torch.equal(order, epoch_order(64, seed=3, epoch=2))  # reproducible from (seed, epoch)
+    assert not torch.equal(order, epoch_order(64, seed=3, epoch=3))
+    one = rank_indices(order, 1, make_plan(16, 0, world=1, rank=0))
+    two = [i for r in range(2) for i in rank_indices(order, 1, make_plan(16, 4, world=2, rank=r))]
+    assert len(one) == 1 and len(two) == 4 and all(len(i) == 4 for i in two)
+    assert torch.equal(torch.cat(two), one[0])
+    with pytest.raises(ValueError, match="multiple of processes"):
+        make_plan(16, 3, world=2, rank=0)
+
+
+def test_run_folder_logs_and_checkpoints(tmp_path):
+    data = synthetic_dataset(96, seed=2)
+    cfg = get_recipe("fashion-mnist-tiny", ["threads=1", "steps=6", "ckpt_every=2", "eval_every=3",
+                                            "log_every=2", "keep_last=2"])
+    r = train(cfg, tmp_path / "run", train_set=data, val_set=synthetic_dataset(40, seed=3), progress=False)
+    run = tmp_path / "run"
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(x["step"]) for x in rows if x["split"] == "train"] == [2, 4, 6]
+    assert [int(x["step"]) for x in rows if x["split"] == "val"] == [3, 6]
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000004", "step-0000006"]  # keep_last=2
+    assert (run / "confusion.png").stat().st_size > 0 and (run / "config.json").is_file()
+    model = vitkit.load(r.last_dir)  # the last and best models are plain vitkit checkpoints
+    assert model.class_names == FASHION_MNIST_CLASSES
+    assert vitkit.load(r.best_dir).cfg == model.cfg
+    # A new run may not overwrite an old one.
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(cfg, run, train_set=data, progress=False)
+
+
+class PoisonedAt(torch.utils.data.Dataset):
+    """Float images, nan for the indices in `bad`: the loss turns nan on the step that draws one."""
+
+    def __init__(self, base, bad):
+        self.base, self.bad, self.classes = base, set(bad), base.classes
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        x = x.float() / 255
+        return (x * float("nan") if i in self.bad else x), y
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    base = synthetic_dataset(64, seed=4)
+    # Steps 0 and 1 are clean (checkpoints 1 and 2); step 2 draws the poisoned image.
+    order = epoch_order(64, seed=0, epoch=0)
+    data = PoisonedAt(base, [int(order[40])])
+    cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=1", "eval_every=100", "keep_last=5")
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 3 .*step-0000002"):
+        train(cfg, tmp_path / "run", train_set=data, progress=False)
+    good = latest_checkpoint(tmp_path / "run")
+    assert good.name == "step-0000002"
+    model = vitkit.load(good / "model")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_finetune_tiny_from_a_checkpoint(tmp_path):
+    data = synthetic_dataset(64, seed=5, size=16)
+    source = vitkit.create_model(get_recipe("finetune-tiny").model.replace(num_classes=7, image_size=8,
+                                                                          representation_size=32))
+    vitkit.save(source, tmp_path / "source")
+    cfg = get_recipe("finetune-tiny", [f"init={tmp_path / 'source'}", "threads=1", "steps=2"])
+    r = train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
+    model = vitkit.load(r.last_dir)
+    assert model.cfg.num_classes == 10 and model.cfg.image_size == (16, 16)
+    assert model.cfg.representation_size is None
+    src = weights(tmp_path / "source")
+    got = weights(r.last_dir)
+    # The blocks start from the source; the position embedding was resampled from a 2x2 to a 4x4 grid.
+    assert got["pos_embed"].shape == (1, 17, 32) and src["pos_embed"].shape == (1, 5, 32)
+    assert dataclasses.asdict(model.cfg)["dim"] == 32

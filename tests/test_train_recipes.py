@@ -1,0 +1,91 @@
+"""Recipes are typed configs; --set overrides are parsed for their field's type and unknown keys rejected."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vitkit.config import ViTConfig
+from vitkit.model import count_parameters
+from vitkit.train.recipes import RECIPES, TrainConfig, apply_overrides, get_recipe, parse_value, valid_keys
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_builds_and_round_trips_through_json(name):
+    cfg = get_recipe(name)
+    assert isinstance(cfg.model, ViTConfig)
+    assert cfg.recipe == name
+    assert TrainConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if not n.endswith("-tiny")])
+def test_tiny_twins_are_tiny(name):
+    big, tiny = get_recipe(name), get_recipe(name + "-tiny")
+    assert count_parameters(tiny.model) < 100_000 < count_parameters(big.model)
+    assert tiny.steps <= 32 and tiny.data.limit <= 512
+    assert type(tiny.optim) is type(big.optim) and tiny.optim.name == big.optim.name
+
+
+def test_paper_recipes_follow_the_paper():
+    p = get_recipe("pretrain")
+    assert (p.optim.name, p.optim.betas, p.optim.weight_decay, p.batch_size) == ("adamw", (0.9, 0.999), 0.1, 4096)
+    assert (p.optim.schedule, p.optim.warmup_steps) == ("linear", 10_000)
+    assert p.micro_batch < p.batch_size  # gradient accumulation
+    f = get_recipe("finetune")
+    assert (f.optim.name, f.optim.momentum, f.optim.weight_decay, f.optim.clip_grad_norm) == ("sgd", 0.9, 0.0, 1.0)
+    assert (f.batch_size, f.optim.schedule, f.optim.warmup_steps) == (512, "cosine", 500)
+
+
+def test_overrides_parse_each_type():
+    cfg = apply_overrides(get_recipe("demo"), [
+        "optim.lr=0.01", "model.depth=3", "ema=0.99", "deterministic=true", "augment.crop_scale=0.5,1",
+        "model.image_size=56", "augment.randaugment=2,9", "data.data_dir=none", "optim.name=sgd",
+        "model.representation_size=64", "augment.randaugment=none",
+    ])
+    assert cfg.optim.lr == 0.01 and cfg.model.depth == 3 and cfg.ema == 0.99 and cfg.deterministic is True
+    assert cfg.augment.crop_scale == (0.5, 1.0) and cfg.model.image_size == (56, 56)
+    assert cfg.data.data_dir is None and cfg.optim.name == "sgd" and cfg.model.representation_size == 64
+    assert cfg.augment.randaugment is None
+
+
+@pytest.mark.parametrize("item, message", [
+    ("optim.lrr=1", "unknown key 'optim.lrr'; valid keys: "),
+    ("nope=1", "unknown key 'nope'"),
+    ("optim.lr=fast", "expected a number"),
+    ("model.depth=2.5", "expected an integer"),
+    ("deterministic=maybe", "expected true or false"),
+    ("optim.name=lamb", "choose from adamw, sgd"),
+    ("model=1", "is a group of settings"),
+    ("seed", "expected key=value"),
+    ("model.dim=102", "not divisible by num_heads"),  # the dataclass's own validation
+    ("batch_size=100", None),
+])
+def test_bad_overrides_are_rejected_with_a_reason(item, message):
+    if message is None:  # a valid one, for contrast
+        assert apply_overrides(get_recipe("demo"), [item]).batch_size == 100
+        return
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        apply_overrides(get_recipe("demo"), [item])
+
+
+def test_unknown_key_error_lists_every_valid_key():
+    with pytest.raises(ValueError) as e:
+        apply_overrides(get_recipe("demo"), ["optim.lrr=1"])
+    for key in ("optim.lr", "model.dim", "augment.mixup", "data.name", "ema", "micro_batch"):
+        assert key in valid_keys() and key in str(e.value)
+
+
+def test_parse_value_optional_tuple():
+    assert parse_value("3,4,9", tuple[int, ...] | None) == (3, 4, 9)
+    assert parse_value("none", tuple[int, ...] | None) is None
+
+
+def test_cli_show_and_unknown_key():
+    run = [sys.executable, "-m", "vitkit.cli.main", "train", "demo", "--out", "unused", "--show"]
+    ok = subprocess.run(run + ["--set", "optim.lr=0.005"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["optim"]["lr"] == 0.005
+    bad = subprocess.run(run + ["--set", "optim.lrr=1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0
+    assert bad.stderr.startswith("error: unknown key 'optim.lrr'") and "Traceback" not in bad.stderr

@@ -1,0 +1,68 @@
+"""A run killed with SIGKILL mid-training and resumed ends with the same weights as an uninterrupted run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import load_file
+
+from train_helpers import fake_data_overrides, write_fake_fashion_mnist
+from vitkit.train import get_recipe, train
+from vitkit.train.checkpoints import list_checkpoints
+
+# fashion-mnist-tiny has every kind of state: AdamW moments, the EMA, drop-path and augmentation draws.
+STEPS = 60
+
+
+def overrides(data):
+    return fake_data_overrides(data) + ["deterministic=true", "threads=1", f"steps={STEPS}", "ckpt_every=5",
+                                        "eval_every=30", "keep_last=3"]
+
+
+def command(data, out, *extra):
+    sets = [a for o in overrides(data) for a in ("--set", o)]
+    return [sys.executable, "-m", "vitkit.cli.main", "train", "fashion-mnist-tiny", "--out", str(out),
+            "--no-progress", *sets, *extra]
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=256, n_test=64)
+    train(get_recipe("fashion-mnist-tiny", overrides(data)), tmp_path / "ref", progress=False)  # uninterrupted
+
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command(data, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list_checkpoints(out) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before it could be killed: {err.decode()[-2000:]}"
+    done = list_checkpoints(out)
+    assert done and int(done[-1].name.split("-")[1]) < STEPS
+
+    resumed = subprocess.run(command(data, out, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stdout + resumed.stderr
+    final = list_checkpoints(out)[-1]
+    assert final.name == f"step-{STEPS:07d}"
+    for name in ("model/model.safetensors", "ema.safetensors", "optimizer.safetensors"):
+        a = load_file(str(tmp_path / "ref" / "ckpt" / final.name / name))
+        b = load_file(str(final / name))
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=f"{name}: {k}")
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
+    cfg = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4"])
+    train(cfg, tmp_path / "run", progress=False)
+    changed = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4", "optim.lr=0.1"])
+    import pytest
+
+    with pytest.raises(ValueError, match="config differs .* optim.lr"):
+        train(changed, tmp_path / "run", resume=True, progress=False)
