@@ -1,0 +1,110 @@
+"""Evaluation metrics against a manual computation; eval and predict from the command line."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import vitkit
+from train_helpers import synthetic_dataset, synthetic_images
+from vitkit.data.transforms import normalize_batch
+from vitkit.train.evaluate import confusion_png, evaluate
+from vitkit.train.predict import predict
+
+CFG = vitkit.ViTConfig(image_size=28, patch_size=7, in_chans=1, num_classes=10, dim=32, depth=1, num_heads=2,
+                       mlp_dim=64, name="tiny")
+
+
+def random_model():
+    model = vitkit.create_model(CFG)
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # the zero-initialised head would predict one class
+    return model.eval()
+
+
+def test_metrics_equal_a_manual_computation():
+    data = synthetic_dataset(53, seed=7)  # 53: the last batch is partial
+    model = random_model()
+    r = evaluate(model, data, batch_size=20)
+    with torch.no_grad():
+        logits = model(normalize_batch(data.images, CFG))
+    y = data.targets
+    pred = logits.argmax(1)
+    assert r.count == 53
+    assert r.top1 == pytest.approx((pred == y).float().mean().item())
+    top5 = (logits.topk(5, 1).indices == y[:, None]).any(1).float().mean().item()
+    assert r.top5 == pytest.approx(top5)
+    assert r.loss == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
+    for c in range(10):
+        assert r.confusion[c].sum() == (y == c).sum()
+        assert r.confusion[c, c] == ((pred == c) & (y == c)).sum()
+        if (y == c).any():
+            assert r.per_class[c] == pytest.approx(((pred == c) & (y == c)).sum().item() / (y == c).sum().item())
+    assert r.to_dict()["per_class"]["Trouser"] == r.per_class[1]
+
+
+def test_confusion_png(tmp_path):
+    r = evaluate(random_model(), synthetic_dataset(30, seed=8))
+    path = confusion_png(r, tmp_path / "cm.png")
+    with Image.open(path) as im:
+        assert im.size[0] > 200 and im.size[1] > 200
+
+
+def write_pngs(folder, n, seed):
+    folder.mkdir(parents=True, exist_ok=True)
+    images, _ = synthetic_images(n, seed)
+    paths = []
+    for i in range(n):
+        paths.append(folder / f"img{i}.png")
+        Image.fromarray(images[i, 0].numpy()).save(paths[-1])
+    return paths
+
+
+def test_predict_files_and_folders_with_a_bad_file(tmp_path):
+    model = random_model()
+    good = write_pngs(tmp_path / "imgs", 3, seed=9)
+    (tmp_path / "imgs" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    single = write_pngs(tmp_path / "one", 1, seed=10)[0]
+    preds, failures = predict(model, [tmp_path / "imgs", single, tmp_path / "missing.png"], top_k=3,
+                              class_names=[f"c{i}" for i in range(10)])
+    assert [p.path for p in preds] == [*good, single]
+    assert all(len(p.labels) == 3 and p.probs == sorted(p.probs, reverse=True) for p in preds)
+    assert {f.path.name for f in failures} == {"broken.png", "missing.png"}
+    # The probabilities are the model's softmax.
+    with torch.no_grad():
+        x = normalize_batch(torch.from_numpy(np.array(Image.open(single)))[None, None], CFG)
+        p = model(x).softmax(-1)[0]
+    assert preds[-1].probs[0] == pytest.approx(p.max().item(), rel=1e-5)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "vitkit.cli.main", *map(str, args)], capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_cli_eval_and_predict(tmp_path):
+    model = random_model()
+    vitkit.save(model, tmp_path / "ckpt", class_names=[f"class{i}" for i in range(10)])
+    # An image folder with 10 class sub-folders (eval takes a dataset name or a folder).
+    for c in range(10):
+        write_pngs(tmp_path / "data" / f"class{c}", 2, seed=20 + c)
+    r = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev", "--no-fast")
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert metrics["count"] == 20 and 0 <= metrics["top1"] <= metrics["top5"] <= 1
+    assert (tmp_path / "ev" / "confusion.png").is_file() and "top-1" in r.stdout
+
+    imgs = write_pngs(tmp_path / "pred", 2, seed=40)
+    (tmp_path / "pred" / "zero.png").write_bytes(b"")
+    r = run_cli("predict", tmp_path / "ckpt", tmp_path / "pred", "--top-k", "2")
+    assert r.returncode == 1
+    assert [line.split(":")[0] for line in r.stdout.splitlines()] == [str(p) for p in imgs]
+    errors = r.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "zero.png" in errors[0]
+    ok = run_cli("predict", tmp_path / "ckpt", imgs[0], "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["labels"]) == 5
