@@ -1,14 +1,24 @@
 """vitkit.optimize: the fast paths compute the model's function (fp32 to 1e-4, int8 to >= 99 % top-1 agreement),
 leave the original alone and refuse what they cannot do."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.optimize import DynamicInt8Linear, PackedLinear, onednn_linear_available, optimize
+from vitkit.optimize import (
+    DynamicInt8Linear,
+    PackedLinear,
+    cpu_has_native_bf16,
+    onednn_linear_available,
+    optimize,
+)
 
+# `vitkit.optimize` is the function; the module is reached by name.
+OPTIMIZE_MODULE = sys.modules["vitkit.optimize"]
 TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
 
 
@@ -144,9 +154,21 @@ def test_int8_linear_matches_a_reference_quantisation():
             assert (q(x) - layer(x)).abs().max() < 0.05 * layer(x).abs().max()
 
 
-def test_bf16_on_cpu_is_refused_with_a_reason():
-    with pytest.raises(ValueError, match="GPU"):
+def test_bf16_on_a_cpu_without_native_bf16_is_refused_with_a_reason(monkeypatch):
+    monkeypatch.setattr(OPTIMIZE_MODULE, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(ValueError, match="native bf16"):
         optimize(tiny_model(), "bf16")
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
+def test_bf16_on_a_cpu_with_native_bf16_is_close():
+    model = tiny_model()
+    fast = optimize(model, "bf16")
+    x = torch.randn(8, 3, 32, 32)
+    with torch.inference_mode():
+        out, ref = fast(x), model(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
 
 
 def test_bad_arguments_are_named():
