@@ -14,7 +14,8 @@ def bench(
     contender: list[str] = typer.Option(
         [], "--contender", "-c",
         help="Implementation to time; repeat for several. Default: all of vitkit, vitkit-fp32-opt, "
-             "vitkit-int8, timm, hf-eager, hf-sdpa, torchvision."),
+             "vitkit-int8, timm, hf-eager, hf-sdpa, torchvision; vitkit-bf16 on request (GPU or a CPU "
+             "with native bf16)."),
     repeats: int = typer.Option(10, "--repeats", "-r", help="Timed calls per contender and cell (median kept)."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed calls per contender before timing."),
     threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: torch's default, all cores)."),
@@ -24,10 +25,11 @@ def bench(
 ) -> None:
     """Inference speed of vitkit against timm, Hugging Face and torchvision, in one process.
 
-    Every contender has random weights and the same architecture; the repetitions are interleaved in a fresh
-    random order each round and medians are reported, so the ratios hold on a busy machine. MFU is the
-    model's FLOP rate over the fp32 SGEMM rate of a 2048^3 torch.mm timed in the same loop.
-    The full default run (2 models x 2 batch sizes x 7 contenders x 10 repeats) takes 10-20 minutes on 2 cores.
+    All contenders have random weights and the same architecture. Repetitions are interleaved in a fresh random order each round and medians are reported, so the ratios hold on a busy machine.
+
+    MFU: the model's FLOP rate over the fp32 SGEMM rate of a 2048^3 torch.mm timed in the same loop.
+
+    Try `vitkit bench --quick` first (about a minute). The full default run (2 models x 2 batch sizes x 7 contenders x 10 repeats) takes 15-30 minutes on 2 cores. On a busy machine `--threads 1` is steadier.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -66,7 +68,10 @@ def export(
     atol: float = typer.Option(1e-4, "--atol", help="Largest absolute difference of the logits allowed."),
     opset: int = typer.Option(0, "--opset", help="ONNX opset (0: the exporter's default)."),
 ) -> None:
-    """Export a checkpoint to ONNX (dynamo exporter, dynamic batch axis) and check it with onnxruntime."""
+    """Export a checkpoint to ONNX (dynamo exporter, dynamic batch axis) and check it with onnxruntime.
+
+    The file takes normalised pixel_values (batch, C, H, W) and returns logits; the checkpoint's preprocessing and class names are stored in its metadata.
+    """
     from .. import load
     from ..export import check_onnx, export_onnx
 
