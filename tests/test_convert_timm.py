@@ -134,3 +134,13 @@ def test_write_timm_round_trip_and_timm_reads_it(tmp_path):
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
         assert_same(ours(x), ref(x), "vitkit written as timm, read by timm")
+
+
+def test_no_embed_class_with_a_non_square_size_from_config(tmp_path):
+    """With a size in config.json, a table of one row per patch means the class token has no position."""
+    ref = tiny_timm(img_size=(32, 48), no_embed_class=True)
+    folder = timm_folder(tmp_path / "t", ref, "vit_base_patch16_224",
+                         {"img_size": [32, 48], "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 2})
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        assert_same(vitkit.load(folder)(x), ref(x), "timm no_embed_class, non-square, vs timm")

@@ -206,6 +206,17 @@ def add_class_row(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
+def patches_for_hint(state: dict[str, torch.Tensor], hints: Hints) -> int | None:
+    """Patches the hinted image size gives with this state's patch stride (None without a size hint)."""
+    if not hints.image_size or "patch_embed.proj.weight" not in state:
+        return None
+    stride = state["patch_embed.proj.weight"].shape[-1]
+    if "patch_embed.backbone.stem.conv.weight" in state:
+        stride *= 4 * 2 ** (count_indexed(state, "patch_embed.backbone.stages.{}.blocks.0.conv1.weight") - 1)
+    h, w = hints.image_size
+    return (h // stride) * (w // stride)
+
+
 def count_indexed(state: dict[str, Any], pattern: str) -> int:
     """How many consecutive indices i have pattern.format(i) in state (blocks, stages, units)."""
     n = 0

@@ -18,7 +18,16 @@ import torch
 from ..checkpoint import CheckpointError, _atomic_write
 from ..config import ViTConfig, get_preset
 from ..model import VisionTransformer
-from .common import Converted, Hints, add_class_row, default_class_names, infer_config, is_square, rename
+from .common import (
+    Converted,
+    Hints,
+    add_class_row,
+    default_class_names,
+    infer_config,
+    is_square,
+    patches_for_hint,
+    rename,
+)
 
 _BLOCK = r"blocks\.(\d+)\.(norm1|attn\.qkv|attn\.proj|norm2|mlp\.fc1|mlp\.fc2)\.(weight|bias)"
 RULES = [
@@ -88,8 +97,9 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
     no_embed_class = hints.no_embed_class
     if "cls_token" in state and "pos_embed" in state:
         rows = state["pos_embed"].shape[1]
-        if no_embed_class is None:  # shapes decide: a square table has no class row
-            no_embed_class = is_square(rows) and not is_square(rows - 1) and not hints.image_size
+        if no_embed_class is None:  # shapes decide: a table with one row per patch has no class row
+            patches = patches_for_hint(state, hints)
+            no_embed_class = rows == patches if patches else is_square(rows) and not is_square(rows - 1)
         if no_embed_class:
             state = add_class_row(state)
     cfg = infer_config(state, hints, source)
