@@ -1,9 +1,9 @@
 """Training-step speed (forward, loss, backward, AdamW) of vitkit against timm's VisionTransformer.
 
 Both models have the same architecture and random weights, train on the same random batch, and their steps
-are timed interleaved in a fresh random order each round (medians). Two models: ViT-S/16 at 224 px, and the
-Fashion-MNIST model (`--fmnist-dim` etc.; default patch 4 on 28x28x1, D 192, depth 6, 3 heads, MLP 384,
-standing in for the recipe's model until it is defined in vitkit.train.recipes).
+are timed interleaved in a fresh random order each round (medians). The models: ViT-S/16 at 224 px, and the
+models of the Fashion-MNIST recipes in vitkit.train.recipes (`fashion_mnist`: patch 4, D 128, depth 6,
+drop-path 0.05; `demo`: patch 7, D 128, depth 4), at the recipes' batch size.
 
     .venv/bin/python benchmarks/bench_training.py --threads 1                 # the table
     .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first
@@ -27,9 +27,12 @@ from vitkit.bench import build_timm
 from vitkit.config import ViTConfig
 
 
-def fmnist_config(dim: int, depth: int, heads: int, mlp: int) -> ViTConfig:
-    return ViTConfig(image_size=28, patch_size=4, in_chans=1, num_classes=10, dim=dim, depth=depth,
-                     num_heads=heads, mlp_dim=mlp, mean=(0.5,), std=(0.5,), name="fmnist-p4")
+def recipe_cell(name: str) -> tuple[ViTConfig, int]:
+    """The model and batch size of a training recipe (vitkit.train.recipes)."""
+    from vitkit.train.recipes import get_recipe
+
+    recipe = get_recipe(name)
+    return recipe.model.replace(name=f"recipe {name}"), recipe.batch_size
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
@@ -97,12 +100,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--vit-batch", type=int, default=8, help="batch of the ViT-S/16 step")
-    p.add_argument("--fmnist-batch", type=int, default=128)
-    p.add_argument("--fmnist-dim", type=int, default=192)
-    p.add_argument("--fmnist-depth", type=int, default=6)
-    p.add_argument("--fmnist-heads", type=int, default=3)
-    p.add_argument("--fmnist-mlp", type=int, default=384)
-    p.add_argument("--only", choices=["vit-s", "fmnist"], default=None)
+    p.add_argument("--recipe", action="append", default=None,
+                   help="training recipe whose model to measure (default: fashion-mnist and demo)")
+    p.add_argument("--only", choices=["vit-s", "recipes"], default=None)
     p.add_argument("--profile", action="store_true", help="print the profiler's operator tables and exit")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
@@ -111,9 +111,8 @@ def main() -> None:
     cells = []
     if args.only in (None, "vit-s"):
         cells.append((vitkit.get_config("ViT-S/16"), args.vit_batch))
-    if args.only in (None, "fmnist"):
-        cells.append((fmnist_config(args.fmnist_dim, args.fmnist_depth, args.fmnist_heads, args.fmnist_mlp),
-                      args.fmnist_batch))
+    if args.only in (None, "recipes"):
+        cells += [recipe_cell(name) for name in args.recipe or ["fashion-mnist", "demo"]]
     if args.profile:
         for cfg, batch in cells:
             profile(cfg, batch, rows=18)
