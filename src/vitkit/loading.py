@@ -50,20 +50,30 @@ def load(path_or_name: str | os.PathLike, map_location: str | torch.device = "cp
     `image_size` and `num_heads` are needed only where the file cannot tell them: a non-square position
     table without a config, or a fused-q;k;v file whose heads are not 64 wide and that has no config.
     """
-    converted = read_checkpoint(path_or_name, image_size, num_heads)
-    if converted.format == "vitkit":  # the native format's own loader: its checks and messages
-        return load_vitkit(Path(converted.source).parent, map_location)
-    return build_model(converted, map_location)
+    hints = Hints(num_heads=num_heads)
+    p = _resolve(path_or_name, hints)
+    if p.is_dir() and folder_format(p)[0] == "vitkit":  # the native format's own loader and its checks
+        return load_vitkit(p, map_location)
+    return build_model(_read_path(p, _size_hint(hints, image_size)), map_location)
 
 
 def read_checkpoint(path_or_name: str | os.PathLike, image_size: int | tuple[int, int] | None = None,
                     num_heads: int | None = None) -> Converted:
     """The tensors (vitkit names), config and class names of a checkpoint, without building the model."""
-    from . import hub
-
     hints = Hints(num_heads=num_heads)
+    return _read_path(_resolve(path_or_name, hints), _size_hint(hints, image_size))
+
+
+def _size_hint(hints: Hints, image_size: int | tuple[int, int] | None) -> Hints:
     if image_size is not None:
         hints.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    return hints
+
+
+def _resolve(path_or_name: str | os.PathLike, hints: Hints) -> Path:
+    """The local file or folder of a path or hub name (fetched into the hub cache if need be)."""
+    from . import hub
+
     p = Path(path_or_name)
     if not p.exists() and isinstance(path_or_name, str) and hub.is_hub_name(path_or_name):
         p = hub.fetch(path_or_name)
@@ -74,6 +84,10 @@ def read_checkpoint(path_or_name: str | os.PathLike, image_size: int | tuple[int
         raise CheckpointError(f"{path_or_name}: no such file or folder{hint}")
     if p.is_file() and p.name in ("model.safetensors", "pytorch_model.bin") and (p.parent / "config.json").is_file():
         p = p.parent  # the weights of a model folder: read with the folder's config
+    return p
+
+
+def _read_path(p: Path, hints: Hints) -> Converted:
     if p.is_dir():
         return _read_folder(p, hints)
     hints.name = hints.name or (p.stem if p.suffix.lower() in EXTENSIONS else p.name)

@@ -210,11 +210,16 @@ def patches_for_hint(state: dict[str, torch.Tensor], hints: Hints) -> int | None
     """Patches the hinted image size gives with this state's patch stride (None without a size hint)."""
     if not hints.image_size or "patch_embed.proj.weight" not in state:
         return None
-    stride = state["patch_embed.proj.weight"].shape[-1]
-    if "patch_embed.backbone.stem.conv.weight" in state:
-        stride *= 4 * 2 ** (count_indexed(state, "patch_embed.backbone.stages.{}.blocks.0.conv1.weight") - 1)
+    stride = patch_stride_of(state)
     h, w = hints.image_size
     return (h // stride) * (w // stride)
+
+
+def patch_stride_of(state: dict[str, torch.Tensor]) -> int:
+    """Pixels per token: the patch size, times the hybrid ResNet's stride (4, then 2 per further stage)."""
+    stride = state["patch_embed.proj.weight"].shape[-1]
+    stages = count_indexed(state, "patch_embed.backbone.stages.{}.blocks.0.conv1.weight")
+    return stride * (4 * 2 ** (stages - 1) if stages else 1)
 
 
 def count_indexed(state: dict[str, Any], pattern: str) -> int:
@@ -258,7 +263,7 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str) -> V
     fields["num_classes"] = shape("head.weight")[0] if "head.weight" in state else 0
     fields["representation_size"] = shape("pre_logits.weight")[0] if "pre_logits.weight" in state else None
     prefix = 1 if class_token else 0
-    stride = patch * (4 * 2 ** (len(fields["hybrid_layers"]) - 1) if "hybrid_layers" in fields else 1)
+    stride = patch_stride_of(state)
     if "pos_embed" in state:
         fields["pos_embed"] = "learned"
         rows = shape("pos_embed")[1] - prefix
@@ -270,9 +275,9 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str) -> V
         fields["image_size"] = (gh * stride, gw * stride)
     elif hints.image_size:
         fields["image_size"] = hints.image_size
-    else:
-        sizes = sizes_in_name(hints.name)
-        fields["image_size"] = sizes[0] if sizes else (224, 224)
+    else:  # no table (a fixed sin-cos embedding): the largest size the name mentions, else 224
+        sizes = [s for s in sizes_in_name(hints.name) if s[0] % stride == 0 and s[1] % stride == 0]
+        fields["image_size"] = max(sizes) if sizes else (224, 224)
     for key, value in hints.config.items():
         fields.setdefault(key, value)
     fields.setdefault("name", hints.name)
