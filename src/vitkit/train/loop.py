@@ -176,6 +176,35 @@ class MetricsLog:
             self.tb.close()
 
 
+# --- one optimizer step -------------------------------------------------------------------------------------
+def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                     label_smoothing: float, device: torch.device, amp: torch.dtype | None,
+                     ddp: bool = False) -> torch.Tensor:
+    """Forward and backward over one step's micro-batches; each loss is divided by their number so that the
+    gradients add up to the mean over all of them. Under DDP the gradients are averaged over the processes on
+    the last micro-batch only. Returns the mean loss (a 0-d tensor, not synchronised)."""
+    total = torch.zeros((), device=device)
+    for j, (x, y) in enumerate(micro_batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        sync = not ddp or j == len(micro_batches) - 1
+        with contextlib.nullcontext() if sync else net.no_sync():
+            with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
+                logits = net(x)
+            # Soft labels (MixUp/CutMix) and integer labels alike; the loss in fp32 even under autocast.
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+            (loss / len(micro_batches)).backward()
+        total += loss.detach()
+    return total / len(micro_batches)
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_grad_norm: float = 0.0) -> None:
+    """Clip the global gradient norm (when asked), step, and clear the gradients."""
+    if clip_grad_norm:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 # --- the loop ----------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Dataset | None = None,
           val_set: Dataset | None = None, progress: bool = True) -> RunResult:
@@ -282,33 +311,19 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         for _, micro_batches in source.epoch(epoch, plan, first, last):
             lr = lr_at(step, total, cfg.optim.lr, warmup, cfg.optim.schedule, cfg.optim.min_lr)
             set_lr(optimizer, lr)
-            loss_sum = torch.zeros((), device=device)
-            for j, (x, y) in enumerate(micro_batches):
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                # DDP averages gradients on the last micro-batch's backward only.
-                sync = j == len(micro_batches) - 1 or not ctx.distributed
-                with contextlib.nullcontext() if sync else net.no_sync():
-                    with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
-                        logits = net(x)
-                    loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.optim.label_smoothing)
-                    (loss / len(micro_batches)).backward()
-                loss_sum += loss.detach()
-            loss_value = loss_sum / len(micro_batches)
-            finite = torch.isfinite(loss_value).float()
-            if ctx.distributed:
-                finite = distributed.all_reduce_sum(finite.clone()) / ctx.world
+            loss = forward_backward(net, micro_batches, cfg.optim.label_smoothing, device, amp, ctx.distributed)
+            finite = torch.isfinite(loss).float()
+            if ctx.distributed:  # every process must stop together
+                finite = distributed.all_reduce_sum(finite) / ctx.world
             if finite.item() < 1:
-                raise TrainingDiverged(_diverged_message(float(loss_value), step, per_epoch, out))
-            if cfg.optim.clip_grad_norm:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(_diverged_message(float(loss), step, per_epoch, out))
+            optimizer_step(model, optimizer, cfg.optim.clip_grad_norm)
             if ema is not None:
                 ema.update(model)
             step += 1
 
             window_n += cfg.batch_size
-            lv = float(loss_value)
+            lv = float(loss)
             loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
             if bar is not None:
                 bar.update(1)

@@ -1,0 +1,120 @@
+"""Training throughput: our loop driving vitkit's ViT vs the same loop driving timm's VisionTransformer of the
+same size, on the same data (Fashion-MNIST held in memory, whole-batch augmentation).
+
+Both models go through vitkit.train's own pieces: the batch source, the weight-decay groups and AdamW,
+`forward_backward` and `optimizer_step`, with the recipe's batch size. The two are measured in alternating
+rounds (ours, timm, ours, timm, ...) so that load from other processes falls on both alike; the figure is the
+median over rounds of images per second, and the ratio ours / timm (1.0 or more: ours is at least as fast).
+
+    .venv/bin/python benchmarks/train_throughput.py                         # the fashion-mnist recipe's model
+    .venv/bin/python benchmarks/train_throughput.py --recipe demo --rounds 5 --steps 20
+    .venv/bin/python benchmarks/train_throughput.py --synthetic             # random images, no dataset needed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def timm_twin(cfg):
+    """timm's VisionTransformer with the architecture of vitkit's config `cfg`."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(
+        img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=cfg.num_classes,
+        embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.dim,
+        qkv_bias=cfg.qkv_bias, class_token=cfg.class_token, global_pool="token" if cfg.pool == "token" else "avg",
+        drop_path_rate=cfg.drop_path, drop_rate=cfg.dropout, attn_drop_rate=cfg.attn_dropout,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default="fashion-mnist", help="whose model, batch size and augmentation")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds per model")
+    parser.add_argument("--steps", type=int, default=15, help="optimizer steps per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each round")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--synthetic", action="store_true", help="random uint8 images instead of Fashion-MNIST")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args()
+
+    from vitkit.data import FASHION_MNIST_CLASSES, TensorImageDataset, resolve
+    from vitkit.model import VisionTransformer
+    from vitkit.train.batches import batch_source, make_plan, steps_per_epoch
+    from vitkit.train.loop import autocast_dtype, forward_backward, optimizer_step
+    from vitkit.train.optim import build_optimizer
+    from vitkit.train.recipes import get_recipe
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = get_recipe(args.recipe, args.overrides)
+    if args.synthetic:
+        g = torch.Generator().manual_seed(0)
+        n = 4096
+        images = torch.randint(0, 256, (n, cfg.model.in_chans, *cfg.model.image_size), generator=g,
+                               dtype=torch.uint8)
+        data = TensorImageDataset(images, torch.randint(0, 10, (n,), generator=g), FASHION_MNIST_CLASSES)
+    else:
+        data = resolve(cfg.data.name, "train", cfg.data.data_dir)
+    model_cfg = cfg.model.replace(num_classes=len(data.classes))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    amp = autocast_dtype(cfg.precision, device)
+    source = batch_source(data, model_cfg, cfg.augment, len(data.classes), cfg.seed)
+    plan = make_plan(cfg.batch_size, cfg.micro_batch, 1, 0)
+    per_epoch = steps_per_epoch(len(source), cfg.batch_size)
+
+    torch.manual_seed(0)
+    models = {"vitkit": VisionTransformer(model_cfg).to(device), "timm": timm_twin(model_cfg).to(device)}
+    n_params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
+    if n_params["vitkit"] != n_params["timm"]:
+        raise SystemExit(f"the two models differ in size: {n_params}")
+    optimizers = {k: build_optimizer(m, cfg.optim) for k, m in models.items()}
+    batches = source.epoch(0, plan, 0, per_epoch)
+
+    def next_batch():
+        nonlocal batches
+        try:
+            return next(batches)[1]
+        except StopIteration:
+            batches = source.epoch(1, plan, 0, per_epoch)
+            return next(batches)[1]
+
+    def run(name: str, steps: int) -> float:
+        """Images per second over `steps` full training steps (data, augmentation, forward, backward, AdamW)."""
+        model, opt = models[name], optimizers[name]
+        model.train()
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = forward_backward(model, next_batch(), cfg.optim.label_smoothing, device, amp)
+            optimizer_step(model, opt, cfg.optim.clip_grad_norm)
+        float(loss)  # wait for the device
+        return steps * cfg.batch_size / (time.perf_counter() - start)
+
+    rates: dict[str, list[float]] = {"vitkit": [], "timm": []}
+    print(f"{args.recipe}: {model_cfg.dim} wide, {model_cfg.depth} deep, {model_cfg.num_tokens} tokens, "
+          f"{n_params['vitkit']:,} parameters, batch {cfg.batch_size}, {torch.get_num_threads()} threads, {device}")
+    for r in range(args.rounds):
+        for name in ("vitkit", "timm") if r % 2 == 0 else ("timm", "vitkit"):
+            run(name, args.warmup)
+            rates[name].append(run(name, args.steps))
+        print(f"round {r + 1}: vitkit {rates['vitkit'][-1]:.0f} img/s, timm {rates['timm'][-1]:.0f} img/s",
+              flush=True)
+    ours, theirs = statistics.median(rates["vitkit"]), statistics.median(rates["timm"])
+    ratios = [a / b for a, b in zip(rates["vitkit"], rates["timm"], strict=True)]
+    print(f"median: vitkit {ours:.0f} img/s, timm {theirs:.0f} img/s, ratio {ours / theirs:.2f}x "
+          f"(per round {min(ratios):.2f}-{max(ratios):.2f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"recipe": args.recipe, "vitkit_img_s": ours, "timm_img_s": theirs, "ratio": ours / theirs,
+                       "rounds": rates, "threads": torch.get_num_threads(), "device": str(device)}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
