@@ -52,6 +52,18 @@ def test_state_dict_files(tmp_path, suffix):
         ours = vitkit.load(path)
         assert_same(ours(x), ref(x), f"timm {suffix} state dict vs timm")
     assert (ours.cfg.num_heads, ours.cfg.image_size, ours.cfg.ln_eps, ours.cfg.gelu) == (2, (32, 32), 1e-6, "exact")
+    assert ours.cfg.mean == (0.5, 0.5, 0.5)  # timm's ViTs (Google's weights): pixels in [-1, 1]
+
+
+def test_deit_release_file(tmp_path):
+    """DeiT's released .pth: {"model": state_dict} with timm's names; ImageNet mean/std; the name's width."""
+    ref = tiny_timm(img_size=32, embed_dim=192, num_heads=3, mlp_ratio=4)
+    torch.save({"model": ref.state_dict()}, tmp_path / "deit_tiny_patch16_224-a1311bcf.pth")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        ours = vitkit.load(tmp_path / "deit_tiny_patch16_224-a1311bcf.pth")
+        assert_same(ours(x), ref(x), "DeiT release file vs timm")
+    assert ours.cfg.num_heads == 3 and ours.cfg.mean == (0.485, 0.456, 0.406)
 
 
 def test_hub_folder_non_square_with_heads_and_labels(tmp_path):

@@ -19,6 +19,8 @@ from ..checkpoint import CheckpointError, _atomic_write
 from ..config import ViTConfig, get_preset
 from ..model import VisionTransformer
 from .common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     Converted,
     Hints,
     add_class_row,
@@ -102,6 +104,9 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
             no_embed_class = rows == patches if patches else is_square(rows) and not is_square(rows - 1)
         if no_embed_class:
             state = add_class_row(state)
+    if "deit" in hints.name.lower() and "mean" not in hints.config:
+        # DeiT's files (same names as timm's, no config) were trained on ImageNet-normalised pixels.
+        hints.config.update(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     cfg = infer_config(state, hints, source)
     return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, "timm")
 
