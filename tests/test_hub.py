@@ -70,6 +70,13 @@ def test_timm_name_from_the_cache(offline_cache):
         torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
     assert model.cfg.name == TIMM_NAME and model.cfg.num_heads == 2 and model.cfg.crop_pct == 0.9
     assert model.class_names[0] == "tench" and len(model.class_names) == 1000
+    # `vitkit info NAME` (its argument arrives as a Path)
+    from typer.testing import CliRunner
+
+    from vitkit.cli.main import app
+
+    result = CliRunner().invoke(app, ["info", TIMM_NAME])
+    assert result.exit_code == 0 and "64 / 1 / 2 / 256" in result.output, result.output
 
 
 def test_hf_hub_name_from_the_cache(offline_cache):

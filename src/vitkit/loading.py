@@ -75,9 +75,10 @@ def _resolve(path_or_name: str | os.PathLike, hints: Hints) -> Path:
     from . import hub
 
     p = Path(path_or_name)
-    if not p.exists() and isinstance(path_or_name, str) and hub.is_hub_name(path_or_name):
-        p = hub.fetch(path_or_name)
-        hints.name = hub.display_name(path_or_name)
+    text = os.fspath(path_or_name)  # a CLI may hand over a hub name as a Path
+    if not p.exists() and hub.is_hub_name(text):
+        p = hub.fetch(text)
+        hints.name = hub.display_name(text)
     if not p.exists():
         hint = " (hub names look like 'hf-hub:org/repo' or 'vit_base_patch16_224.augreg2_in21k_ft_in1k')" \
             if "/" in str(path_or_name) and not str(path_or_name).startswith((".", "/")) else ""
