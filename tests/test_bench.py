@@ -10,6 +10,7 @@ import torch
 import vitkit
 from vitkit import bench
 from vitkit.cli.main import main
+from vitkit.optimize import onednn_linear_available
 
 TINY = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
 
@@ -61,7 +62,9 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
     seen = []
     report = bench.run(config, on_progress=lambda done, total: seen.append((done, total)))
     assert torch.get_num_threads() == before  # restored
-    assert seen[-1][0] == seen[-1][1] == 2 * 2 * (len(bench.CONTENDERS) + 1)
+    references = 2 if onednn_linear_available() else 1  # torch.mm, and oneDNN's GEMM where there is one
+    assert seen[-1][0] == seen[-1][1] == 2 * 2 * (len(bench.CONTENDERS) + references)
+    assert (report["onednn_gemm_gflops"] is not None) == onednn_linear_available()
     rows = report["rows"]
     assert len(rows) == 2 * len(bench.CONTENDERS)
     assert report["machine"]["threads"] == 1

@@ -36,6 +36,9 @@ CONTENDERS: tuple[str, ...] = OURS + ANCHORS  # the default set
 # Measured only when asked for (`-c vitkit-bf16`): it needs a GPU or a CPU with native bf16.
 OPTIONAL: tuple[str, ...] = ("vitkit-bf16",)
 SGEMM = "sgemm"
+# The same product through oneDNN with a prepacked operand, what optimize('fp32') runs: for reference only, MFU
+# is against torch.mm as the issue defines it. On our AMD CPU oneDNN's GEMM is 10-20 % faster than MKL's.
+SGEMM_ONEDNN = "sgemm-onednn"
 
 
 # --- the contenders -------------------------------------------------------------------------------------
@@ -184,6 +187,7 @@ class Cell:
     flops_per_image: float
     sgemm_gflops: float
     results: dict[str, Measurement]
+    onednn_gflops: float | None = None
 
     def best_anchor(self) -> Measurement | None:
         anchors = [m for name, m in self.results.items() if name in ANCHORS]
@@ -251,12 +255,18 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
     models = {name: BUILDERS[name](cfg).eval() for name in config.contenders}
     calls: dict[str, Callable[[], Any]] = {name: (lambda m=m: m(x)) for name, m in models.items()}
     calls[SGEMM] = lambda: torch.mm(a, b)
+    from .optimize import onednn_linear_available
+
+    if onednn_linear_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)
+        calls[SGEMM_ONEDNN] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
     with torch.inference_mode():
         times = interleaved_times(calls, config.repeats, config.warmup, rng, progress)
     flops = count_flops(cfg)
     label = _label(model)
     results = {name: Measurement(label, batch, name, times[name], flops) for name in config.contenders}
-    return Cell(label, batch, flops, sgemm_gflops(statistics.median(times[SGEMM]), n), results)
+    onednn = sgemm_gflops(statistics.median(times[SGEMM_ONEDNN]), n) if SGEMM_ONEDNN in times else None
+    return Cell(label, batch, flops, sgemm_gflops(statistics.median(times[SGEMM]), n), results, onednn)
 
 
 def machine_info() -> dict[str, Any]:
@@ -284,7 +294,10 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
     try:
         rng = random.Random(config.seed)
         cells_spec = [(m, b) for m in config.models for b in config.batch_sizes]
-        total = len(cells_spec) * config.repeats * (len(config.contenders) + 1)
+        from .optimize import onednn_linear_available
+
+        references = 2 if onednn_linear_available() else 1
+        total = len(cells_spec) * config.repeats * (len(config.contenders) + references)
         done = 0
 
         def tick() -> None:
@@ -298,11 +311,14 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
     finally:
         torch.set_num_threads(previous_threads)
     sgemm = [c.sgemm_gflops for c in cells]
+    onednn = [c.onednn_gflops for c in cells if c.onednn_gflops is not None]
     return {
         "machine": info,
         "config": {**asdict(config), "models": [_label(m) for m in config.models]},
         "sgemm_gflops": {"median_over_cells": statistics.median(sgemm), "per_cell": sgemm,
                          "size": config.sgemm_size},
+        "onednn_gemm_gflops": ({"median_over_cells": statistics.median(onednn), "per_cell": onednn}
+                               if onednn else None),
         "rows": [row for cell in cells for row in cell.rows()],
     }
 
@@ -314,8 +330,10 @@ def format_table(report: dict[str, Any]):
 
     info = report["machine"]
     sgemm = report["sgemm_gflops"]["median_over_cells"]
+    onednn = report.get("onednn_gemm_gflops")
+    extra = f", oneDNN GEMM {onednn['median_over_cells']:.0f}" if onednn else ""
     table = Table(title=f"inference, fp32 unless named; {info['cpu']}, {info['threads']} thread(s); "
-                        f"SGEMM {sgemm:.0f} GFLOP/s (median)")
+                        f"SGEMM (torch.mm) {sgemm:.0f} GFLOP/s{extra} (medians); MFU against SGEMM")
     for col, justify in (("model", "left"), ("batch", "right"), ("contender", "left"), ("img/s", "right"),
                          ("ms/batch", "right"), ("vs best anchor", "right"), ("GFLOP/s", "right"),
                          ("MFU", "right")):
