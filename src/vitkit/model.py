@@ -104,7 +104,7 @@ def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if p == 0.0 or not training:
         return x
     keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
-    return x * keep / (1.0 - p)
+    return x * keep.div_(1.0 - p)  # rescale the (B, 1, 1) mask, not the whole (B, T, D) tensor: one pass over x
 
 
 class Block(nn.Module):
