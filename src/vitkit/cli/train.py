@@ -101,12 +101,13 @@ def eval(
     (folder / "metrics.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     png = confusion_png(result, folder / "confusion.png", f"{Path(checkpoint).name} on {data} ({split}): "
                                                           f"top-1 {100 * result.top1:.2f} %")
-    table = Table(title=f"{checkpoint} on {data} ({split}, {result.count} images)")
+    table = Table()
     table.add_column("class")
     table.add_column("accuracy", justify="right")
     for name, acc in result.to_dict()["per_class"].items():
         table.add_row(name, f"{100 * acc:.2f} %")
     console = Console(width=100)
+    console.print(f"{checkpoint} on {data} ({split}, {result.count} images)")
     console.print(table)
     console.print(f"top-1 {100 * result.top1:.2f} %   top-5 {100 * result.top5:.2f} %   loss {result.loss:.4f}")
     console.print(f"confusion matrix: {png}   metrics: {folder / 'metrics.json'}")
