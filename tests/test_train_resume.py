@@ -13,13 +13,14 @@ from train_helpers import fake_data_overrides, write_fake_fashion_mnist
 from vitkit.train import get_recipe, train
 from vitkit.train.checkpoints import list_checkpoints
 
-# fashion-mnist-tiny has every kind of state: AdamW moments, the EMA, drop-path and augmentation draws.
+# fashion-mnist-tiny with every kind of state: AdamW moments, the EMA, drop-path and augmentation draws.
 STEPS = 60
 
 
 def overrides(data):
     return fake_data_overrides(data) + ["deterministic=true", "threads=1", f"steps={STEPS}", "ckpt_every=5",
-                                        "eval_every=30", "keep_last=3"]
+                                        "eval_every=30", "keep_last=3", "model.drop_path=0.1",
+                                        "augment.random_erasing=0.25", "ema=0.9"]
 
 
 def command(data, out, *extra):
