@@ -167,13 +167,42 @@ def test_count_parameters_allocates_nothing_and_agrees_with_a_real_model():
     [("ViT-B/16", {}), ("ViT-S/32", dict(representation_size=384, image_size=(224, 320))), ("ViT-H/14", {})],
 )
 def test_count_flops_equals_torch_flop_counter(name, overrides):
-    """The closed form equals what torch counts for the matmuls, convolution and attention of a forward."""
+    """The closed form equals what torch counts for the matmuls, convolution and attention of a full forward
+    (every token through every block; `forward` itself skips most of the last block, see below)."""
     with torch.device("meta"):
         model = create_model(name, **overrides)
         x = torch.empty(1, 3, *model.cfg.image_size)
         with FlopCounterMode(display=False) as counter:
-            model(x)
+            model.forward_head(model.forward_features(x))
     assert count_flops(model.cfg) == counter.get_total_flops()
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(representation_size=24), dict(pool="gap")])
+def test_forward_updates_only_the_class_token_in_the_last_block(overrides):
+    """forward's shortcut (eq. 4 reads only z_L^0) gives the full computation's logits and gradients, and
+    saves the last block's projection, MLP and all but one attention row."""
+    model = VisionTransformer(tiny(**overrides)).train()
+    nn.init.normal_(model.head.weight, std=0.5)
+    x = torch.randn(3, 3, *model.cfg.image_size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model.forward_head(model.forward_features(x)), rtol=0, atol=1e-5)
+    model.double()  # gradients in float64, where summation order leaves no visible trace
+    x = x.double()
+    fast = model(x)
+    full = model.forward_head(model.forward_features(x))
+    torch.testing.assert_close(fast, full)
+    g_fast = torch.autograd.grad(fast.square().sum(), list(model.parameters()))
+    g_full = torch.autograd.grad(full.square().sum(), list(model.parameters()))
+    for a, b in zip(g_fast, g_full, strict=True):
+        torch.testing.assert_close(a, b)
+    with torch.device("meta"):
+        meta = VisionTransformer(model.cfg)
+        with FlopCounterMode(display=False) as counter:
+            meta(torch.empty(1, 3, *model.cfg.image_size))
+    cfg = model.cfg
+    T, D = cfg.num_tokens, cfg.dim
+    saved = 0 if cfg.pool == "gap" else 2 * ((T - 1) * (D * D + 2 * D * cfg.mlp_dim) + 2 * (T - 1) * T * D)
+    assert counter.get_total_flops() == count_flops(cfg) - saved
 
 
 def test_hybrid_flops_add_the_resnet_stem_to_the_transformer():

@@ -68,10 +68,13 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        """With `queries`, only the first `queries` tokens attend (to every token): (B, queries, D)."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, H, T, Dh)
+        if queries is not None:
+            q = q[:, :, :queries]  # (B, H, queries, Dh)
         attn = None
         if return_attention:
             # The explicit path, for looking inside: the same function as the fused kernel below.
@@ -80,7 +83,7 @@ class Attention(nn.Module):
             x = F.dropout(attn, self.attn_drop, self.training) @ v
         else:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        x = x.transpose(1, 2).reshape(B, T, D)  # concatenate the heads
+        x = x.transpose(1, 2).reshape(B, q.shape[2], D)  # concatenate the heads
         x = self.proj_drop(self.proj(x))
         return x, attn
 
@@ -118,8 +121,11 @@ class Block(nn.Module):
         self.mlp = Mlp(cfg)
         self.drop_path = drop_path
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        y, attn = self.attn(self.norm1(x), return_attention)
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        """(B, T, D) -> (B, T, D); with `queries`, only the first `queries` tokens are updated: (B, queries, D)."""
+        y, attn = self.attn(self.norm1(x), return_attention, queries)
+        if queries is not None:
+            x = x[:, :queries]
         x = x + drop_path(y, self.drop_path, self.training)  # (2)
         x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # (3)
         return x, attn
@@ -255,7 +261,15 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        if self.cfg.pool != "token" or len(self.blocks) == 0:
+            return self.forward_head(self.forward_features(x))
+        # Eq. 4 reads only the class token z_L^0, so the last block need only update that token (its attention
+        # still reads every token): the same logits for about a quarter of the last block's FLOPs.
+        x = self.embed(x)
+        for block in self.blocks[:-1]:
+            x, _ = block(x)
+        x, _ = self.blocks[-1](x, queries=1)  # (B, 1, D)
+        return self.forward_head(self.norm(x))
 
     # --- utilities --------------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
@@ -318,7 +332,7 @@ def count_flops(cfg: ViTConfig) -> float:
             model = VisionTransformer(cfg)
             x = torch.empty(1, cfg.in_chans, *cfg.image_size)
             with FlopCounterMode(display=False) as counter:
-                model(x)
+                model.forward_head(model.forward_features(x))  # every token through every block
         return float(counter.get_total_flops())
     T, D = cfg.num_tokens, cfg.dim
     per_layer = T * (4 * D * D + 2 * D * cfg.mlp_dim) + 2 * T * T * D
