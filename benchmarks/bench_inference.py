@@ -1,7 +1,7 @@
 """Inference benchmarks: the speed table (vitkit against timm, Hugging Face and torchvision) and the int8
 agreement of a trained checkpoint on the Fashion-MNIST test set.
 
-    .venv/bin/python benchmarks/bench_inference.py speed --threads 1 --json runs/bench-1.json
+    .venv/bin/python benchmarks/bench_inference.py speed --threads 1 --json runs/bench-1.json --markdown runs/bench-1.md
     .venv/bin/python benchmarks/bench_inference.py agreement --checkpoint runs/fmnist-demo
 
 `speed` is `vitkit bench` with the same options (see vitkit.bench). `agreement` runs the checkpoint on all
@@ -38,6 +38,9 @@ def run_speed(args: argparse.Namespace) -> None:
         console.print(line)
     if args.json:
         bench.write_json(report, args.json)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(bench.format_markdown(report))
 
 
 def fashion_mnist_test() -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,6 +97,7 @@ def main() -> None:
     s.add_argument("--warmup", type=int, default=2)
     s.add_argument("--threads", "-t", type=int, default=0)
     s.add_argument("--json", default=None)
+    s.add_argument("--markdown", default=None, help="also write the table as Markdown here")
     a = sub.add_parser("agreement", help="int8 vs fp32 on the Fashion-MNIST test set")
     a.add_argument("--checkpoint", default="runs/fmnist-demo")
     a.add_argument("--batch-size", type=int, default=250)

@@ -87,6 +87,8 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
     text = console.export_text()
     assert "vitkit-int8" in text and "MFU" in text
     assert len(bench.summarize(report)) == 2 * len(bench.OURS)
+    markdown = bench.format_markdown(report).splitlines()
+    assert markdown[2].startswith("| model |") and len(markdown) == 4 + len(rows)
 
 
 def test_bad_config_is_named():

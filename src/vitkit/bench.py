@@ -352,6 +352,27 @@ def format_table(report: dict[str, Any]):
     return table
 
 
+def format_markdown(report: dict[str, Any]) -> str:
+    """The table of a `run` report in Markdown (for docs/speed.md)."""
+    sgemm = report["sgemm_gflops"]["median_over_cells"]
+    onednn = report.get("onednn_gemm_gflops")
+    lines = [
+        f"{report['machine']['cpu']}, {report['machine']['threads']} thread(s), torch {report['machine']['torch']}; "
+        f"SGEMM (torch.mm {report['sgemm_gflops']['size']}^3) {sgemm:.0f} GFLOP/s"
+        + (f", oneDNN GEMM {onednn['median_over_cells']:.0f} GFLOP/s" if onednn else "") + " (medians)",
+        "",
+        "| model | batch | contender | img/s | ms/batch | vs best anchor | MFU |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for row in report["rows"]:
+        ratio = row["vs_best_anchor"]
+        name = f"**{row['contender']}**" if row["contender"].startswith("vitkit") else row["contender"]
+        lines.append(f"| {row['model']} | {row['batch']} | {name} | {row['images_per_s']:.2f} | "
+                     f"{row['latency_ms']:.0f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+                     f"{100 * row['mfu']:.0f} % |")
+    return "\n".join(lines) + "\n"
+
+
 def write_json(report: dict[str, Any], path) -> None:
     from pathlib import Path
 
