@@ -3,13 +3,15 @@ stops the run and keeps the last good checkpoint."""
 
 import csv
 import dataclasses
+import json
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 import vitkit
-from train_helpers import synthetic_dataset
+from train_helpers import synthetic_dataset, synthetic_images
 from vitkit.data import FASHION_MNIST_CLASSES
 from vitkit.train import TrainingDiverged, get_recipe, train
 from vitkit.train.batches import epoch_order, make_plan, rank_indices
@@ -130,3 +132,21 @@ def test_finetune_tiny_from_a_checkpoint(tmp_path):
     # The blocks start from the source; the position embedding was resampled from a 2x2 to a 4x4 grid.
     assert got["pos_embed"].shape == (1, 17, 32) and src["pos_embed"].shape == (1, 5, 32)
     assert dataclasses.asdict(model.cfg)["dim"] == 32
+
+
+def test_image_folder_with_a_bad_file(tmp_path):
+    """Folders go through per-image transforms; a bad file stops the run naming it, or is skipped and counted."""
+    images, labels = synthetic_images(40, seed=6)
+    for i, (img, c) in enumerate(zip(images, labels.tolist(), strict=True)):
+        folder = tmp_path / "data" / f"class{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img[0].numpy()).save(folder / f"{i}.png")
+    bad = tmp_path / "data" / "class0" / "zz-broken.png"
+    bad.write_bytes(b"not an image")
+    sets = [f"data.name={tmp_path / 'data'}", "data.val_split=", "batch_size=41", "micro_batch=0", "steps=1",
+            "threads=1", "model.in_chans=1"]
+    with pytest.raises(ValueError, match="zz-broken.png"):
+        train(get_recipe("demo-tiny", sets), tmp_path / "run1", progress=False)
+    r = train(get_recipe("demo-tiny", [*sets, "data.skip_bad_images=true"]), tmp_path / "run2", progress=False)
+    summary = json.loads((r.run_dir / "result.json").read_text())
+    assert summary["skipped_images"] == [str(bad)]

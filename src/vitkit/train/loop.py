@@ -95,6 +95,13 @@ def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Datas
     return _first(train_set, d.limit), (_first(val_set, d.val_limit) if val_set is not None else None), classes
 
 
+def skipped_images(dataset: Dataset) -> list:
+    """The unreadable files an image folder skipped so far (`skip_bad_images`), through any wrapping."""
+    while dataset is not None and not hasattr(dataset, "skipped"):
+        dataset = getattr(dataset, "dataset", None)
+    return list(dataset.skipped) if dataset is not None else []
+
+
 def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
     """From scratch (`cfg.model` with the data's number of classes), or from `cfg.init` for fine-tuning."""
     if cfg.init:
@@ -342,6 +349,9 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
                                      ema.state_dict() if ema else None, cfg.keep_last)
                 distributed.barrier()
         epoch += 1
+        skipped = skipped_images(train_set)
+        if skipped and ctx.is_main:
+            (bar.write if bar else print)(f"skipped {len(skipped)} unreadable image(s) so far, e.g. {skipped[0]}")
     if bar is not None:
         bar.close()
     log.close()
@@ -357,6 +367,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         summary = {"recipe": cfg.recipe, "steps": step, "seconds": round(seconds, 1),
                    "processes": ctx.world, "best_top1": best, **(result.to_dict() if result else {})}
         summary.pop("confusion", None)
+        summary["skipped_images"] = [str(p) for p in skipped_images(train_set)]
         (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
     best_dir = out / "best" if (out / "best").is_dir() else None
     return RunResult(out, step, seconds, result, best, last_dir, best_dir)
