@@ -19,9 +19,10 @@
   third of the fp32 speed (our Ice Lake machines). bf16 keeps 8 bits of mantissa, so logits differ from
   fp32 by about 1e-2, not 1e-4: it is a different function, like int8.
 
-`compile="auto"` (the default) compiles only where it pays for itself in a one-off call: on CUDA. On our
-CPU, compiling ViT-B/16 takes about a minute and gains less than the oneDNN path already does (docs/speed.md),
-so `vitkit predict` and `vitkit eval` can call `optimize(model)` for free.
+`compile=False` (the default) never compiles, so `vitkit predict` and `vitkit eval` can call `optimize(model)`
+for free. `compile=True` applies torch.compile (inductor; with freezing on the CPU); `compile="auto"` does so
+only on CUDA, where it pays for itself in a long-running job. On our CPU, compiling ViT-S/16 took 34 s and
+gained 1.03x, less than the oneDNN path above (docs/speed.md).
 
 The returned model is a copy; the argument is left untouched. It keeps the VisionTransformer interface
 (forward_features with return_attention, forward_head) unless it was compiled.
@@ -195,10 +196,10 @@ def _compile(model: nn.Module, device: torch.device) -> nn.Module:
     return torch.compile(model, backend="inductor", options=options, dynamic=False)
 
 
-def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMode = "auto") -> nn.Module:
+def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMode = False) -> nn.Module:
     """A copy of `model` made fast for inference (see the module docstring for what each precision does).
 
-    compile: True, False, or "auto" (compile only on CUDA, where it pays for itself quickly).
+    compile: False (default), True, or "auto" (compile only on CUDA).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose from {', '.join(PRECISIONS)}")
