@@ -176,6 +176,8 @@ def test_bad_arguments_are_named():
         optimize(tiny_model(), "fp16")
     with pytest.raises(ValueError, match="compile='yes'"):
         optimize(tiny_model(), "fp32", compile="yes")
+    with pytest.raises(ValueError, match="int8"):
+        optimize(tiny_model(), "int8", compile=True)
 
 
 def test_packed_linear_refuses_other_dtypes():

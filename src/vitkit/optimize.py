@@ -212,7 +212,10 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
             "it at about a third of the fp32 speed: use precision='fp32' or 'int8', or move the model to a GPU"
         )
     if precision == "int8" and device.type != "cpu":
-        raise ValueError(f"precision='int8' runs on the CPU (fbgemm/oneDNN kernels), the model is on {device}")
+        raise ValueError(f"precision='int8' runs on the CPU (fbgemm kernels), the model is on {device}")
+    if precision == "int8" and compile is True:
+        raise ValueError("compile=True with precision='int8' is not supported (only fp32 and bf16 compile); "
+                         "use compile=False")
     out = copy.deepcopy(model).eval()
     out.requires_grad_(False)
     if precision == "fp32" and device.type == "cpu" and onednn_linear_available():
@@ -221,11 +224,8 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
         quantize_linears_int8(out)
     elif precision == "bf16":
         _cast_bf16(out)
-    do_compile = compile is True or (compile == "auto" and device.type == "cuda")
+    do_compile = compile is True or (compile == "auto" and device.type == "cuda" and precision != "int8")
     if do_compile:
-        if precision == "int8":
-            raise ValueError("compile=True with precision='int8' is not supported: the dynamic-quantised "
-                             "layers do not trace; use compile=False")
         if precision == "fp32" and device.type == "cpu":
             # Inductor does its own weight packing from plain linear layers: start again from them.
             out = copy.deepcopy(model).eval()
