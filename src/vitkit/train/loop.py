@@ -218,11 +218,13 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
     """Run `cfg`, writing the run folder `out` (see checkpoints.py for its layout). With `resume`, continue
     from the newest complete checkpoint in `out`. `train_set`/`val_set` replace the datasets `cfg.data`
     names (any Dataset with `.classes` whose items are (image, label))."""
+    owned = not torch.distributed.is_initialized()  # leave a caller's own process group alone
     ctx = distributed.setup(cfg.device)
     try:
         return _train(cfg, Path(out), resume, train_set, val_set, progress, ctx)
     finally:
-        distributed.teardown()
+        if owned:
+            distributed.teardown()
 
 
 def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progress: bool,
