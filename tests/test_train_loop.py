@@ -150,3 +150,14 @@ def test_image_folder_with_a_bad_file(tmp_path):
     r = train(get_recipe("demo-tiny", [*sets, "data.skip_bad_images=true"]), tmp_path / "run2", progress=False)
     summary = json.loads((r.run_dir / "result.json").read_text())
     assert summary["skipped_images"] == [str(bad)]
+
+
+@pytest.mark.parametrize("name", ["pretrain-tiny", "demo-tiny", "fashion-mnist-tiny"])
+def test_tiny_twins_train(tmp_path, name):
+    cfg = get_recipe(name, ["threads=1", "steps=4"])
+    size = cfg.model.image_size[0]
+    r = train(cfg, tmp_path / "run", train_set=synthetic_dataset(64, 11, size),
+              val_set=synthetic_dataset(32, 12, size), progress=False)
+    assert r.steps == 4 and r.final.count == 32
+    model = vitkit.load(r.last_dir)
+    assert model.cfg.representation_size == cfg.model.representation_size
