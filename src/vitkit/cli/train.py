@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -59,9 +60,12 @@ def train(
         typer.echo(cfg.to_json(), nl=False)
         return
     result = run(cfg, out, resume=resume, progress=progress)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, the main process reports
+        return
+    took = f"{result.seconds / 60:.1f} min" if result.seconds >= 60 else f"{result.seconds:.0f} s"
     if result.final is not None:
         typer.echo(f"test top-1 {100 * result.final.top1:.2f} %, top-5 {100 * result.final.top5:.2f} % on "
-                   f"{result.final.count} images; {result.steps} steps in {result.seconds / 60:.1f} min")
+                   f"{result.final.count} images; {result.steps} steps in {took}")
     typer.echo(f"last model: {result.last_dir}" + (f"   best model: {result.best_dir}" if result.best_dir else ""))
 
 
