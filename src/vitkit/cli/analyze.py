@@ -45,7 +45,7 @@ def _label(ckpt: str, model) -> str:
     """The checkpoint's name and the architecture, for figure titles."""
     cfg = model.cfg
     gh, gw = cfg.grid_size
-    name = Path(ckpt.rstrip("/")).name or cfg.name
+    name = cfg.name or Path(ckpt.rstrip("/")).name
     return f"{name} (D {cfg.dim}, {cfg.depth} layers, {cfg.num_heads} heads, patch {cfg.patch_size}, {gh}x{gw} grid)"
 
 
