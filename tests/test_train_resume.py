@@ -58,10 +58,13 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=f"{name}: {k}")
 
 
-def test_resume_refuses_a_different_config(tmp_path):
+def test_resume_of_a_finished_run_and_of_a_different_config(tmp_path):
     data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
     cfg = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4"])
     train(cfg, tmp_path / "run", progress=False)
+    before = (tmp_path / "run" / "result.json").read_text()
+    again = train(cfg, tmp_path / "run", resume=True, progress=False)  # a finished run: nothing to do
+    assert again.steps == 4 and (tmp_path / "run" / "result.json").read_text() == before
     changed = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4", "optim.lr=0.1"])
     import pytest
 

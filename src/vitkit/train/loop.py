@@ -280,6 +280,11 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         elapsed_before = ck["state"].get("seconds", 0.0)
         if ctx.is_main:
             print(f"resuming {out} from {newest.name} (epoch {step / per_epoch:.2f})", flush=True)
+    if step >= total:  # resuming a finished run: nothing to do, and its results stay as they are
+        if ctx.is_main:
+            print(f"{out} is already complete ({step} of {total} steps)", flush=True)
+        best_dir = out / "best" if (out / "best").is_dir() else None
+        return RunResult(out, step, elapsed_before, None, best, out / "last", best_dir)
     net = DistributedDataParallel(model) if ctx.distributed else model
     eval_model = ema.module if ema is not None else model
     amp = autocast_dtype(cfg.precision, device)
