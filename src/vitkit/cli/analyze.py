@@ -339,7 +339,8 @@ def fewshot(
         from ..analysis.figures import plot_fewshot, save_figure
 
         rows = [(r.shots, 100 * r.mean, 100 * r.std) for r in results]
-        fig = plot_fewshot({Path(ckpt).name: rows}, title=f"Few-shot linear evaluation on {data}")
+        fig = plot_fewshot({model.cfg.name or Path(ckpt).name: rows},
+                           title=f"Few-shot linear evaluation on {data}\n(mean and std over {seeds} draws of the shots)")
         typer.echo(f"wrote {save_figure(fig, plot)}")
     _write_json(json_out, {"checkpoint": ckpt, "data": data, "l2_reg": l2_reg, "seeds": seeds,
                            "train_images": len(labels), "train_images_embedded": len(train.labels),
