@@ -114,7 +114,8 @@ def eval(
     console.print(f"{checkpoint} on {data} ({split}, {result.count} images)")
     console.print(table)
     console.print(f"top-1 {100 * result.top1:.2f} %   top-5 {100 * result.top5:.2f} %   loss {result.loss:.4f}")
-    console.print(f"confusion matrix: {png}   metrics: {folder / 'metrics.json'}")
+    console.print(f"confusion matrix: {png}")
+    console.print(f"metrics: {folder / 'metrics.json'}")
 
 
 def _default_eval_dir(checkpoint: str, data: str) -> Path:
