@@ -3,6 +3,7 @@ order, and the whole harness runs end to end on tiny configs (table, JSON, CLI) 
 
 import json
 import random
+import statistics
 
 import pytest
 import torch
@@ -48,6 +49,22 @@ def test_interleaved_times_shuffles_rounds_and_skips_warmup():
     assert len(set(rounds)) > 1  # in a fresh order
 
 
+def test_paired_ratio_survives_busy_and_quiet_phases():
+    """A contender 10 % faster than the anchor in every round, while the machine flips between quiet (1 s)
+    and busy (2 s) rounds: the paired ratio is 1.1; the ratio of medians is wrong when the two medians land in
+    different phases."""
+    phase = [1.0, 1.0, 2.0, 2.0, 2.0, 1.0]
+    anchor = [p for p in phase]
+    ours = [p / 1.1 for p in phase]
+    ours[2] = ours[0]  # one round of ours caught a quiet moment
+    assert bench.paired_ratio(ours, [anchor]) == pytest.approx(1.1)
+    assert statistics.median(anchor) / statistics.median(ours) == pytest.approx(1.65)
+    # Against several references, the fastest of each round counts.
+    assert bench.paired_ratio([1.0, 1.0, 1.0], [[2.0, 0.5, 2.0], [1.5, 2.0, 1.0]]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="same rounds"):
+        bench.paired_ratio([1.0, 2.0], [[1.0]])
+
+
 def test_sgemm_and_measurement_arithmetic():
     assert bench.sgemm_gflops(2.0, 1000) == pytest.approx(1.0)
     m = bench.Measurement("m", 4, "c", [0.3, 0.1, 0.2], flops_per_image=1e9)
@@ -75,8 +92,10 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
     for batch in (1, 2):
         cell = [r for r in rows if r["batch"] == batch]
         best = max((r for r in cell if r["contender"] in bench.ANCHORS), key=lambda r: r["images_per_s"])
-        assert best["vs_best_anchor"] == pytest.approx(1.0)
+        assert best["vs_best_anchor_of_medians"] == pytest.approx(1.0)
         assert all(r["best_anchor"] == best["contender"] for r in cell)
+        # Paired against the fastest anchor of each round, no anchor beats itself.
+        assert all(r["vs_best_anchor"] <= 1.0 + 1e-12 for r in cell if r["contender"] in bench.ANCHORS)
     path = tmp_path / "bench.json"
     bench.write_json(report, path)
     assert json.loads(path.read_text())["rows"][0]["contender"] == rows[0]["contender"]

@@ -180,29 +180,55 @@ class Measurement:
         return self.flops_per_image * self.batch / self.median_s / 1e9
 
 
+def paired_ratio(seconds: list[float], references: list[list[float]]) -> float:
+    """How many times faster than the references a contender is, as the median over rounds of (the fastest
+    reference's time in that round / the contender's time in that round).
+
+    Our machines switch between busy and quiet phases lasting seconds to minutes. Each round calls every
+    contender once, close together in time, so a ratio within a round compares like with like; a ratio of
+    medians does not when a contender's median falls in a busy phase and its rival's in a quiet one."""
+    if not references or any(len(r) != len(seconds) for r in references):
+        raise ValueError("paired_ratio needs reference times for the same rounds as the contender's")
+    return statistics.median(min(r[i] for r in references) / t for i, t in enumerate(seconds))
+
+
 @dataclass
 class Cell:
     model: str
     batch: int
     flops_per_image: float
-    sgemm_gflops: float
+    sgemm_seconds: list[float]
+    sgemm_size: int
     results: dict[str, Measurement]
     onednn_gflops: float | None = None
+
+    @property
+    def sgemm_gflops(self) -> float:
+        return sgemm_gflops(statistics.median(self.sgemm_seconds), self.sgemm_size)
 
     def best_anchor(self) -> Measurement | None:
         anchors = [m for name, m in self.results.items() if name in ANCHORS]
         return max(anchors, key=lambda m: m.images_per_s) if anchors else None
 
     def rows(self) -> list[dict[str, Any]]:
+        """One dict per contender. `vs_best_anchor` is paired (see paired_ratio) against the fastest anchor
+        of each round; `mfu` is paired with the SGEMM of the same round."""
         best = self.best_anchor()
+        anchor_times = [m.seconds for name, m in self.results.items() if name in ANCHORS]
+        sgemm_flops = 2.0 * self.sgemm_size**3
         rows = []
         for name, m in self.results.items():
+            model_flops = self.flops_per_image * self.batch
+            # model FLOP/s over SGEMM FLOP/s, round by round: (model_flops / t) / (sgemm_flops / t_sgemm)
+            mfu = statistics.median(model_flops * ts / (sgemm_flops * t)
+                                    for t, ts in zip(m.seconds, self.sgemm_seconds, strict=True))
             rows.append({
                 "model": self.model, "batch": self.batch, "contender": name,
                 "images_per_s": m.images_per_s, "latency_ms": 1e3 * m.median_s,
-                "vs_best_anchor": m.images_per_s / best.images_per_s if best else None,
+                "vs_best_anchor": paired_ratio(m.seconds, anchor_times) if anchor_times else None,
+                "vs_best_anchor_of_medians": m.images_per_s / best.images_per_s if best else None,
                 "best_anchor": best.contender if best else None,
-                "gflops": m.gflops, "mfu": m.gflops / self.sgemm_gflops,
+                "gflops": m.gflops, "mfu": mfu,
                 "seconds": m.seconds,
             })
         return rows
@@ -266,7 +292,7 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
     label = _label(model)
     results = {name: Measurement(label, batch, name, times[name], flops) for name in config.contenders}
     onednn = sgemm_gflops(statistics.median(times[SGEMM_ONEDNN]), n) if SGEMM_ONEDNN in times else None
-    return Cell(label, batch, flops, sgemm_gflops(statistics.median(times[SGEMM]), n), results, onednn)
+    return Cell(label, batch, flops, times[SGEMM], n, results, onednn)
 
 
 def machine_info() -> dict[str, Any]:
@@ -311,12 +337,13 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
     finally:
         torch.set_num_threads(previous_threads)
     sgemm = [c.sgemm_gflops for c in cells]
+    sgemm_seconds = [c.sgemm_seconds for c in cells]
     onednn = [c.onednn_gflops for c in cells if c.onednn_gflops is not None]
     return {
         "machine": info,
         "config": {**asdict(config), "models": [_label(m) for m in config.models]},
         "sgemm_gflops": {"median_over_cells": statistics.median(sgemm), "per_cell": sgemm,
-                         "size": config.sgemm_size},
+                         "size": config.sgemm_size, "seconds_per_cell": sgemm_seconds},
         "onednn_gemm_gflops": ({"median_over_cells": statistics.median(onednn), "per_cell": onednn}
                                if onednn else None),
         "rows": [row for cell in cells for row in cell.rows()],
@@ -333,7 +360,7 @@ def format_table(report: dict[str, Any]):
     onednn = report.get("onednn_gemm_gflops")
     extra = f", oneDNN GEMM {onednn['median_over_cells']:.0f}" if onednn else ""
     table = Table(title=f"inference, fp32 unless named; {info['cpu']}, {info['threads']} thread(s); "
-                        f"SGEMM (torch.mm) {sgemm:.0f} GFLOP/s{extra} (medians); MFU against SGEMM")
+                        f"SGEMM (torch.mm) {sgemm:.0f} GFLOP/s{extra}; ratios and MFU paired round by round")
     for col, justify in (("model", "left"), ("batch", "right"), ("contender", "left"), ("img/s", "right"),
                          ("ms/batch", "right"), ("vs best anchor", "right"), ("GFLOP/s", "right"),
                          ("MFU", "right")):
@@ -359,7 +386,8 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"{report['machine']['cpu']}, {report['machine']['threads']} thread(s), torch {report['machine']['torch']}; "
         f"SGEMM (torch.mm {report['sgemm_gflops']['size']}^3) {sgemm:.0f} GFLOP/s"
-        + (f", oneDNN GEMM {onednn['median_over_cells']:.0f} GFLOP/s" if onednn else "") + " (medians)",
+        + (f", oneDNN GEMM {onednn['median_over_cells']:.0f} GFLOP/s" if onednn else "")
+        + " (medians). img/s and ms: medians; 'vs best anchor' and MFU: medians of per-round ratios.",
         "",
         "| model | batch | contender | img/s | ms/batch | vs best anchor | MFU |",
         "|---|---:|---|---:|---:|---:|---:|",
