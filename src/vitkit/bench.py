@@ -2,7 +2,8 @@
 
 Our machines are shared and noisy, so absolute times from different runs mean little. The harness therefore
 measures every contender of a cell (model x batch size) in one process, with the repetitions interleaved in
-a fresh random order each round, and reports medians. The fp32 SGEMM peak that model FLOP utilisation (MFU)
+a fresh random order each round. It reports medians of the times, and the ratios between contenders (and MFU)
+as medians of ratios taken within each round (`paired_ratio`). The fp32 SGEMM peak that model FLOP utilisation (MFU)
 is measured against is one more contender in the same loop: a big `torch.mm`, timed under the same
 conditions as the models.
 
