@@ -202,25 +202,30 @@ def finetune() -> TrainConfig:
 
 
 def fashion_mnist() -> TrainConfig:
-    """The best from-scratch pure ViT we found for Fashion-MNIST on a 2-core CPU (see
-    benchmarks/fashion_mnist.py): patch 4 on the 28x28 grey images (49 tokens + class token), width 128,
-    depth 6, 4 heads, MLP 256; AdamW lr 2e-3, weight decay 0.05, 1 epoch of warm-up then cosine, label
-    smoothing 0.1, flips only (a random crop slows learning more than it regularises in 10 epochs), EMA of
-    the weights, 10 epochs (sized for 30 minutes on 2 cores).
+    """Our from-scratch pure ViT for Fashion-MNIST within 30 minutes on 2 CPU cores (benchmarks/fashion_mnist.py):
+    7x7 patches (16 tokens + class token), width 128, depth 6, 4 heads, MLP 256; AdamW lr 2e-3, weight decay
+    0.05, 2 epochs of warm-up then cosine, label smoothing 0.1, pad-2 crop + flip, EMA of the weights,
+    25 epochs (about 1,000 img/s on 2 free cores: 25 minutes).
 
         vitkit train fashion-mnist --out runs/fmnist
         .venv/bin/python benchmarks/fashion_mnist.py --out runs/bench-fmnist
+
+    Why 7x7 patches: on our CPU, compute is the budget, and per unit of compute the 16-token model learns
+    faster than a 49-token one. Measured (1 thread, CPU shared with other jobs): patch 4, width 128, depth 6
+    reached 86.2 % in a 4-epoch schedule (34 min), while the `demo` model (patch 7, depth 4) reached 88.4 % in
+    a 6-epoch schedule in 19 min. This 25-epoch recipe itself has not been run to the end here (see the
+    benchmark's notes); the crop, left out of the short demo, is kept for a run this long.
     """
     return TrainConfig(
         recipe="fashion-mnist",
-        model=ViTConfig(image_size=(28, 28), patch_size=4, in_chans=1, num_classes=10, dim=128, depth=6,
+        model=ViTConfig(image_size=(28, 28), patch_size=7, in_chans=1, num_classes=10, dim=128, depth=6,
                         num_heads=4, mlp_dim=256, mean=(0.2860,), std=(0.3530,), interpolation="bilinear",
                         crop_pct=1.0, name="vit-fashion-mnist"),
-        optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.05, schedule="cosine", warmup_epochs=1.0,
+        optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.05, schedule="cosine", warmup_epochs=2.0,
                           clip_grad_norm=1.0, label_smoothing=0.1),
         data=DataConfig(name="fashion-mnist", val_split="test"),
-        augment=AugmentConfig(crop="none", hflip=0.5),
-        epochs=10.0, batch_size=128, ema=0.999, log_every=50,
+        augment=AugmentConfig(crop="pad-crop", pad=2, hflip=0.5),
+        epochs=25.0, batch_size=128, ema=0.999, log_every=50,
     )
 
 
