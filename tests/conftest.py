@@ -1,3 +1,7 @@
+import functools
+import http.server
+import threading
+
 import pytest
 import torch
 
@@ -7,3 +11,25 @@ def _seed():
     """Every test starts from the same random state."""
     torch.manual_seed(0)
     yield
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # keep pytest's output clean
+        pass
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """A real HTTP server on 127.0.0.1 (loopback only) serving tmp_path/served; yields (folder, base URL)."""
+    served = tmp_path / "served"
+    served.mkdir()
+    handler = functools.partial(_QuietHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield served, f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

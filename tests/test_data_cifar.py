@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import io
 import tarfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -111,27 +108,6 @@ def test_cifar_errors_name_the_file(isolated):
 
 
 # --- download of the official archive, served over real HTTP on loopback ----------------------------------
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):
-        pass
-
-
-@pytest.fixture
-def http_server(tmp_path):
-    served = tmp_path / "served"
-    served.mkdir()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                             functools.partial(_QuietHandler, directory=str(served)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield served, f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 def make_archive(source: Path, dest: Path) -> str:
     """A .tar.gz of `source` as its top folder, like the official archive; returns its MD5."""
     with tarfile.open(dest, "w:gz") as tar:

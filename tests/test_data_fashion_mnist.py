@@ -3,11 +3,8 @@ on loopback by a local server (not mocked)."""
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
-import http.server
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -135,28 +132,6 @@ def test_missing_without_download_lists_the_places(isolated):
 
 
 # --- the download, over real HTTP on loopback -------------------------------------------------------------
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # keep pytest's output clean
-        pass
-
-
-@pytest.fixture
-def http_server(tmp_path):
-    """A real HTTP server on 127.0.0.1 serving tmp_path/served; yields (folder, base URL)."""
-    served = tmp_path / "served"
-    served.mkdir()
-    handler = functools.partial(_QuietHandler, directory=str(served))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield served, f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 def test_download_over_http_checks_md5_and_loads(isolated, http_server):
     served, url = http_server
     written = write_fashion_mnist(served, n_train=7, n_test=3)
