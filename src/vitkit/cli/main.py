@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as e:
         fail(str(e), e.hint)
     except CheckpointError as e:
-        fail(str(e), "a vitkit checkpoint is a folder with config.json and model.safetensors (vitkit.save)")
+        fail(str(e), "vitkit loads its own folders (config.json + model.safetensors), Google .npz, timm, "
+                     "Hugging Face and torchvision files, and hub names; `vitkit info PATH` tells what one holds")
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path")
     except KeyError as e:
