@@ -89,3 +89,22 @@ def test_cli_show_and_unknown_key():
     bad = subprocess.run(run + ["--set", "optim.lrr=1"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0
     assert bad.stderr.startswith("error: unknown key 'optim.lrr'") and "Traceback" not in bad.stderr
+
+
+def test_finetune_takes_the_init_checkpoints_architecture_and_short_keys(tmp_path):
+    """`--set init=CKPT --set image_size=H,W --set data=...` (any order): the model is the checkpoint's, at
+    the new size, checked against the checkpoint's patch size rather than the recipe's."""
+    import vitkit
+
+    source = vitkit.create_model("ViT-Ti/16", image_size=(28, 28), patch_size=7, in_chans=1, dim=32,
+                                 depth=1, num_heads=2, mlp_dim=64, num_classes=3, representation_size=16)
+    vitkit.save(source, tmp_path / "src")
+    cfg = get_recipe("finetune", ["image_size=56,42", f"init={tmp_path / 'src'}", "data=fashion-mnist",
+                                  "lr=0.01"])
+    assert cfg.init == str(tmp_path / "src") and cfg.data.name == "fashion-mnist" and cfg.optim.lr == 0.01
+    assert cfg.model.image_size == (56, 42)
+    assert (cfg.model.patch_size, cfg.model.in_chans, cfg.model.dim) == (7, 1, 32)
+    assert cfg.model.representation_size is None  # the pre-training head is dropped
+    assert get_recipe("finetune", [f"init={tmp_path / 'src'}"]).model.image_size == (28, 28)
+    with pytest.raises(ValueError, match="multiple of the patch stride 7"):
+        get_recipe("finetune", [f"init={tmp_path / 'src'}", "image_size=50"])

@@ -330,15 +330,39 @@ def valid_keys(cls: type = TrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+# Short names for the keys a fine-tuning command line sets most (`--set image_size=384 --set data=cifar10`).
+ALIASES = {"image_size": "model.image_size", "data": "data.name", "lr": "optim.lr"}
+
+
 def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) -> TrainConfig:
-    """Apply `key=value` strings (dotted keys into the nested settings). Values are parsed for the field's
-    type; unknown keys and values of the wrong type raise ValueError naming them."""
+    """Apply `key=value` strings (dotted keys into the nested settings, or one of ALIASES). Values are parsed
+    for the field's type; unknown keys and values of the wrong type raise ValueError naming them."""
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected key=value, e.g. optim.lr=0.001")
+    # `init` first: the model settings that follow are checked against the checkpoint's architecture.
+    ordered = sorted(overrides, key=lambda item: item.split("=", 1)[0].strip() != "init")
+    for item in ordered:
         key, value = item.split("=", 1)
-        cfg = _set(cfg, key.strip().split("."), value.strip(), key.strip())
+        key = ALIASES.get(key.strip(), key.strip())
+        cfg = _set(cfg, key.split("."), value.strip(), key)
+        if key == "init" and cfg.init:
+            cfg = dataclasses.replace(cfg, model=init_model_config(cfg.init, cfg.model))
     return cfg
+
+
+def init_model_config(init: str, recipe_model: ViTConfig) -> ViTConfig:
+    """With `init`, the model is the checkpoint's architecture (its head replaced later for the data's
+    classes). The recipe keeps its resolution where the checkpoint's patches tile it (else the checkpoint's
+    own), and its dropout and stochastic depth."""
+    from .. import load
+
+    src = load(init).cfg
+    size = recipe_model.image_size
+    if size[0] % src.patch_stride or size[1] % src.patch_stride:
+        size = src.image_size
+    return src.replace(image_size=size, representation_size=None, dropout=recipe_model.dropout,
+                       attn_dropout=recipe_model.attn_dropout, drop_path=recipe_model.drop_path)
 
 
 def _set(obj: Any, path: list[str], value: str, full_key: str) -> Any:
