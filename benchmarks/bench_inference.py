@@ -19,7 +19,7 @@ import torch
 
 import vitkit
 from vitkit import bench
-from vitkit.optimize import optimize
+from vitkit.inference import optimize
 
 
 def run_speed(args: argparse.Namespace) -> None:

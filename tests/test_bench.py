@@ -11,7 +11,7 @@ import torch
 import vitkit
 from vitkit import bench
 from vitkit.cli.main import main
-from vitkit.optimize import onednn_linear_available
+from vitkit.inference import onednn_linear_available
 
 TINY = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
 

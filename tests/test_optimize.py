@@ -1,7 +1,6 @@
 """vitkit.optimize: the fast paths compute the model's function (fp32 to 1e-4, int8 to >= 99 % top-1 agreement),
 leave the original alone and refuse what they cannot do."""
 
-import sys
 
 import pytest
 import torch
@@ -9,7 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.optimize import (
+from vitkit import inference
+from vitkit.inference import (
     DynamicInt8Linear,
     PackedLinear,
     cpu_has_native_bf16,
@@ -17,8 +17,6 @@ from vitkit.optimize import (
     optimize,
 )
 
-# `vitkit.optimize` is the function; the module is reached by name.
-OPTIMIZE_MODULE = sys.modules["vitkit.optimize"]
 TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
 
 
@@ -155,7 +153,7 @@ def test_int8_linear_matches_a_reference_quantisation():
 
 
 def test_bf16_on_a_cpu_without_native_bf16_is_refused_with_a_reason(monkeypatch):
-    monkeypatch.setattr(OPTIMIZE_MODULE, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(inference, "cpu_has_native_bf16", lambda: False)
     with pytest.raises(ValueError, match="native bf16"):
         optimize(tiny_model(), "bf16")
 

@@ -2,9 +2,9 @@
 
 from .checkpoint import save
 from .config import ViTConfig, get_config, list_models
+from .inference import optimize
 from .loading import load  # every format; vitkit.checkpoint.load_vitkit reads the native one
 from .model import VisionTransformer, count_flops, count_parameters, create_model
-from .optimize import optimize  # vitkit.optimize is the function; from-imports reach the module
 from .posemb import resample_pos_embed
 
 __version__ = "0.1.0"

@@ -101,7 +101,7 @@ def build_torchvision(cfg: ViTConfig) -> nn.Module:
 
 def build_vitkit(cfg: ViTConfig, precision: str | None = None) -> nn.Module:
     """vitkit's model, plain (precision None) or through `vitkit.optimize` (no compile)."""
-    from .optimize import optimize
+    from .inference import optimize
 
     model = create_model(cfg)
     # Random, non-zero weights everywhere (our classifier starts at zero), like the other contenders.
@@ -282,7 +282,7 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
     models = {name: BUILDERS[name](cfg).eval() for name in config.contenders}
     calls: dict[str, Callable[[], Any]] = {name: (lambda m=m: m(x)) for name, m in models.items()}
     calls[SGEMM] = lambda: torch.mm(a, b)
-    from .optimize import onednn_linear_available
+    from .inference import onednn_linear_available
 
     if onednn_linear_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)
@@ -321,7 +321,7 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
     try:
         rng = random.Random(config.seed)
         cells_spec = [(m, b) for m in config.models for b in config.batch_sizes]
-        from .optimize import onednn_linear_available
+        from .inference import onednn_linear_available
 
         references = 2 if onednn_linear_available() else 1
         total = len(cells_spec) * config.repeats * (len(config.contenders) + references)

@@ -17,12 +17,12 @@ _RECIPE_HELP = "Recipe: " + ", ".join(RECIPES) + "."
 
 
 def inference_model(model, fast: bool):
-    """The model to run for eval/predict: with `fast`, `vitkit.optimize.optimize(model)` (same function, a
+    """The model to run for eval/predict: with `fast`, `vitkit.optimize(model)` (same function, a
     faster path) when that module is present; otherwise the model itself."""
     if not fast:
         return model
     try:
-        from ..optimize import optimize
+        from ..inference import optimize
     except ImportError:
         return model
     return optimize(model, precision="fp32")
