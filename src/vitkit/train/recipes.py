@@ -201,6 +201,14 @@ def finetune() -> TrainConfig:
     )
 
 
+def fashion_mnist_vit(depth: int, name: str) -> ViTConfig:
+    """The small pure ViT of the Fashion-MNIST recipes: 28x28 grey images cut into 7x7 patches (16 tokens),
+    width 128, 4 heads, MLP 256, normalised with the training set's mean and std."""
+    return ViTConfig(image_size=(28, 28), patch_size=7, in_chans=1, num_classes=10, dim=128, depth=depth,
+                     num_heads=4, mlp_dim=256, mean=(0.2860,), std=(0.3530,), interpolation="bilinear",
+                     crop_pct=1.0, name=name)
+
+
 def fashion_mnist() -> TrainConfig:
     """Our from-scratch pure ViT for Fashion-MNIST within 30 minutes on 2 CPU cores (benchmarks/fashion_mnist.py):
     7x7 patches (16 tokens + class token), width 128, depth 6, 4 heads, MLP 256; AdamW lr 2e-3, weight decay
@@ -221,9 +229,7 @@ def fashion_mnist() -> TrainConfig:
     """
     return TrainConfig(
         recipe="fashion-mnist",
-        model=ViTConfig(image_size=(28, 28), patch_size=7, in_chans=1, num_classes=10, dim=128, depth=6,
-                        num_heads=4, mlp_dim=256, mean=(0.2860,), std=(0.3530,), interpolation="bilinear",
-                        crop_pct=1.0, name="vit-fashion-mnist"),
+        model=fashion_mnist_vit(depth=6, name="vit-fashion-mnist"),
         optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.05, schedule="cosine", warmup_epochs=2.0,
                           clip_grad_norm=1.0, label_smoothing=0.1),
         data=DataConfig(name="fashion-mnist", val_split="test"),
@@ -245,9 +251,7 @@ def demo() -> TrainConfig:
     """
     return TrainConfig(
         recipe="demo",
-        model=ViTConfig(image_size=(28, 28), patch_size=7, in_chans=1, num_classes=10, dim=128, depth=4,
-                        num_heads=4, mlp_dim=256, mean=(0.2860,), std=(0.3530,), interpolation="bilinear",
-                        crop_pct=1.0, name="vit-fashion-mnist-demo"),
+        model=fashion_mnist_vit(depth=4, name="vit-fashion-mnist-demo"),
         optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.05, schedule="cosine", warmup_epochs=0.5,
                           clip_grad_norm=1.0, label_smoothing=0.1),
         data=DataConfig(name="fashion-mnist", val_split="test"),
