@@ -97,7 +97,7 @@ def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
             module.act = nn.Identity()
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if isinstance(child, nn.Linear):
                 setattr(module, child_name, PackedLinear(child, batch_hint=batch_hint))
     return model
 
@@ -162,7 +162,7 @@ def quantize_linears_int8(model: nn.Module) -> nn.Module:
     target = blocks if isinstance(blocks, nn.Module) else model
     for module in list(target.modules()):
         for child_name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if isinstance(child, nn.Linear):
                 setattr(module, child_name, DynamicInt8Linear(child))
     return model
 

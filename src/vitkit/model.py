@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ViTConfig
+from .linear import Linear  # nn.Linear, through oneDNN on the CPU
 from .posemb import resample_pos_embed, sincos_2d
 
 
@@ -63,9 +64,9 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=cfg.qkv_bias)
+        self.qkv = Linear(cfg.dim, 3 * cfg.dim, bias=cfg.qkv_bias)
         self.attn_drop = cfg.attn_dropout
-        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.proj = Linear(cfg.dim, cfg.dim)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
@@ -93,9 +94,9 @@ class Mlp(nn.Module):
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.fc1 = nn.Linear(cfg.dim, cfg.mlp_dim)
+        self.fc1 = Linear(cfg.dim, cfg.mlp_dim)
         self.act = nn.GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
-        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.dim)
+        self.fc2 = Linear(cfg.mlp_dim, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -162,9 +163,9 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg, rates[i]) for i in range(cfg.depth)])
         self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)  # eq. 4
         # Pre-training head: one hidden layer with tanh; fine-tuning head: a single (zero-init) linear layer.
-        self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
+        self.pre_logits = Linear(D, cfg.representation_size) if cfg.representation_size else None
         head_in = cfg.representation_size or D
-        self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head = Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.init_weights()
 
     # --- initialisation, as the reference (Flax) code ---------------------------------------------

@@ -1,0 +1,78 @@
+"""vitkit.linear.Linear: nn.Linear through oneDNN on the CPU; the same function and gradients as F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vitkit.linear import Linear, onednn_available, use_onednn
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernel")
+
+
+def grads(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor, reference: bool):
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    y = F.linear(x, layer.weight, layer.bias) if reference else layer(x)
+    y.backward(g)
+    bias_grad = None if layer.bias is None else layer.bias.grad.clone()
+    return y.detach(), x.grad.clone(), layer.weight.grad.clone(), bias_grad
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape,features,bias", [((6, 197, 64), (64, 192), True), ((300, 96), (96, 48), False),
+                                                 ((3, 17, 128), (128, 512), True)])
+def test_forward_and_gradients_equal_f_linear(shape, features, bias):
+    torch.manual_seed(0)
+    layer = Linear(*features, bias=bias)
+    x = torch.randn(shape)
+    g = torch.randn(*shape[:-1], features[1])
+    assert use_onednn(x, layer.weight)
+    ours, ref = grads(layer, x, g, reference=False), grads(layer, x, g, reference=True)
+    for a, b in zip(ours, ref, strict=True):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_frozen_weights_and_input_without_grad():
+    torch.manual_seed(0)
+    layer = Linear(32, 16)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(4, 32, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(4, 32), rtol=1e-5, atol=1e-5)
+    assert layer.weight.grad is None and layer.bias.grad is not None
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_other_dtypes_and_autocast_are_f_linear_exactly():
+    torch.manual_seed(0)
+    layer = Linear(32, 16).double()
+    x = torch.randn(5, 32, dtype=torch.float64)
+    assert not use_onednn(x, layer.weight)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    layer = Linear(32, 16)
+    x = torch.randn(5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not use_onednn(x, layer.weight)
+        out = layer(x)
+        assert out.dtype == torch.bfloat16
+        assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+
+
+def test_gradcheck_of_the_fallback_in_float64():
+    layer = Linear(6, 4).double()
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: layer(t), (x,))
+
+
+def test_a_drop_in_for_nn_linear():
+    layer = Linear(8, 4)
+    assert isinstance(layer, nn.Linear)
+    assert sorted(layer.state_dict()) == ["bias", "weight"]
