@@ -1,5 +1,6 @@
 """vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021)."""
 
+from .allocator import retain_freed_memory
 from .checkpoint import save
 from .config import ViTConfig, get_config, list_models
 from .inference import optimize
@@ -20,5 +21,6 @@ __all__ = [
     "load",
     "optimize",
     "resample_pos_embed",
+    "retain_freed_memory",
     "save",
 ]

@@ -8,7 +8,8 @@ is measured against is one more contender in the same loop: a big `torch.mm`, ti
 conditions as the models.
 
 All models have random weights and the same architecture (built from one ViTConfig), so they do the same
-FLOPs (`vitkit.count_flops`).
+FLOPs (`vitkit.count_flops`). The process's allocator is set first (`vitkit.allocator.retain_freed_memory`):
+it is process-wide, so every contender runs with it alike.
 """
 
 from __future__ import annotations
@@ -315,6 +316,9 @@ def machine_info() -> dict[str, Any]:
 def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Measure every cell of `config`; returns a JSON-ready dict (machine, SGEMM peak, one row per
     contender and cell). `on_progress(done, total)` is called after every timed call."""
+    from .allocator import retain_freed_memory
+
+    retained = retain_freed_memory()  # process-wide, so every contender runs with the same allocator
     previous_threads = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -334,7 +338,7 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
                 on_progress(done, total)
 
         cells = [measure_cell(m, b, config, rng, tick) for m, b in cells_spec]
-        info = machine_info()
+        info = {**machine_info(), "allocator": "glibc, freed memory retained" if retained else "default"}
     finally:
         torch.set_num_threads(previous_threads)
     sgemm = [c.sgemm_gflops for c in cells]

@@ -17,14 +17,14 @@ _RECIPE_HELP = "Recipe: " + ", ".join(RECIPES) + "."
 
 
 def inference_model(model, fast: bool):
-    """The model to run for eval/predict: with `fast`, `vitkit.optimize(model)` (same function, a
-    faster path) when that module is present; otherwise the model itself."""
+    """The model to run for eval/predict: with `fast`, `vitkit.optimize(model)` (same function, a faster
+    path) in a process whose allocator keeps freed memory (vitkit.allocator); otherwise the model itself."""
     if not fast:
         return model
-    try:
-        from ..inference import optimize
-    except ImportError:
-        return model
+    from ..allocator import retain_freed_memory
+    from ..inference import optimize
+
+    retain_freed_memory()
     return optimize(model, precision="fp32")
 
 
