@@ -204,3 +204,30 @@ def test_bf16_on_cuda_is_close():
         out, ref = fast(x), model(x)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 attention is for CPUs with native bf16")
+@pytest.mark.parametrize("queries", [None, 1])
+def test_int8_bf16_attention_is_close_to_fp32_attention(queries):
+    torch.manual_seed(0)
+    model = tiny_model()
+    attn = model.blocks[0].attn
+    low = inference.Bf16Attention(attn)
+    x = torch.randn(3, model.cfg.num_tokens, model.cfg.dim)
+    with torch.inference_mode():
+        ref, ref_attn = attn(x, return_attention=True, queries=queries)
+        out, out_attn = low(x, return_attention=True, queries=queries)
+    assert out.shape == ref.shape and out_attn.shape == ref_attn.shape
+    assert ((out - ref).norm() / ref.norm()).item() < 2e-2  # bf16's 8-bit mantissa, not 1e-4
+    torch.testing.assert_close(out_attn.sum(-1), torch.ones_like(out_attn.sum(-1)))  # a softmax, in fp32
+    assert (out - ref).abs().max() > 0  # really computed in bf16
+
+
+def test_int8_model_parts():
+    q = optimize(tiny_model(), "int8")
+    assert all(isinstance(b.mlp.act, inference.GELUInPlace) for b in q.blocks)
+    assert all(isinstance(b.attn, inference.Bf16Attention) == cpu_has_native_bf16() for b in q.blocks)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        feats, attns = q.forward_features(x, return_attention=True)
+    assert len(attns) == len(q.blocks) and attns[0].shape == (2, 4, 17, 17)

@@ -10,8 +10,9 @@
   `F.scaled_dot_product_attention` with one fused q;k;v projection (see model.py). With `compile=True`,
   torch.compile (inductor, with freezing on the CPU) is applied on top.
 - "int8": dynamic quantisation of the encoder's linear layers (int8 weights per output channel,
-  activations quantised per call to 8 bits where the CPU has VNNI; fbgemm's kernels). The patch projection, the
-  attention matrices, the LayerNorms and the classifier stay in fp32. The function changes slightly: the
+  activations quantised per call to 8 bits where the CPU has VNNI; fbgemm's kernels). On CPUs with native bf16
+  the attention matrices are computed in bf16 (softmax in fp32). The patch projection, the LayerNorms and the
+  classifier stay in fp32. The function changes slightly: the
   Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
   CPUs with native bf16 (AVX512-BF16, AMX: our AMD EPYC runs ViT-S/16 about 1.8x faster than fp32). On
@@ -23,6 +24,11 @@
 for free. `compile=True` applies torch.compile (inductor; with freezing on the CPU); `compile="auto"` does so
 only on CUDA, where it pays for itself in a long-running job. On our CPU, compiling ViT-S/16 took 34 s and
 gained 1.03x, less than the oneDNN path above (docs/speed.md).
+
+The process's allocator matters as much as the kernels at large batches: glibc faults every large activation
+tensor in afresh from the kernel, a quarter of the int8 ViT-S/16 time at batch 16 on our CPU. Call
+`vitkit.retain_freed_memory()` once in a program (the CLI's eval, predict and bench do; see
+vitkit.allocator); `optimize` leaves process-wide settings alone.
 
 The returned model is a copy; the argument is left untouched. It keeps the VisionTransformer interface
 (forward_features with return_attention, forward_head) unless it was compiled.
@@ -155,15 +161,57 @@ class DynamicInt8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, {bits}-bit activations"
 
 
+class GELUInPlace(nn.Module):
+    """GELU written over its input: inference only, where nothing else reads the pre-activation."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.gelu_(x, approximate=self.approximate)
+
+
+class Bf16Attention(nn.Module):
+    """The attention of an int8 model: the q;k;v and output projections as given (int8), the attention
+    matrices softmax(q k^T / sqrt(d)) v in bfloat16 with the softmax taken in fp32. For CPUs with native bf16
+    (AVX512-BF16, AMX), where these small batched products run about twice as fast as in fp32; the int8 model
+    is already a different function from the fp32 one, and the agreement test covers this part too."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        self.num_heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scale
+        self.qkv, self.proj, self.proj_drop = attn.qkv, attn.proj, attn.proj_drop
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.to(torch.bfloat16).unbind(0)  # each (B, H, T, Dh)
+        if queries is not None:
+            q = q[:, :, :queries]
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1, dtype=torch.float32)
+        x = (attn.to(torch.bfloat16) @ v).float()
+        x = x.transpose(1, 2).reshape(B, q.shape[2], D)
+        return self.proj_drop(self.proj(x)), (attn if return_attention else None)
+
+
 def quantize_linears_int8(model: nn.Module) -> nn.Module:
-    """Replace, in place, the encoder's linear layers (`blocks.*`) by DynamicInt8Linear. The classifier
-    and the patch projection stay fp32: they cost little and carry the decision."""
+    """Replace, in place, the encoder's linear layers (`blocks.*`) by DynamicInt8Linear, the MLP's GELU by
+    an in-place one, and, on CPUs with native bf16, the attention matrices by bf16 ones (Bf16Attention). The
+    classifier and the patch projection stay fp32: they cost little and carry the decision."""
     blocks = getattr(model, "blocks", None)
     target = blocks if isinstance(blocks, nn.Module) else model
     for module in list(target.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, DynamicInt8Linear(child))
+    for module in list(target.modules()):
+        approximate = _gelu_approximate(getattr(module, "act", None))
+        if isinstance(getattr(module, "fc1", None), DynamicInt8Linear) and approximate is not None:
+            module.act = GELUInPlace(approximate)
+        attn = getattr(module, "attn", None)
+        if cpu_has_native_bf16() and isinstance(getattr(attn, "qkv", None), DynamicInt8Linear):
+            module.attn = Bf16Attention(attn)
     return model
 
 
