@@ -3,8 +3,8 @@
 Both models have the same architecture and random weights, train on the same random batch, and their steps
 are timed interleaved in a fresh random order each round; img/s are medians, the ratio is paired (the median over
 rounds of timm's time over vitkit's in the same round). The models: ViT-S/16 at 224 px, and the
-models of the Fashion-MNIST recipes in vitkit.train.recipes (`fashion_mnist`: patch 4, D 128, depth 6,
-drop-path 0.05; `demo`: patch 7, D 128, depth 4), at the recipes' batch size.
+models of the Fashion-MNIST recipes in vitkit.train.recipes (`fashion-mnist` and `demo`), at the recipes'
+batch size.
 
     .venv/bin/python benchmarks/bench_training.py --threads 1                 # the table
     .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first

@@ -9,8 +9,9 @@ was a quarter of the int8 ViT-S/16 time at batch 16 (docs/speed.md).
 `retain_freed_memory()` asks glibc (`mallopt`) to serve large blocks from its heap and to keep freed memory for
 reuse instead of returning it: what PyTorch's CPU performance guide gets from jemalloc or tcmalloc with
 LD_PRELOAD, without a preload. It is process-wide and one-way: the process keeps its peak memory. `vitkit bench`
-(for every contender alike), `vitkit eval`, `vitkit predict` and `vitkit train` call it; a Python program calls
-it once at start. Where the C library is not glibc it does nothing and returns False.
+(for every contender alike), `vitkit eval` and `vitkit predict` call it; a Python program calls it once at
+start. Training is left alone: on the Fashion-MNIST models it changed nothing beyond noise (2 threads).
+Where the C library is not glibc it does nothing and returns False.
 """
 
 from __future__ import annotations
