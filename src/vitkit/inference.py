@@ -37,11 +37,14 @@ The returned model is a copy; the argument is left untouched. It keeps the Visio
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from typing import Literal
 
 import torch
 import torch.nn as nn
+
+from .linear import onednn_available
 
 Precision = Literal["fp32", "int8", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
@@ -49,12 +52,9 @@ CompileMode = bool | Literal["auto"]
 
 
 def onednn_linear_available() -> bool:
-    """Whether this torch build can run prepacked oneDNN linear layers (x86 builds with mkldnn)."""
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    """Whether this torch build can run prepacked oneDNN linear layers: oneDNN's linear kernel (the one
+    vitkit.linear uses) plus its weight reordering."""
+    return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 class PackedLinear(nn.Module):
@@ -108,8 +108,9 @@ def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
     return model
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where that cannot be read."""
+    """The CPU's feature flags from /proc/cpuinfo (Linux), read once; empty where that cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
