@@ -262,6 +262,35 @@ def test_fused_and_explicit_attention_agree(overrides):
         torch.testing.assert_close(a.sum(-1), torch.ones(2, model.cfg.num_heads, T), rtol=0, atol=1e-5)
 
 
+def test_training_attention_paths_agree_in_output_and_gradients(monkeypatch):
+    """Training on the CPU, short sequences take the explicit attention (faster there), long ones the fused
+    kernel: both give the same loss and gradients."""
+    import vitkit.model as model_module
+
+    torch.manual_seed(0)
+    model = VisionTransformer(tiny()).train()
+    for p in model.parameters():  # away from the zero-initialised head, so every gradient is non-zero,
+        p.data.normal_(0, 0.3)  # and with peaked attention, so that the softmax matters
+    x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2])
+    assert model_module.explicit_attention_is_faster(model.embed(x), training=True)
+    assert not model_module.explicit_attention_is_faster(model.embed(x), training=False)
+    assert not model_module.explicit_attention_is_faster(torch.zeros(1, 197, 8), training=True)
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    explicit_loss, explicit_grads = loss_and_grads()
+    monkeypatch.setattr(model_module, "EXPLICIT_ATTENTION_MAX_TOKENS", 0)  # every sequence takes the kernel
+    fused_loss, fused_grads = loss_and_grads()
+    torch.testing.assert_close(explicit_loss, fused_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in fused_grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(explicit_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_explicit_attention_is_softmax_of_scaled_dot_products():
     """The returned weights are softmax(q k^T / sqrt(d_h)) of the first block, recomputed by hand."""
     model = VisionTransformer(tiny()).eval()
