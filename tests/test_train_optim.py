@@ -93,3 +93,24 @@ def test_ema_checkpoint_round_trip():
     for a, b in zip(ema.module.parameters(), other.module.parameters(), strict=True):
         torch.testing.assert_close(a, b)
     assert other.current_decay() == ema.current_decay()
+
+
+def test_adamw_is_fused_on_the_cpu_and_steps_as_the_reference_loop():
+    """The fused kernel is what runs on the CPU, and it computes torch's for-loop AdamW (decay groups included)."""
+    torch.manual_seed(0)
+    model = create_model(TINY)
+    reference = create_model(TINY)
+    reference.load_state_dict(model.state_dict())
+    cfg = OptimConfig(lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(model, cfg)
+    assert opt.defaults["fused"] is True
+    groups = param_groups(reference, cfg.weight_decay)
+    ref_opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=False)
+    for _ in range(5):
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        for m, o in ((model, opt), (reference, ref_opt)):
+            for p, g in zip(m.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            o.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
