@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vitkit import ViTConfig, count_flops, count_parameters, create_model, get_config
 from vitkit.config import PRESETS, VARIANTS
-from vitkit.model import VisionTransformer, drop_path
+from vitkit.model import VisionTransformer, drop_path, patch_dropout
 
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
 
@@ -303,6 +303,40 @@ def test_explicit_attention_is_softmax_of_scaled_dot_products():
         qh, kh = q[:, h * Dh:(h + 1) * Dh], k[:, h * Dh:(h + 1) * Dh]
         expected = torch.softmax(qh @ kh.T / math.sqrt(Dh), dim=-1)
         torch.testing.assert_close(attentions[0][0, h], expected, rtol=1e-5, atol=1e-6)
+
+
+# --- patch dropout ------------------------------------------------------------------------------------
+def test_patch_dropout_keeps_the_class_token_and_an_ordered_subset_of_patches():
+    x = torch.arange(2 * 17 * 3, dtype=torch.float32).reshape(2, 17, 3)  # 1 prefix + 16 patch tokens
+    torch.manual_seed(0)
+    y = patch_dropout(x, 0.25, num_prefix=1, training=True)
+    assert y.shape == (2, 1 + 12, 3)
+    torch.testing.assert_close(y[:, 0], x[:, 0])
+    for b in range(2):
+        rows = (y[b, 1:, 0] / 3).long() - 17 * b  # which token each kept row was
+        assert (rows[1:] > rows[:-1]).all() and rows.min() >= 1 and rows.max() <= 16
+        torch.testing.assert_close(y[b, 1:], x[b, rows])
+    assert not torch.equal(y[0, 1:, 0] / 3, y[1, 1:, 0] / 3 - 17)  # each image draws its own subset
+    assert patch_dropout(x, 0.25, 1, training=False) is x and patch_dropout(x, 0.0, 1, training=True) is x
+    with pytest.raises(ValueError, match="patch_dropout"):
+        tiny(patch_dropout=1.0)
+
+
+def test_patch_dropout_in_the_model_drops_tokens_in_training_only():
+    model = VisionTransformer(tiny(patch_dropout=0.5))
+    x = torch.randn(2, 3, 32, 32)
+    model.train()
+    torch.manual_seed(3)
+    feats = model.forward_features(x)
+    assert feats.shape == (2, 1 + 8, model.cfg.dim)  # 16 patches, half kept
+    model.eval()
+    assert model.forward_features(x).shape == (2, 17, model.cfg.dim)
+    z = model.embed(x)
+    torch.manual_seed(3)
+    z = patch_dropout(z, 0.5, 1, training=True)
+    for block in model.blocks:
+        z, _ = block(z)
+    torch.testing.assert_close(feats, model.norm(z), rtol=1e-5, atol=1e-5)
 
 
 # --- pooling and heads --------------------------------------------------------------------------------

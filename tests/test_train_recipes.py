@@ -106,5 +106,12 @@ def test_finetune_takes_the_init_checkpoints_architecture_and_short_keys(tmp_pat
     assert (cfg.model.patch_size, cfg.model.in_chans, cfg.model.dim) == (7, 1, 32)
     assert cfg.model.representation_size is None  # the pre-training head is dropped
     assert get_recipe("finetune", [f"init={tmp_path / 'src'}"]).model.image_size == (28, 28)
+    regularised = get_recipe("finetune", [f"init={tmp_path / 'src'}", "model.patch_dropout=0.25",
+                                          "model.drop_path=0.1"])
+    assert (regularised.model.patch_dropout, regularised.model.drop_path) == (0.25, 0.1)
+    from vitkit.train.loop import build_model
+
+    model = build_model(regularised, num_classes=3)
+    assert (model.cfg.patch_dropout, model.cfg.drop_path) == (0.25, 0.1)
     with pytest.raises(ValueError, match="multiple of the patch stride 7"):
         get_recipe("finetune", [f"init={tmp_path / 'src'}", "image_size=50"])

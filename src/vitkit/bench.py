@@ -70,6 +70,7 @@ def build_timm(cfg: ViTConfig) -> nn.Module:
         img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=cfg.num_classes,
         embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.dim,
         qkv_bias=cfg.qkv_bias, global_pool="token", drop_path_rate=cfg.drop_path,
+        patch_drop_rate=cfg.patch_dropout,
     )
     if not all(block.attn.fused_attn for block in model.blocks):
         raise RuntimeError("timm's fused attention is off (TIMM_FUSED_ATTN=0?): the comparison would be unfair")

@@ -53,6 +53,9 @@ class ViTConfig:
     dropout: float = 0.0
     attn_dropout: float = 0.0
     drop_path: float = 0.0
+    # PatchDropout (Liu et al., 2022; timm's patch_drop_rate): in training, each image keeps a random
+    # (1 - patch_dropout) of its patch tokens, after the position embedding; evaluation sees all of them.
+    patch_dropout: float = 0.0
     qkv_bias: bool = True
     ln_eps: float = 1e-6
     gelu: Gelu = "exact"
@@ -86,7 +89,7 @@ class ViTConfig:
             errors.append(f"num_classes={self.num_classes} must be >= 0 (0: no head)")
         if self.representation_size is not None and self.representation_size < 1:
             errors.append(f"representation_size={self.representation_size} must be positive or None")
-        for key in ("dropout", "attn_dropout", "drop_path"):
+        for key in ("dropout", "attn_dropout", "drop_path", "patch_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 errors.append(f"{key}={getattr(self, key)} must be in [0, 1)")
         if self.ln_eps <= 0:

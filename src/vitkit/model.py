@@ -124,6 +124,19 @@ def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * keep.div_(1.0 - p)  # rescale the (B, 1, 1) mask, not the whole (B, T, D) tensor: one pass over x
 
 
+def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool) -> torch.Tensor:
+    """PatchDropout: keep the `num_prefix` leading tokens (class token) and a random round((1 - p) N) of the N
+    patch tokens of each image, in their original order. (B, prefix + N, D) -> (B, prefix + kept, D)."""
+    if p == 0.0 or not training:
+        return x
+    B, T, D = x.shape
+    n = T - num_prefix
+    keep = max(1, round((1.0 - p) * n))
+    idx = torch.rand(B, n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values + num_prefix
+    patches = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, D))
+    return torch.cat([x[:, :num_prefix], patches], dim=1)
+
+
 class Block(nn.Module):
     """One pre-LayerNorm encoder block: eq. 2 then eq. 3."""
 
@@ -235,7 +248,8 @@ class VisionTransformer(nn.Module):
 
     # --- forward ----------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Eq. 1: patches, class token, position embedding. (B, C, H, W) -> (B, T, D)."""
+        """Eq. 1: patches, class token, position embedding. (B, C, H, W) -> (B, T, D); in training with
+        cfg.patch_dropout, fewer patch tokens (see `patch_dropout`)."""
         expected = self.cfg.image_size
         if tuple(x.shape[-2:]) != expected or x.shape[1] != self.cfg.in_chans:
             raise ValueError(
@@ -248,6 +262,7 @@ class VisionTransformer(nn.Module):
         pos = self.position_table()
         if pos is not None:
             x = x + pos
+        x = patch_dropout(x, self.cfg.patch_dropout, self.cfg.num_prefix_tokens, self.training)
         return self.pos_drop(x)
 
     def forward_features(self, x: torch.Tensor, return_attention: bool = False):

@@ -109,7 +109,8 @@ def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
 
         m = cfg.model
         return prepare_finetune(cfg.init, num_classes, image_size=m.image_size, dropout=m.dropout,
-                                attn_dropout=m.attn_dropout, drop_path=m.drop_path)
+                                attn_dropout=m.attn_dropout, drop_path=m.drop_path,
+                                patch_dropout=m.patch_dropout)
     return VisionTransformer(cfg.model.replace(num_classes=num_classes))
 
 
