@@ -45,6 +45,7 @@ import torch
 import torch.nn as nn
 
 from .linear import onednn_available
+from .model import merge_heads, split_heads
 
 Precision = Literal["fp32", "int8", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
@@ -181,18 +182,15 @@ class Bf16Attention(nn.Module):
 
     def __init__(self, attn: nn.Module):
         super().__init__()
-        self.num_heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scale
+        self.num_heads, self.scale = attn.num_heads, attn.scale
         self.qkv, self.proj, self.proj_drop = attn.qkv, attn.proj, attn.proj_drop
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
-        B, T, D = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.to(torch.bfloat16).unbind(0)  # each (B, H, T, Dh)
+        q, k, v = split_heads(self.qkv(x).to(torch.bfloat16), self.num_heads)  # each (B, H, T, Dh)
         if queries is not None:
             q = q[:, :, :queries]
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1, dtype=torch.float32)
-        x = (attn.to(torch.bfloat16) @ v).float()
-        x = x.transpose(1, 2).reshape(B, q.shape[2], D)
+        x = merge_heads((attn.to(torch.bfloat16) @ v).float())
         return self.proj_drop(self.proj(x)), (attn if return_attention else None)
 
 

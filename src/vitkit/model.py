@@ -68,6 +68,18 @@ def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
     return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
 
 
+def split_heads(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused q;k;v projection's output (B, T, 3D) -> q, k, v, each (B, heads, T, D / heads)."""
+    B, T, three_d = qkv.shape
+    return qkv.reshape(B, T, 3, num_heads, three_d // (3 * num_heads)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate the heads: (B, heads, T, Dh) -> (B, T, heads * Dh)."""
+    B, H, T, Dh = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * Dh)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention (MSA of eq. 2) with one fused q;k;v projection."""
 
@@ -83,9 +95,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
         """With `queries`, only the first `queries` tokens attend (to every token): (B, queries, D)."""
-        B, T, D = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (B, H, T, Dh)
+        q, k, v = split_heads(self.qkv(x), self.num_heads)  # each (B, H, T, Dh)
         if queries is not None:
             q = q[:, :, :queries]  # (B, H, queries, Dh)
         attn = None
@@ -97,8 +107,7 @@ class Attention(nn.Module):
             attn = attn if return_attention else None
         else:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        x = x.transpose(1, 2).reshape(B, q.shape[2], D)  # concatenate the heads
-        x = self.proj_drop(self.proj(x))
+        x = self.proj_drop(self.proj(merge_heads(x)))
         return x, attn
 
 
