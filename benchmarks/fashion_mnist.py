@@ -5,6 +5,7 @@ dataset's README. The target: 93.0 % or better within 30 minutes on our 2 cores;
     .venv/bin/python benchmarks/fashion_mnist.py --out runs/bench-fmnist
     .venv/bin/python benchmarks/fashion_mnist.py --recipe demo --out runs/bench-demo
     .venv/bin/python benchmarks/fashion_mnist.py --out runs/x --set epochs=30   # longer, for the goal
+    .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/x --set threads=1
 
 The run is an ordinary `vitkit train` run (resumable with --resume); the test set is evaluated every epoch, so
 the report also gives the time at which each accuracy level was first reached (from RUN/metrics.csv).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import time
 from pathlib import Path
 
@@ -49,6 +51,8 @@ def main() -> None:
     cfg = get_recipe(args.recipe, args.overrides)
     start = time.time()  # wall time includes loading the data and building the model
     result = train(cfg, args.out, resume=args.resume)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, the first process reports
+        return
     if result.final is None:
         raise SystemExit("the recipe has no test split to evaluate (data.val_split is empty)")
     reached = time_to_levels(args.out / "metrics.csv", start)  # (from this process's start when resumed)

@@ -161,3 +161,29 @@ def test_tiny_twins_train(tmp_path, name):
     assert r.steps == 4 and r.final.count == 32
     model = vitkit.load(r.last_dir)
     assert model.cfg.representation_size == cfg.model.representation_size
+
+
+def test_full_token_epochs_turn_patch_dropout_off_for_the_last_steps(tmp_path, monkeypatch):
+    """fashion-mnist-tiny keeps 3 of 4 patch tokens (+ the class token) in training; with full_token_epochs the
+    last steps see all 5 tokens, and evaluation always does."""
+    import vitkit.train.loop as loop
+
+    seen: list[tuple[bool, int]] = []
+    build = loop.build_model
+
+    def build_and_watch(cfg, num_classes):
+        model = build(cfg, num_classes)
+        model.blocks[0].register_forward_pre_hook(lambda m, args: seen.append((m.training, args[0].shape[1])))
+        return model
+
+    monkeypatch.setattr(loop, "build_model", build_and_watch)
+    data = synthetic_dataset(64, seed=4, size=8)
+    # 64 images in batches of 32: 2 steps per epoch; 8 steps, the last 1.5 epochs (3 steps) with every token.
+    cfg = get_recipe("fashion-mnist-tiny", ["model.image_size=8", "model.patch_size=4", "model.patch_dropout=0.25",
+                                            "batch_size=32", "steps=8", "full_token_epochs=1.5", "threads=1",
+                                            "eval_every=100", "ckpt_every=100"])
+    train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
+    assert [n for training, n in seen if training] == [4] * 5 + [5] * 3
+    assert {n for training, n in seen if not training} <= {5}
+    with pytest.raises(ValueError, match="full_token_epochs"):
+        get_recipe("demo", ["full_token_epochs=1"])  # the demo has no PatchDropout

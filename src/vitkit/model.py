@@ -175,6 +175,8 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         D = cfg.dim
+        # The PatchDropout rate in training; a training loop may change it (e.g. to 0 for the last epochs).
+        self.patch_drop_rate = cfg.patch_dropout
         self.patch_embed = build_patch_embed(cfg)
         # Eq. 1: the learnable class token whose final state is the image representation.
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
@@ -258,7 +260,7 @@ class VisionTransformer(nn.Module):
     # --- forward ----------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: patches, class token, position embedding. (B, C, H, W) -> (B, T, D); in training with
-        cfg.patch_dropout, fewer patch tokens (see `patch_dropout`)."""
+        PatchDropout (rate `self.patch_drop_rate`, from cfg.patch_dropout), fewer patch tokens."""
         expected = self.cfg.image_size
         if tuple(x.shape[-2:]) != expected or x.shape[1] != self.cfg.in_chans:
             raise ValueError(
@@ -271,7 +273,7 @@ class VisionTransformer(nn.Module):
         pos = self.position_table()
         if pos is not None:
             x = x + pos
-        x = patch_dropout(x, self.cfg.patch_dropout, self.cfg.num_prefix_tokens, self.training)
+        x = patch_dropout(x, self.patch_drop_rate, self.cfg.num_prefix_tokens, self.training)
         return self.pos_drop(x)
 
     def forward_features(self, x: torch.Tensor, return_attention: bool = False):

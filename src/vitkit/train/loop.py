@@ -263,6 +263,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     per_epoch = steps_per_epoch(len(source), cfg.batch_size)
     total = cfg.steps or max(1, round(cfg.epochs * per_epoch))
     warmup = cfg.optim.warmup_steps or round(cfg.optim.warmup_epochs * per_epoch)
+    full_tokens_from = total - round(cfg.full_token_epochs * per_epoch)  # PatchDropout off from this step
     eval_every = cfg.eval_every or per_epoch
     ckpt_every = cfg.ckpt_every or per_epoch
 
@@ -326,6 +327,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         for _, micro_batches in source.epoch(epoch, plan, first, last):
             lr = lr_at(step, total, cfg.optim.lr, warmup, cfg.optim.schedule, cfg.optim.min_lr)
             set_lr(optimizer, lr)
+            model.patch_drop_rate = 0.0 if step >= full_tokens_from else cfg.model.patch_dropout
             loss = forward_backward(net, micro_batches, cfg.optim.label_smoothing, device, amp, ctx.distributed)
             finite = torch.isfinite(loss).float()
             if ctx.distributed:  # every process must stop together

@@ -98,6 +98,9 @@ class TrainConfig:
 
     `init`: a checkpoint or model name to fine-tune from (the head is replaced for the data's classes and the
     position embedding resampled to `model.image_size`, Sec. 3.2); empty: train `model` from scratch.
+    `full_token_epochs`: with PatchDropout (`model.patch_dropout`), the last this-many epochs train on every
+    patch token, so that training ends on the token count the model is evaluated with (FLIP's "unmasked
+    tuning", Li et al. 2023); 0: PatchDropout to the end.
     `ema`: decay of an exponential moving average of the weights (0: off); when on, evaluation and the saved
     models use the averaged weights. `precision`: 'auto' is bf16 autocast on CUDA and fp32 on a CPU.
     `eval_every`, `ckpt_every`: in steps (0: at the end of every epoch). `keep_last`: training-state checkpoints
@@ -112,6 +115,7 @@ class TrainConfig:
     init: str = ""
     epochs: float = 10.0
     steps: int = 0
+    full_token_epochs: float = 0.0
     batch_size: int = 128
     micro_batch: int = 0
     ema: float = 0.0
@@ -133,6 +137,9 @@ class TrainConfig:
             errors.append(f"batch_size={self.batch_size} is not a multiple of micro_batch={self.micro_batch}")
         if self.steps < 0 or self.epochs < 0 or (self.steps == 0 and self.epochs == 0):
             errors.append("set steps > 0 or epochs > 0")
+        if self.full_token_epochs < 0 or (self.full_token_epochs and not self.model.patch_dropout):
+            errors.append(f"full_token_epochs={self.full_token_epochs} (need >= 0, and model.patch_dropout > 0 "
+                          "when set)")
         if not 0 <= self.ema < 1:
             errors.append(f"ema={self.ema} (a decay, 0 <= ema < 1; 0 is off)")
         if self.precision not in typing.get_args(Precision):
