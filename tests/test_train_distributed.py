@@ -1,5 +1,6 @@
 """Two CPU processes (DDP over gloo) with the same global batch compute the same run as one process."""
 
+import json
 import os
 import socket
 
@@ -41,9 +42,24 @@ def test_two_processes_equal_one(tmp_path):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
     # Evaluation is split between the processes and summed: the same metrics.
-    import json
-
     ra = json.loads((tmp_path / "one" / "result.json").read_text())
     rb = json.loads((tmp_path / "two" / "result.json").read_text())
     assert ra["count"] == rb["count"] == 64 and rb["processes"] == 2
     assert abs(ra["top1"] - rb["top1"]) < 1e-9 and abs(ra["loss"] - rb["loss"]) < 1e-4
+
+
+def test_vitkit_train_nproc_starts_torchrun(tmp_path):
+    """`vitkit train --nproc 2` runs the recipe as two DDP processes; a failing run gives a failing exit code."""
+    from typer.testing import CliRunner
+
+    from vitkit.cli.main import app
+
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
+    args = ["train", "demo-tiny", "--nproc", "2", "--out", str(tmp_path / "run"), "--no-progress",
+            *(a for o in ["steps=2", "batch_size=32"] + fake_data_overrides(data) for a in ("--set", o))]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 2 and summary["count"] == 32
+    again = CliRunner().invoke(app, args)  # the folder holds a run and --resume is not given: the processes fail
+    assert again.exit_code != 0

@@ -28,6 +28,20 @@ def inference_model(model, fast: bool):
     return optimize(model, precision="fp32")
 
 
+def launch_torchrun(nproc: int, train_args: list[str]) -> int:
+    """Run `vitkit train TRAIN_ARGS` as `nproc` processes under torchrun on this machine and return its exit
+    code. Each process gets (cores / nproc) threads unless OMP_NUM_THREADS is set."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "vitkit.cli.main", "train", *train_args]
+    return subprocess.run(cmd, env=env).returncode
+
+
 def _load(checkpoint: str):
     from .. import load
 
@@ -43,9 +57,13 @@ def train(
                                              "(repeatable; unknown keys are rejected with the valid ones)."),
     show: bool = typer.Option(False, "--show", help="Print the resolved config as JSON and exit."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    nproc: int = typer.Option(1, "--nproc", min=1,
+                              help="Data-parallel processes on this machine: starts torchrun --standalone with N "
+                                   "processes of (cores / N) threads each. On 2 CPU cores, 2 processes of 1 thread "
+                                   "train the small recipes faster than 1 process of 2 threads."),
 ) -> None:
-    """Train a ViT with a recipe. Under `torchrun --nproc_per_node N -m vitkit.cli.main train ...` the same
-    command runs data-parallel (gloo on CPUs, nccl on GPUs)."""
+    """Train a ViT with a recipe. With --nproc N, or under `torchrun --nproc_per_node N -m vitkit.cli.main
+    train ...`, the same command runs data-parallel (gloo on CPUs, nccl on GPUs)."""
     from ..train import get_recipe
     from ..train import train as run
     from .main import UsageError
@@ -59,6 +77,10 @@ def train(
     if show:
         typer.echo(cfg.to_json(), nl=False)
         return
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        args = [recipe, "--out", str(out), *(["--resume"] if resume else []),
+                *(a for o in overrides or [] for a in ("--set", o)), *([] if progress else ["--no-progress"])]
+        raise typer.Exit(launch_torchrun(nproc, args))
     result = run(cfg, out, resume=resume, progress=progress)
     if os.environ.get("RANK", "0") != "0":  # under torchrun, the main process reports
         return
