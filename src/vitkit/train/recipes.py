@@ -100,7 +100,7 @@ class TrainConfig:
     position embedding resampled to `model.image_size`, Sec. 3.2); empty: train `model` from scratch.
     `full_token_epochs`: with PatchDropout (`model.patch_dropout`), the last this-many epochs train on every
     patch token, so that training ends on the token count the model is evaluated with (FLIP's "unmasked
-    tuning", Li et al. 2023); 0: PatchDropout to the end.
+    tuning", Li et al. 2023); 0: PatchDropout to the end. Without PatchDropout it changes nothing.
     `ema`: decay of an exponential moving average of the weights (0: off); when on, evaluation and the saved
     models use the averaged weights. `precision`: 'auto' is bf16 autocast on CUDA and fp32 on a CPU.
     `eval_every`, `ckpt_every`: in steps (0: at the end of every epoch). `keep_last`: training-state checkpoints
@@ -137,9 +137,8 @@ class TrainConfig:
             errors.append(f"batch_size={self.batch_size} is not a multiple of micro_batch={self.micro_batch}")
         if self.steps < 0 or self.epochs < 0 or (self.steps == 0 and self.epochs == 0):
             errors.append("set steps > 0 or epochs > 0")
-        if self.full_token_epochs < 0 or (self.full_token_epochs and not self.model.patch_dropout):
-            errors.append(f"full_token_epochs={self.full_token_epochs} (need >= 0, and model.patch_dropout > 0 "
-                          "when set)")
+        if self.full_token_epochs < 0:
+            errors.append(f"full_token_epochs={self.full_token_epochs} (need >= 0)")
         if not 0 <= self.ema < 1:
             errors.append(f"ema={self.ema} (a decay, 0 <= ema < 1; 0 is off)")
         if self.precision not in typing.get_args(Precision):
