@@ -28,6 +28,11 @@ def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (int(h), int(w))
 
 
+# Rates that act only in training (regularisers, each in [0, 1)): a fine-tuning run takes them from its recipe,
+# not from the pre-trained checkpoint.
+TRAINING_RATES = ("dropout", "attn_dropout", "drop_path", "patch_dropout")
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """Everything that defines a ViT's architecture and its input preprocessing.
@@ -89,7 +94,7 @@ class ViTConfig:
             errors.append(f"num_classes={self.num_classes} must be >= 0 (0: no head)")
         if self.representation_size is not None and self.representation_size < 1:
             errors.append(f"representation_size={self.representation_size} must be positive or None")
-        for key in ("dropout", "attn_dropout", "drop_path", "patch_dropout"):
+        for key in TRAINING_RATES:
             if not 0.0 <= getattr(self, key) < 1.0:
                 errors.append(f"{key}={getattr(self, key)} must be in [0, 1)")
         if self.ln_eps <= 0:

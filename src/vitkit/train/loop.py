@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, Subset
 
+from ..config import TRAINING_RATES
 from ..data import TensorImageDataset, resolve
 from ..model import VisionTransformer
 from . import distributed
@@ -108,9 +109,8 @@ def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
         from ..transfer import prepare_finetune
 
         m = cfg.model
-        return prepare_finetune(cfg.init, num_classes, image_size=m.image_size, dropout=m.dropout,
-                                attn_dropout=m.attn_dropout, drop_path=m.drop_path,
-                                patch_dropout=m.patch_dropout)
+        return prepare_finetune(cfg.init, num_classes, image_size=m.image_size,
+                                **{k: getattr(m, k) for k in TRAINING_RATES})
     return VisionTransformer(cfg.model.replace(num_classes=num_classes))
 
 

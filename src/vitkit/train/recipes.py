@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..config import ViTConfig, get_config
+from ..config import TRAINING_RATES, ViTConfig, get_config
 from ..data.transforms import AugmentConfig
 
 Optimizer = Literal["adamw", "sgd"]
@@ -391,16 +391,15 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) ->
 def init_model_config(init: str, recipe_model: ViTConfig) -> ViTConfig:
     """With `init`, the model is the checkpoint's architecture (its head replaced later for the data's
     classes). The recipe keeps its resolution where the checkpoint's patches tile it (else the checkpoint's
-    own), and its dropout, stochastic depth and patch dropout."""
+    own), and its training-only rates (dropout, stochastic depth, patch dropout: `TRAINING_RATES`)."""
     from .. import load
 
     src = load(init).cfg
     size = recipe_model.image_size
     if size[0] % src.patch_stride or size[1] % src.patch_stride:
         size = src.image_size
-    return src.replace(image_size=size, representation_size=None, dropout=recipe_model.dropout,
-                       attn_dropout=recipe_model.attn_dropout, drop_path=recipe_model.drop_path,
-                       patch_dropout=recipe_model.patch_dropout)
+    return src.replace(image_size=size, representation_size=None,
+                       **{k: getattr(recipe_model, k) for k in TRAINING_RATES})
 
 
 def _set(obj: Any, path: list[str], value: str, full_key: str) -> Any:
