@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vitkit import ViTConfig, count_flops, count_parameters, create_model, get_config
 from vitkit.config import PRESETS, VARIANTS
-from vitkit.model import VisionTransformer, drop_path, patch_dropout
+from vitkit.model import MIMETIC_QK, MIMETIC_VO, VisionTransformer, drop_path, mimetic_factors, patch_dropout
 
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
 
@@ -445,6 +445,52 @@ def test_initialisation_follows_the_reference_code():
     assert 0 < fc1.bias.abs().max() < 1e-4  # N(0, 1e-6)
     assert torch.equal(model.blocks[0].attn.qkv.bias, torch.zeros(3 * 256))
     assert torch.equal(model.head.weight, torch.zeros(10, 128))
+
+
+
+def test_mimetic_factors_are_the_truncated_svd_of_noise_plus_identity():
+    # The reference: numpy's SVD of the same target, alpha Z + beta I with Z ~ N(0, 1/dim), cut to the rank.
+    import numpy as np
+
+    for alpha, beta, dim, rank in ((0.7, 0.7, 24, 6), (0.4, -0.4, 24, 24)):
+        torch.manual_seed(3)
+        target = (alpha * torch.randn(dim, dim) / math.sqrt(dim) + beta * torch.eye(dim)).double().numpy()
+        u, s, vh = np.linalg.svd(target)
+        expected = (u[:, :rank] * s[:rank]) @ vh[:rank]
+        torch.manual_seed(3)
+        left, right = mimetic_factors(alpha, beta, dim, rank)
+        assert left.shape == right.shape == (dim, rank)
+        np.testing.assert_allclose((left @ right.T).double().numpy(), expected, atol=1e-5)
+        if rank == dim:
+            np.testing.assert_allclose((left @ right.T).double().numpy(), target, atol=1e-5)
+
+
+def test_mimetic_attention_init_puts_identities_in_the_head_products():
+    torch.manual_seed(0)
+    D, H = 96, 4
+    model = VisionTransformer(tiny(dim=D, num_heads=H, mlp_dim=128, depth=2, attn_init="mimetic"))
+    plain = VisionTransformer(tiny(dim=D, num_heads=H, mlp_dim=128, depth=2))
+    Dh = D // H
+    for block in model.blocks:
+        w, proj = block.attn.qkv.weight.detach(), block.attn.proj.weight.detach()
+        for h in range(H):
+            # The attention logits of head h are x (W_q^h)^T W_k^h x^T: a rank-Dh part of 0.7 Z + 0.7 I,
+            # whose diagonal keeps about Dh / D of the identity's weight plus the largest noise directions.
+            qk = w[h * Dh:(h + 1) * Dh].T @ w[D + h * Dh:D + (h + 1) * Dh]
+            assert torch.linalg.matrix_rank(qk).item() == Dh
+            assert qk.diagonal().mean().item() > 0.5 * MIMETIC_QK[1] * Dh / D
+        # The value and output maps: v W_o^T = x W_v^T W_o^T, full rank, = 0.4 Z - 0.4 I.
+        vo = w[2 * D:].T @ proj.T
+        off = vo - torch.diag(vo.diagonal())
+        assert vo.diagonal().mean().item() == pytest.approx(MIMETIC_VO[1], abs=0.05)
+        assert off.std().item() == pytest.approx(MIMETIC_VO[0] / math.sqrt(D), rel=0.1)
+        assert torch.equal(block.attn.qkv.bias, torch.zeros(3 * D))
+        assert torch.equal(block.attn.proj.bias, torch.zeros(D))
+    # The default (the paper's Xavier) has neither structure: its W_v W_o diagonal is near zero.
+    vo = plain.blocks[0].attn.qkv.weight[2 * D:].T @ plain.blocks[0].attn.proj.weight.T
+    assert abs(vo.diagonal().mean().item()) < 0.05
+    with pytest.raises(ValueError, match="attn_init='orthogonal'"):
+        tiny(attn_init="orthogonal")
 
 
 # --- numerical equality with timm ---------------------------------------------------------------------

@@ -19,6 +19,8 @@ Gelu = Literal["exact", "tanh"]
 POOLS: tuple[str, ...] = ("token", "gap")
 POS_EMBEDS: tuple[str, ...] = ("learned", "learned-2d", "sincos-2d", "none")
 GELUS: tuple[str, ...] = ("exact", "tanh")
+AttnInit = Literal["xavier", "mimetic"]
+ATTN_INITS: tuple[str, ...] = ("xavier", "mimetic")
 
 
 def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -64,6 +66,9 @@ class ViTConfig:
     qkv_bias: bool = True
     ln_eps: float = 1e-6
     gelu: Gelu = "exact"
+    # How training from scratch initialises the attention weights: "xavier" as the paper's Flax code, or
+    # "mimetic" (Trockman & Kolter, ICML 2023): W_q W_k^T near +I and W_v W_o near -I in every layer.
+    attn_init: AttnInit = "xavier"
     hybrid_layers: tuple[int, ...] | None = None
     hybrid_width: int = 64  # BiT ResNet root width; only with hybrid_layers
     # Preprocessing that belongs to the weights (recorded in checkpoints).
@@ -87,6 +92,8 @@ class ViTConfig:
             errors.append(f"pos_embed={self.pos_embed!r} (choose from {', '.join(POS_EMBEDS)})")
         if self.gelu not in GELUS:
             errors.append(f"gelu={self.gelu!r} (choose from {', '.join(GELUS)})")
+        if self.attn_init not in ATTN_INITS:
+            errors.append(f"attn_init={self.attn_init!r} (choose from {', '.join(ATTN_INITS)})")
         for key in ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim"):
             if getattr(self, key) < 1:
                 errors.append(f"{key}={getattr(self, key)} must be a positive integer")

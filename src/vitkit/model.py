@@ -36,6 +36,40 @@ def lecun_normal_(w: torch.Tensor) -> torch.Tensor:
     return trunc_normal_(w, std=std)
 
 
+def mimetic_factors(alpha: float, beta: float, dim: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """L, R of shape (dim, rank) with L R^T the best rank-`rank` approximation of alpha Z + beta I, where Z has
+    N(0, 1/dim) entries: the factorisation of mimetic initialisation (Trockman & Kolter, 2023, Sec. 4)."""
+    target = alpha * torch.randn(dim, dim) / math.sqrt(dim) + beta * torch.eye(dim)
+    u, s, vh = torch.linalg.svd(target)
+    root = s[:rank].sqrt()
+    return u[:, :rank] * root, vh[:rank].T * root
+
+
+# Mimetic initialisation's (alpha, beta) for W_q W_k^T ~ alpha Z + beta I and W_v W_o ~ alpha Z - beta I: the
+# values of the paper's ViT-Tiny on CIFAR-10.
+MIMETIC_QK = (0.7, 0.7)
+MIMETIC_VO = (0.4, -0.4)
+
+
+@torch.no_grad()
+def mimetic_init_(attn: Attention) -> None:
+    """Initialise one attention layer so that every head's W_q W_k^T is near the identity (tokens attend to
+    tokens like themselves, and so, through the position embedding, to their neighbours) and W_v W_o is near
+    minus the identity, the patterns of pre-trained ViTs. Biases are zero."""
+    D, H, Dh = attn.proj.in_features, attn.num_heads, attn.head_dim
+    w = attn.qkv.weight  # (3D, D): the rows of q, then k, then v; head h owns rows h*Dh:(h+1)*Dh of each
+    for h in range(H):
+        left, right = mimetic_factors(*MIMETIC_QK, D, Dh)  # x W_q^T W_k x^T = x L R^T x^T
+        w[h * Dh:(h + 1) * Dh] = left.T
+        w[D + h * Dh:D + (h + 1) * Dh] = right.T
+    left, right = mimetic_factors(*MIMETIC_VO, D, D)  # v W_o^T = x W_v^T W_o^T = x L R^T
+    w[2 * D:] = left.T
+    attn.proj.weight.copy_(right)
+    if attn.qkv.bias is not None:
+        attn.qkv.bias.zero_()
+    attn.proj.bias.zero_()
+
+
 class PatchEmbed(nn.Module):
     """x_p E of eq. 1: a convolution with kernel = stride = P is the linear map E of each flattened patch."""
 
@@ -232,6 +266,9 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+        if self.cfg.attn_init == "mimetic":
+            for block in self.blocks:
+                mimetic_init_(block.attn)
         if self.pre_logits is not None:
             lecun_normal_(self.pre_logits.weight)  # Flax Dense's default kernel init
             nn.init.zeros_(self.pre_logits.bias)
