@@ -260,7 +260,8 @@ def fashion_mnist() -> TrainConfig:
       from the fourth epoch on; with the fixed sine-cosine positions 87.89 %; with the learned table started
       at the sine-cosine one 87.60 %; with 2 heads of 32 87.92 %; with lr 6e-3 87.98 %.
     - Mimetic, 72 epochs: 92.76 % in 30.3 min (the machine slowed down in the last 10 minutes; 92.68 % after
-      69 epochs): no better than 66.
+      69 epochs): no better than 66. Mimetic with lr 3e-3, 66 epochs: 92.45 % (31.3 min in a slow phase of the
+      machine; level with lr 4e-3 until epoch 36, then behind).
 
     Measured, the full recipe (`torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py`): 92.76 %
     test top-1 in 24.6 min; 85 % after 3.6 min, 90 % after 10.1 min, 92 % after 18.9 min (ahead of the Xavier
