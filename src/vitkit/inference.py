@@ -37,13 +37,13 @@ The returned model is a copy; the argument is left untouched. It keeps the Visio
 from __future__ import annotations
 
 import copy
-import functools
 import warnings
 from typing import Literal
 
 import torch
 import torch.nn as nn
 
+from .hardware import cpu_has_native_bf16, cpu_has_vnni
 from .linear import onednn_available
 from .model import merge_heads, split_heads
 
@@ -107,30 +107,6 @@ def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, PackedLinear(child, batch_hint=batch_hint))
     return model
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux), read once; empty where that cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_has_vnni() -> bool:
-    """Whether the CPU has VNNI: int8 dot products accumulated in int32."""
-    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether the CPU computes bf16 dot products in hardware (AVX512-BF16 or AMX); without them oneDNN
-    emulates bf16, at about a third of the fp32 speed."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 class DynamicInt8Linear(nn.Module):
