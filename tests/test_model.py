@@ -305,6 +305,30 @@ def test_explicit_attention_is_softmax_of_scaled_dot_products():
         torch.testing.assert_close(attentions[0][0, h], expected, rtol=1e-5, atol=1e-6)
 
 
+def test_explicit_attention_stays_fp32_under_bf16_autocast():
+    """Under bf16 autocast (training on a CPU with native bf16) the projections run in bf16 but the attention
+    matrices in fp32: the weights are the fp32 softmax of the (bf16-rounded) q and k, recomputed by hand; the
+    block's output goes on in bf16. A model cast to bf16 still returns its attention."""
+    torch.manual_seed(0)
+    model = VisionTransformer(tiny()).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.3)  # peaked attention, where bf16 logits would show
+    x = torch.randn(1, 3, 32, 32)
+    z = model.blocks[0].norm1(model.embed(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, attn = model.blocks[0].attn(z, return_attention=True)
+        q, k, _ = model.blocks[0].attn.qkv(z)[0].float().split(model.cfg.dim, dim=-1)
+    assert attn.dtype == torch.float32 and out.dtype == torch.bfloat16
+    Dh = model.cfg.head_dim
+    for h in range(model.cfg.num_heads):
+        qh, kh = q[:, h * Dh:(h + 1) * Dh], k[:, h * Dh:(h + 1) * Dh]
+        expected = torch.softmax(qh @ kh.T / math.sqrt(Dh), dim=-1)
+        torch.testing.assert_close(attn[0, h], expected, rtol=1e-5, atol=1e-6)
+    bf16 = VisionTransformer(tiny()).to(torch.bfloat16).eval()
+    logits, attentions = bf16.forward_features(x.to(torch.bfloat16), return_attention=True)
+    assert logits.dtype == torch.bfloat16 and len(attentions) == bf16.cfg.depth
+
+
 # --- patch dropout ------------------------------------------------------------------------------------
 def test_patch_dropout_keeps_the_class_token_and_an_ordered_subset_of_patches():
     x = torch.arange(2 * 17 * 3, dtype=torch.float32).reshape(2, 17, 3)  # 1 prefix + 16 patch tokens
