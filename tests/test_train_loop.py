@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 import vitkit
 from train_helpers import synthetic_dataset, synthetic_images
 from vitkit.data import FASHION_MNIST_CLASSES
-from vitkit.train import TrainingDiverged, get_recipe, train
+from vitkit.train import TrainingDiverged, get_recipe, loop, train
 from vitkit.train.batches import epoch_order, make_plan, rank_indices
 from vitkit.train.checkpoints import latest_checkpoint, list_checkpoints
 
@@ -188,3 +188,39 @@ def test_full_token_epochs_turn_patch_dropout_off_for_the_last_steps(tmp_path, m
     with pytest.raises(ValueError, match="full_token_epochs"):
         get_recipe("fashion-mnist", ["full_token_epochs=-1"])
     get_recipe("fashion-mnist", ["model.patch_dropout=0"])  # turning PatchDropout off needs no other change
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_autocast_dtype_of_each_precision(monkeypatch, native):
+    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: native)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert loop.autocast_dtype("auto", cpu) is None
+    assert loop.autocast_dtype("fp32", cpu) is None and loop.autocast_dtype("fp32", cuda) is None
+    assert loop.autocast_dtype("auto", cuda) is torch.bfloat16
+    assert loop.autocast_dtype("bf16", cpu) is torch.bfloat16
+    assert loop.autocast_dtype("bf16-native", cuda) is torch.bfloat16
+    assert loop.autocast_dtype("bf16-native", cpu) is (torch.bfloat16 if native else None)
+
+
+def test_bf16_native_trains_under_autocast_where_the_cpu_has_it(tmp_path, monkeypatch):
+    """With 'bf16-native' the forward runs in bf16 on a CPU that has it (faked here, so the test runs on any
+    CPU; bf16 is only emulated, slowly, on those without) and the loss still goes down."""
+    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: True)
+    dtypes = []
+    original = vitkit.VisionTransformer.forward
+
+    def spy(self, x):
+        logits = original(self, x)
+        dtypes.append(logits.dtype)
+        return logits
+
+    monkeypatch.setattr(vitkit.VisionTransformer, "forward", spy)
+    data = synthetic_dataset(32, seed=0)
+    cfg = plain("demo-tiny", "batch_size=32", "steps=25", "optim.schedule=constant", "optim.warmup_epochs=0",
+                "optim.lr=0.003", "optim.label_smoothing=0", "log_every=1", "ckpt_every=100", "eval_every=100",
+                "precision=bf16-native")
+    train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+    assert dtypes and all(d == torch.bfloat16 for d in dtypes), set(dtypes)
+    assert losses[-1] < 0.5 * losses[0], losses

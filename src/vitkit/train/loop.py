@@ -32,6 +32,7 @@ from torch.utils.data import Dataset, Subset
 
 from ..config import TRAINING_RATES
 from ..data import TensorImageDataset, resolve
+from ..hardware import cpu_has_native_bf16
 from ..model import VisionTransformer
 from . import distributed
 from .batches import batch_source, is_in_memory, make_plan, steps_per_epoch
@@ -121,9 +122,12 @@ def seed_everything(seed: int) -> None:
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA ('auto' or 'bf16'); fp32 on a CPU unless bf16 is asked for (it is emulated and
-    slower on CPUs without native bf16)."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    """The autocast dtype of a `precision` on `device` (None: fp32). 'auto': bf16 on CUDA, fp32 on a CPU;
+    'bf16': bf16 everywhere (emulated, and slower, on CPUs without native bf16); 'bf16-native': bf16 on CUDA
+    and on CPUs that compute bf16 in hardware (AVX512-BF16, AMX), fp32 on other CPUs; 'fp32': never."""
+    if precision == "bf16" or (precision in ("auto", "bf16-native") and device.type == "cuda"):
+        return torch.bfloat16
+    if precision == "bf16-native" and device.type == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return None
 

@@ -20,7 +20,7 @@ from ..data.transforms import AugmentConfig
 
 Optimizer = Literal["adamw", "sgd"]
 Schedule = Literal["cosine", "linear", "constant"]
-Precision = Literal["auto", "fp32", "bf16"]
+Precision = Literal["auto", "fp32", "bf16", "bf16-native"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,8 @@ class TrainConfig:
     patch token, so that training ends on the token count the model is evaluated with (FLIP's "unmasked
     tuning", Li et al. 2023); 0: PatchDropout to the end. Without PatchDropout it changes nothing.
     `ema`: decay of an exponential moving average of the weights (0: off); when on, evaluation and the saved
-    models use the averaged weights. `precision`: 'auto' is bf16 autocast on CUDA and fp32 on a CPU.
+    models use the averaged weights. `precision`: 'auto' is bf16 autocast on CUDA and fp32 on a CPU;
+    'bf16-native' also takes bf16 on CPUs that compute it in hardware (AVX512-BF16, AMX), fp32 on others.
     `eval_every`, `ckpt_every`: in steps (0: at the end of every epoch). `keep_last`: training-state checkpoints
     kept (the best and the last models are kept apart, as vitkit checkpoints).
     """
