@@ -39,6 +39,21 @@ def time_to_levels(metrics_csv: Path, start: float) -> dict[float, float | None]
     return reached
 
 
+def fp32_test_top1(model_dir: Path, data) -> float:
+    """Top-1 (%) on the recipe's evaluation split of the saved model evaluated in fp32, as `vitkit eval` does:
+    the figure a user gets from the checkpoint, whatever precision the training (and its evaluations) ran in."""
+    import torch
+
+    from vitkit import load
+    from vitkit.data import resolve
+    from vitkit.train.evaluate import evaluate
+
+    model = load(model_dir).eval()
+    with torch.no_grad():
+        test = resolve(data.name, data.val_split, data.data_dir, data.download, data.skip_bad_images)
+        return 100 * evaluate(model, test, model.cfg, data.eval_batch_size, torch.device("cpu")).top1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="fashion-mnist")
@@ -57,14 +72,18 @@ def main() -> None:
         return
     if result.final is None:
         raise SystemExit("the recipe has no test split to evaluate (data.val_split is empty)")
+    wall_minutes = (time.time() - start) / 60
     reached = time_to_levels(args.out / "metrics.csv", start)  # (from this process's start when resumed)
+    fp32 = fp32_test_top1(result.last_dir, cfg.data)
     report = {
         "recipe": args.recipe,
         "overrides": args.overrides,
+        "precision": cfg.precision,
         "test_top1": 100 * result.final.top1,
+        "test_top1_saved_fp32": fp32,
         "best_test_top1": 100 * (result.best_top1 or 0.0),
         "train_minutes": result.seconds / 60,
-        "wall_minutes": (time.time() - start) / 60,
+        "wall_minutes": wall_minutes,
         "steps": result.steps,
         "parameters": count_parameters(result_cfg := cfg.model.replace(num_classes=10)),
         "tokens": result_cfg.num_tokens,
@@ -73,6 +92,7 @@ def main() -> None:
     (args.out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{args.recipe}: test top-1 {report['test_top1']:.2f} % (best epoch {report['best_test_top1']:.2f} %) "
           f"after {report['train_minutes']:.1f} min, {result.steps} steps, {report['parameters']:,} parameters")
+    print(f"  the saved model evaluated in fp32: {fp32:.2f} % (training precision: {cfg.precision})")
     for level, minutes in report["minutes_to_accuracy"].items():
         print(f"  {level} % reached after " + (f"{minutes:.1f} min" if minutes is not None else "-"))
     print("anchors (dataset README): " + ", ".join(f"{k} {v} %" for k, v in ANCHORS.items()))
