@@ -1,5 +1,7 @@
 """Training throughput: our loop driving vitkit's ViT vs the same loop driving timm's VisionTransformer of the
-same size, on the same data (Fashion-MNIST held in memory, whole-batch augmentation).
+same size, on the same data (Fashion-MNIST held in memory, whole-batch augmentation). timm's model is
+`vitkit.bench.build_timm`'s: fused attention, and the recipe's PatchDropout (timm's `patch_drop_rate`), so both
+train on the same number of tokens; both run in the recipe's precision.
 
 Both models go through vitkit.train's own pieces: the batch source, the weight-decay groups and AdamW,
 `forward_backward` and `optimizer_step`, with the recipe's batch size. The two are measured in alternating
@@ -21,18 +23,6 @@ import time
 import torch
 
 
-def timm_twin(cfg):
-    """timm's VisionTransformer with the architecture of vitkit's config `cfg`."""
-    from timm.models.vision_transformer import VisionTransformer
-
-    return VisionTransformer(
-        img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=cfg.num_classes,
-        embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.dim,
-        qkv_bias=cfg.qkv_bias, class_token=cfg.class_token, global_pool="token" if cfg.pool == "token" else "avg",
-        drop_path_rate=cfg.drop_path, drop_rate=cfg.dropout, attn_drop_rate=cfg.attn_dropout,
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="fashion-mnist", help="whose model, batch size and augmentation")
@@ -45,6 +35,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
 
+    from vitkit.bench import build_timm
     from vitkit.data import FASHION_MNIST_CLASSES, TensorImageDataset, resolve
     from vitkit.model import VisionTransformer
     from vitkit.train.batches import batch_source, make_plan, steps_per_epoch
@@ -71,7 +62,7 @@ def main() -> None:
     per_epoch = steps_per_epoch(len(source), cfg.batch_size)
 
     torch.manual_seed(0)
-    models = {"vitkit": VisionTransformer(model_cfg).to(device), "timm": timm_twin(model_cfg).to(device)}
+    models = {"vitkit": VisionTransformer(model_cfg).to(device), "timm": build_timm(model_cfg).to(device)}
     n_params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     if n_params["vitkit"] != n_params["timm"]:
         raise SystemExit(f"the two models differ in size: {n_params}")
