@@ -11,6 +11,7 @@ and the other formats with a thin, asserted one (see `vitkit.convert`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -102,6 +103,14 @@ def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
     return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
 
 
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """A context with autocast off on `device_type` where it is on (a no-op elsewhere, e.g. on the meta
+    device, which has no autocast)."""
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def split_heads(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused q;k;v projection's output (B, T, 3D) -> q, k, v, each (B, heads, T, D / heads)."""
     B, T, three_d = qkv.shape
@@ -137,9 +146,9 @@ class Attention(nn.Module):
             # The explicit softmax(q k^T / sqrt(d)) v: the same function as the fused kernel below.
             # In fp32 even under bf16 autocast: the logits and the softmax lose accuracy in bf16 (a
             # Fashion-MNIST screen trained 0.4 points behind fp32 with them in bf16, level with them in fp32).
-            dtype = q.dtype
-            with torch.autocast(x.device.type, enabled=False):
-                q, k, v = q.float(), k.float(), v.float()
+            dtype, wide = q.dtype, torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32; fp64 stays
+            with autocast_off(x.device.type):
+                q, k, v = q.to(wide), k.to(wide), v.to(wide)
                 attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
                 x = (F.dropout(attn, self.attn_drop, self.training) @ v).to(dtype)
             attn = attn if return_attention else None
