@@ -144,8 +144,8 @@ class Attention(nn.Module):
         attn = None
         if return_attention or explicit_attention_is_faster(x, self.training):
             # The explicit softmax(q k^T / sqrt(d)) v: the same function as the fused kernel below.
-            # In fp32 even under bf16 autocast: the logits and the softmax lose accuracy in bf16 (a
-            # Fashion-MNIST screen trained 0.4 points behind fp32 with them in bf16, level with them in fp32).
+            # In fp32 even under bf16 autocast: the logits and the softmax lose accuracy in bf16 (12-epoch
+            # Fashion-MNIST screens: fp32 88.39 %; bf16 with them in bf16 87.78 %, with them in fp32 88.13 %).
             dtype, wide = q.dtype, torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32; fp64 stays
             with autocast_off(x.device.type):
                 q, k, v = q.to(wide), k.to(wide), v.to(wide)

@@ -270,7 +270,7 @@ def fashion_mnist() -> TrainConfig:
     - fp32, 66 epochs (the recipe before bf16): 92.76 % test top-1 in 24.6 min; 85 % after 3.6 min, 90 % after
       10.1 min, 92 % after 18.9 min (ahead of the Xavier initialisation at every evaluation: 91.02 vs 90.66 %
       after 36 epochs).
-    - bf16 autocast (one core's training step 1.9x faster, 1.24x per epoch with two processes), 12-epoch runs
+    - bf16 autocast (one core's training step 1.6x faster, 1.24x per epoch with two processes), 12-epoch runs
       side by side (fp32 88.39 %): everything in bf16 87.78 %; the softmax in fp32 87.72 %; the attention's
       logits and softmax in fp32 88.13 % (the model's choice; 1.14x slower than the fp32 softmax alone). All
       bf16 with width 80 and MLP 160: 87.66 % (1.2x slower per step than width 64).
