@@ -39,19 +39,16 @@ def time_to_levels(metrics_csv: Path, start: float) -> dict[float, float | None]
     return reached
 
 
-def fp32_test_top1(model_dir: Path, data) -> float:
-    """Top-1 (%) on the recipe's evaluation split of the saved model evaluated in fp32, as `vitkit eval` does:
-    the figure a user gets from the checkpoint, whatever precision the training (and its evaluations) ran in."""
-    import torch
-
+def fp32_test_top1(model_dir: Path, cfg) -> float:
+    """Top-1 (%) on the run's evaluation set of the saved model evaluated in fp32, as `vitkit eval` does: the
+    figure a user gets from the checkpoint, whatever precision the training (and its evaluations) ran in."""
     from vitkit import load
-    from vitkit.data import resolve
     from vitkit.train.evaluate import evaluate
+    from vitkit.train.loop import load_data
 
-    model = load(model_dir).eval()
-    with torch.no_grad():
-        test = resolve(data.name, data.val_split, data.data_dir, data.download, data.skip_bad_images)
-        return 100 * evaluate(model, test, model.cfg, data.eval_batch_size, torch.device("cpu")).top1
+    model = load(model_dir)
+    _, test, _ = load_data(cfg)  # the set (and data.val_limit) the training evaluated on
+    return 100 * evaluate(model, test, model.cfg, cfg.data.eval_batch_size, "cpu").top1
 
 
 def main() -> None:
@@ -74,7 +71,7 @@ def main() -> None:
         raise SystemExit("the recipe has no test split to evaluate (data.val_split is empty)")
     wall_minutes = (time.time() - start) / 60
     reached = time_to_levels(args.out / "metrics.csv", start)  # (from this process's start when resumed)
-    fp32 = fp32_test_top1(result.last_dir, cfg.data)
+    fp32 = fp32_test_top1(result.last_dir, cfg)
     report = {
         "recipe": args.recipe,
         "overrides": args.overrides,
