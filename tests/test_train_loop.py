@@ -28,13 +28,18 @@ def weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_a_few_steps_on_one_batch_drive_the_loss_down(tmp_path):
+def one_batch_losses(tmp_path, *overrides: str) -> list[float]:
+    """The training losses of 25 steps of demo-tiny on one batch of 32 images, logged at every step."""
     data = synthetic_dataset(32, seed=0)
     cfg = plain("demo-tiny", "batch_size=32", "steps=25", "optim.schedule=constant", "optim.warmup_epochs=0",
-                "optim.lr=0.003", "optim.label_smoothing=0", "log_every=1", "ckpt_every=100")
+                "optim.lr=0.003", "optim.label_smoothing=0", "log_every=1", "ckpt_every=100", *overrides)
     train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
     with (tmp_path / "run" / "metrics.csv").open() as f:
-        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+        return [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+
+
+def test_a_few_steps_on_one_batch_drive_the_loss_down(tmp_path):
+    losses = one_batch_losses(tmp_path)
     assert len(losses) == 25
     assert losses[-1] < 0.5 * losses[0], losses
 
@@ -215,12 +220,6 @@ def test_bf16_native_trains_under_autocast_where_the_cpu_has_it(tmp_path, monkey
         return logits
 
     monkeypatch.setattr(vitkit.VisionTransformer, "forward", spy)
-    data = synthetic_dataset(32, seed=0)
-    cfg = plain("demo-tiny", "batch_size=32", "steps=25", "optim.schedule=constant", "optim.warmup_epochs=0",
-                "optim.lr=0.003", "optim.label_smoothing=0", "log_every=1", "ckpt_every=100", "eval_every=100",
-                "precision=bf16-native")
-    train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
-    with (tmp_path / "run" / "metrics.csv").open() as f:
-        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+    losses = one_batch_losses(tmp_path, "eval_every=100", "precision=bf16-native")
     assert dtypes and all(d == torch.bfloat16 for d in dtypes), set(dtypes)
     assert losses[-1] < 0.5 * losses[0], losses
