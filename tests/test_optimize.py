@@ -11,7 +11,10 @@ import vitkit
 from vitkit import inference
 from vitkit.inference import (
     DynamicInt8Linear,
+    FusedBlock,
     PackedLinear,
+    PackedPatchEmbed,
+    attend_through_projections,
     cpu_has_native_bf16,
     onednn_linear_available,
     optimize,
@@ -56,6 +59,56 @@ def test_fp32_packs_every_linear_and_fuses_gelu():
         assert isinstance(block.mlp.fc1, PackedLinear) and block.mlp.fc1.activation == "gelu"
         assert isinstance(block.mlp.act, nn.Identity)
         assert isinstance(block.attn.qkv, PackedLinear) and block.attn.qkv.activation == "none"
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+def test_attending_through_the_projections_equals_projecting_every_token(queries):
+    B, T, D, H = 2, 11, 12, 3
+    h = torch.randn(B, T, D, dtype=torch.float64)
+    qkv = nn.Linear(D, 3 * D).double()
+    nn.init.normal_(qkv.bias)  # a key bias too: the softmax must not see it
+    q, k, v = vitkit.model.split_heads(qkv(h), H)
+    ref = F.scaled_dot_product_attention(q[:, :, :queries], k, v)
+    w = qkv.weight.detach()
+    out = attend_through_projections(q[:, :, :queries], h, w[D:2 * D].reshape(H, D // H, D),
+                                     w[2 * D:].reshape(H, D // H, D), qkv.bias.detach()[2 * D:].reshape(H, 1, D // H),
+                                     (D // H) ** -0.5)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("queries", [None, 1, 2, 40])  # 40 queries take the q;k;v product again
+def test_fused_block_computes_the_block(queries, monkeypatch):
+    model = tiny_model(image_size=48)  # 37 tokens
+    block = model.blocks[0]
+    fused = inference.pack_linears(FusedBlock(optimize_copy(block), few_queries=True))
+    x = torch.randn(2, 37, 64)
+    with torch.inference_mode():
+        ref, _ = block(x, queries=queries)
+        # Block's own forward (the unfused path) is not taken.
+        monkeypatch.setattr(vitkit.model.Block, "forward", lambda *a, **k: pytest.fail("fell back to Block"))
+        out, attn = fused(x, queries=queries)
+    assert attn is None
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+
+
+def optimize_copy(module: nn.Module) -> nn.Module:
+    """An eval-mode copy of `module` without gradients, as optimize starts from."""
+    import copy
+
+    return copy.deepcopy(module).eval().requires_grad_(False)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+def test_fp32_fuses_the_blocks_and_the_patch_projection():
+    model = tiny_model()
+    fast = optimize(model, "fp32")
+    assert all(isinstance(b, FusedBlock) and not b.training for b in fast.blocks)
+    assert [b.query is not None for b in fast.blocks] == [False, True]  # only the last one takes few queries
+    assert isinstance(fast.patch_embed, PackedPatchEmbed)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast.patch_embed(x), model.patch_embed(x), rtol=1e-5, atol=1e-5)
 
 
 def test_optimize_returns_a_copy_for_inference():

@@ -7,7 +7,11 @@
   with the MLP's GELU fused into its first layer. Measured on our 2-core AVX-512 CPU (docs/speed.md), oneDNN's
   packed GEMM is 10-20 % faster than the MKL `addmm` that `nn.Linear` calls, and GELU no longer makes a
   second pass over the (T, 4D) hidden activations. Attention already runs through
-  `F.scaled_dot_product_attention` with one fused q;k;v projection (see model.py). With `compile=True`,
+  `F.scaled_dot_product_attention` with one fused q;k;v projection (see model.py). The encoder blocks become
+  FusedBlocks: the residual adds ride on the output projections (oneDNN's binary post-op), and the last block,
+  which updates only the class token, attends through the key and value projections instead of projecting
+  every token's key and value (`attend_through_projections`). The patch convolution becomes one packed linear
+  map of the flattened patches. Together about 2-3 % of ViT-S/16 at batch 1. With `compile=True`,
   torch.compile (inductor, with freezing on the CPU) is applied on top.
 - "int8": dynamic quantisation of the encoder's linear layers (int8 weights per output channel,
   activations quantised per call to 8 bits where the CPU has VNNI; fbgemm's kernels). On CPUs with native bf16
@@ -42,10 +46,11 @@ from typing import Literal
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .hardware import cpu_has_native_bf16, cpu_has_vnni
 from .linear import onednn_available
-from .model import merge_heads, split_heads
+from .model import Block, PatchEmbed, VisionTransformer, merge_heads, split_heads
 
 Precision = Literal["fp32", "int8", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
@@ -64,22 +69,35 @@ class PackedLinear(nn.Module):
     works)."""
 
     def __init__(self, linear: nn.Linear, activation: Literal["none", "gelu"] = "none",
-                 approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197):
+                 approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197, rows: slice | None = None):
+        """`rows`: keep only these output features of `linear` (e.g. the queries of a fused q;k;v layer)."""
         super().__init__()
+        rows = slice(None) if rows is None else rows
+        weight = linear.weight.detach().float()[rows].contiguous()
         self.in_features = linear.in_features
-        self.out_features = linear.out_features
-        weight = linear.weight.detach().float().contiguous()
+        self.out_features = weight.shape[0]
         # A plain attribute, not a buffer: an mkldnn tensor cannot be saved, copied or moved like a dense one.
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
-        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.bias = None if linear.bias is None else linear.bias.detach().float()[rows].clone()
         self.activation = activation
         self.approximate = approximate if activation == "gelu" else ""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _check(self, x: torch.Tensor) -> None:
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"PackedLinear runs fp32 on the CPU, got {x.dtype} on {x.device}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self.activation, [],
                                                   self.approximate)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + (x W^T + b) in one oneDNN call (its binary post-op), for a layer without activation."""
+        self._check(x)
+        if self.activation != "none":
+            raise ValueError("PackedLinear.add is for layers without a fused activation")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), self.packed_weight, self.bias,
+                                                         "add")
 
     def extra_repr(self) -> str:
         act = f", activation=gelu({self.approximate})" if self.activation == "gelu" else ""
@@ -107,6 +125,106 @@ def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, PackedLinear(child, batch_hint=batch_hint))
     return model
+
+
+class PackedPatchEmbed(nn.Module):
+    """The patch projection x_p E of eq. 1 as what it is, one linear map of each flattened patch, through a
+    PackedLinear: the patches are cut out with a reshape (one copy of the image) instead of running oneDNN's
+    convolution, which is slower on these strided, non-overlapping windows."""
+
+    def __init__(self, patch_embed: PatchEmbed, batch_hint: int = 196):
+        super().__init__()
+        conv = patch_embed.proj
+        self.patch_size = conv.kernel_size[0]
+        flat = nn.Linear(conv.in_channels * self.patch_size**2, conv.out_channels, bias=conv.bias is not None)
+        flat.weight.data = conv.weight.detach().reshape(conv.out_channels, -1)  # (D, C P P), as the patches
+        if conv.bias is not None:
+            flat.bias.data = conv.bias.detach()
+        self.proj = PackedLinear(flat, batch_hint=batch_hint)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        P = self.patch_size
+        patches = x.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(B, -1, C * P * P)
+        return self.proj(patches)  # (B, N, D), patches in raster order
+
+
+def attend_through_projections(q: torch.Tensor, h: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
+                               b_v: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(q k^T scale) v for a few queries, without projecting the keys and values of every token.
+
+    q: (B, H, Q, Dh) queries; h: (B, T, D) the normalised tokens; w_k, w_v: (H, Dh, D) the key and value
+    projections per head; b_v: (H, 1, Dh) the value bias. With k_j = W_k h_j + b_k and v_j = W_v h_j + b_v:
+
+        q . k_j = (W_k^T q) . h_j + q . b_k   (the last term is the same for every j: softmax drops it)
+        sum_j a_j v_j = W_v (sum_j a_j h_j) + b_v   (the weights a_j sum to 1)
+
+    so the attention costs 2 Q D^2 + 2 Q H T D multiply-adds instead of the 2 T D^2 of projecting every
+    token's key and value: for one class-token query of ViT-S/16, 1.2 M instead of 58 M. The same function up
+    to float rounding (another order of summation). Returns (B, H, Q, Dh)."""
+    q_in = q @ w_k  # (B, H, Q, D): W_k^T q, per head
+    h = h.unsqueeze(1)  # (B, 1, T, D)
+    attn = (q_in @ h.transpose(-2, -1)).mul_(scale).softmax(dim=-1)  # (B, H, Q, T)
+    out = (attn @ h) @ w_v.transpose(-2, -1)  # (B, H, Q, D) -> (B, H, Q, Dh)
+    return out if b_v is None else out.add_(b_v)
+
+
+class FusedBlock(Block):
+    """An encoder block (eq. 2 and 3) for fp32 inference on the CPU, over packed linear layers, computing what
+    Block computes in fewer passes over memory and fewer FLOPs:
+
+    - the residual adds are fused into the attention's output projection and the MLP's second layer
+      (x + proj(a) in one oneDNN call, `PackedLinear.add`);
+    - with `few_queries`, a call with `queries` (the last block of a class-token model, which updates only the
+      class token) projects the queries of those tokens only and attends through the key and value
+      projections (`attend_through_projections`) instead of projecting every token's key and value: the
+      whole q;k;v product of that block but a sliver.
+
+    With return_attention, or in training mode, it runs as Block (the explicit attention)."""
+
+    def __init__(self, block: Block, few_queries: bool = False):
+        nn.Module.__init__(self)
+        self.norm1, self.attn, self.norm2, self.mlp = block.norm1, block.attn, block.norm2, block.mlp
+        self.drop_path = block.drop_path
+        self.train(block.training)
+        self.query = None
+        if few_queries:
+            qkv, heads = block.attn.qkv, block.attn.num_heads
+            D = qkv.in_features
+            self.query = PackedLinear(qkv, batch_hint=1, rows=slice(0, D))
+            w = qkv.weight.detach().float()
+            self.register_buffer("key_weight", w[D:2 * D].reshape(heads, D // heads, D).clone(), persistent=False)
+            self.register_buffer("value_weight", w[2 * D:].reshape(heads, D // heads, D).clone(), persistent=False)
+            b_v = None if qkv.bias is None else qkv.bias.detach().float()[2 * D:].reshape(heads, 1, D // heads)
+            self.register_buffer("value_bias", None if b_v is None else b_v.clone(), persistent=False)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        if return_attention or self.training:
+            return super().forward(x, return_attention, queries)
+        heads, h = self.attn.num_heads, self.norm1(x)
+        if queries is not None and self.query is not None and queries * heads < h.shape[1]:
+            (q,) = split_heads(self.query(h[:, :queries]), heads, parts=1)  # (B, H, queries, Dh)
+            y = attend_through_projections(q, h, self.key_weight, self.value_weight, self.value_bias,
+                                           self.attn.scale)
+        else:
+            q, k, v = split_heads(self.attn.qkv(h), heads)
+            y = F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v)
+        x = x if queries is None else x[:, :queries]
+        x = self.attn.proj.add(merge_heads(y), x)  # (2)
+        return self.mlp.fc2.add(self.mlp.act(self.mlp.fc1(self.norm2(x))), x), None  # (3)
+
+
+def fuse_blocks(model: nn.Module, batch_hint: int = 197) -> nn.Module:
+    """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (the last one ready for few
+    queries, the class-token shortcut of VisionTransformer.forward) and its patch convolution by
+    a PackedPatchEmbed, then pack every remaining linear layer (pack_linears). Other models are only packed."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(model, VisionTransformer) and all(type(b) is Block for b in blocks):
+        for i, block in enumerate(blocks):
+            blocks[i] = FusedBlock(block, few_queries=i == len(blocks) - 1)
+        if type(model.patch_embed) is PatchEmbed:
+            model.patch_embed = PackedPatchEmbed(model.patch_embed)
+    return pack_linears(model, batch_hint)
 
 
 class DynamicInt8Linear(nn.Module):
@@ -242,7 +360,7 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     out = copy.deepcopy(model).eval()
     out.requires_grad_(False)
     if precision == "fp32" and device.type == "cpu" and onednn_linear_available():
-        pack_linears(out)
+        fuse_blocks(out)
     elif precision == "int8":
         quantize_linears_int8(out)
     elif precision == "bf16":

@@ -111,10 +111,11 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def split_heads(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The fused q;k;v projection's output (B, T, 3D) -> q, k, v, each (B, heads, T, D / heads)."""
-    B, T, three_d = qkv.shape
-    return qkv.reshape(B, T, 3, num_heads, three_d // (3 * num_heads)).permute(2, 0, 3, 1, 4).unbind(0)
+def split_heads(qkv: torch.Tensor, num_heads: int, parts: int = 3) -> tuple[torch.Tensor, ...]:
+    """The fused q;k;v projection's output (B, T, 3D) -> q, k, v, each (B, heads, T, D / heads); with `parts`,
+    any number of fused D-wide projections (B, T, parts * D) alike (2: k;v, 1: q alone)."""
+    B, T, width = qkv.shape
+    return qkv.reshape(B, T, parts, num_heads, width // (parts * num_heads)).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
