@@ -12,8 +12,8 @@ from vitkit import inference
 from vitkit.inference import (
     DynamicInt8Linear,
     FusedBlock,
+    LinearPatchEmbed,
     PackedLinear,
-    PackedPatchEmbed,
     attend_through_projections,
     cpu_has_native_bf16,
     onednn_linear_available,
@@ -105,7 +105,7 @@ def test_fp32_fuses_the_blocks_and_the_patch_projection():
     fast = optimize(model, "fp32")
     assert all(isinstance(b, FusedBlock) and not b.training for b in fast.blocks)
     assert [b.query is not None for b in fast.blocks] == [False, True]  # only the last one takes few queries
-    assert isinstance(fast.patch_embed, PackedPatchEmbed)
+    assert isinstance(fast.patch_embed, LinearPatchEmbed) and isinstance(fast.patch_embed.proj, PackedLinear)
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
         torch.testing.assert_close(fast.patch_embed(x), model.patch_embed(x), rtol=1e-5, atol=1e-5)
@@ -174,8 +174,9 @@ def test_int8_agrees_with_fp32_on_a_trained_model(one_thread):
 def test_int8_quantises_the_encoder_only():
     model = tiny_model()
     q = optimize(model, "int8")
-    assert sum(isinstance(m, DynamicInt8Linear) for m in q.modules()) == 4 * len(q.blocks)  # qkv, proj, fc1, fc2
-    assert isinstance(q.head, nn.Linear)  # the classifier stays fp32
+    # qkv, proj, fc1, fc2, and the last block's query projection of the class token alone
+    assert sum(isinstance(m, DynamicInt8Linear) for m in q.modules()) == 4 * len(q.blocks) + 1
+    assert not isinstance(q.head, DynamicInt8Linear)  # the classifier stays fp32
     x = torch.randn(64, 3, 32, 32)
     with torch.inference_mode():
         ref, out = model(x), q(x)
@@ -259,27 +260,24 @@ def test_bf16_on_cuda_is_close():
     torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05)
 
 
-@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 attention is for CPUs with native bf16")
 @pytest.mark.parametrize("queries", [None, 1])
-def test_int8_bf16_attention_is_close_to_fp32_attention(queries):
+def test_bf16_attention_is_close_to_fp32_attention(queries):
     torch.manual_seed(0)
-    model = tiny_model()
-    attn = model.blocks[0].attn
-    low = inference.Bf16Attention(attn)
-    x = torch.randn(3, model.cfg.num_tokens, model.cfg.dim)
-    with torch.inference_mode():
-        ref, ref_attn = attn(x, return_attention=True, queries=queries)
-        out, out_attn = low(x, return_attention=True, queries=queries)
-    assert out.shape == ref.shape and out_attn.shape == ref_attn.shape
+    B, T, H, D = 3, 17, 4, 64
+    qkv = torch.randn(B, T, 3 * D)
+    q, k, v = vitkit.model.split_heads(qkv, H)
+    ref = vitkit.model.merge_heads(F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
+    out = inference.bf16_attention(qkv, H, (D // H) ** -0.5, queries)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
     assert ((out - ref).norm() / ref.norm()).item() < 2e-2  # bf16's 8-bit mantissa, not 1e-4
-    torch.testing.assert_close(out_attn.sum(-1), torch.ones_like(out_attn.sum(-1)))  # a softmax, in fp32
     assert (out - ref).abs().max() > 0  # really computed in bf16
 
 
 def test_int8_model_parts():
     q = optimize(tiny_model(), "int8")
     assert all(isinstance(b.mlp.act, inference.GELUInPlace) for b in q.blocks)
-    assert all(isinstance(b.attn, inference.Bf16Attention) == cpu_has_native_bf16() for b in q.blocks)
+    assert all(isinstance(b, FusedBlock) for b in q.blocks)
+    assert all((b.attention_dtype == torch.bfloat16) == cpu_has_native_bf16() for b in q.blocks)
     x = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
         feats, attns = q.forward_features(x, return_attention=True)

@@ -127,20 +127,21 @@ def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
     return model
 
 
-class PackedPatchEmbed(nn.Module):
-    """The patch projection x_p E of eq. 1 as what it is, one linear map of each flattened patch, through a
-    PackedLinear: the patches are cut out with a reshape (one copy of the image) instead of running oneDNN's
-    convolution, which is slower on these strided, non-overlapping windows."""
+class LinearPatchEmbed(nn.Module):
+    """The patch projection x_p E of eq. 1 as what it is, one linear map (`proj`, an nn.Linear) of each
+    flattened patch: the patches are cut out with a reshape (one copy of the image). Packed (pack_linears), it
+    is faster than oneDNN's convolution on these strided, non-overlapping windows."""
 
-    def __init__(self, patch_embed: PatchEmbed, batch_hint: int = 196):
+    def __init__(self, patch_embed: PatchEmbed):
         super().__init__()
         conv = patch_embed.proj
         self.patch_size = conv.kernel_size[0]
-        flat = nn.Linear(conv.in_channels * self.patch_size**2, conv.out_channels, bias=conv.bias is not None)
-        flat.weight.data = conv.weight.detach().reshape(conv.out_channels, -1)  # (D, C P P), as the patches
-        if conv.bias is not None:
-            flat.bias.data = conv.bias.detach()
-        self.proj = PackedLinear(flat, batch_hint=batch_hint)
+        self.proj = nn.Linear(conv.in_channels * self.patch_size**2, conv.out_channels, bias=conv.bias is not None)
+        with torch.no_grad():
+            self.proj.weight.copy_(conv.weight.reshape(conv.out_channels, -1))  # (D, C P P), as the patches
+            if conv.bias is not None:
+                self.proj.bias.copy_(conv.bias)
+        self.proj.requires_grad_(conv.weight.requires_grad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
@@ -169,30 +170,44 @@ def attend_through_projections(q: torch.Tensor, h: torch.Tensor, w_k: torch.Tens
     return out if b_v is None else out.add_(b_v)
 
 
+def residual_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + layer(x), in one call where the layer can (PackedLinear.add, DynamicInt8Linear.add)."""
+    add = getattr(layer, "add", None)
+    return add(x, residual) if callable(add) else residual + layer(x)
+
+
 class FusedBlock(Block):
-    """An encoder block (eq. 2 and 3) for fp32 inference on the CPU, over packed linear layers, computing what
-    Block computes in fewer passes over memory and fewer FLOPs:
+    """An encoder block (eq. 2 and 3) for inference, computing what Block computes in fewer passes over
+    memory and fewer FLOPs, whatever its linear layers have become (packed fp32, int8):
 
-    - the residual adds are fused into the attention's output projection and the MLP's second layer
-      (x + proj(a) in one oneDNN call, `PackedLinear.add`);
+    - the residual adds ride on the attention's output projection and the MLP's second layer
+      (`residual_add`: for packed layers one oneDNN call, its binary post-op);
     - with `few_queries`, a call with `queries` (the last block of a class-token model, which updates only the
-      class token) projects the queries of those tokens only and attends through the key and value
-      projections (`attend_through_projections`) instead of projecting every token's key and value: the
-      whole q;k;v product of that block but a sliver.
+      class token) projects the queries of those tokens only (`query`, the first third of q;k;v) and attends
+      through the key and value projections (`attend_through_projections`) instead of projecting every
+      token's key and value: the whole q;k;v product of that block but a sliver;
+    - `attention_dtype=torch.bfloat16` computes the attention matrices in bf16 (`bf16_attention`; the int8
+      model on CPUs with native bf16), else the fused fp32 kernel.
 
-    With return_attention, or in training mode, it runs as Block (the explicit attention)."""
+    With return_attention, or in training mode, it runs as Block."""
 
     def __init__(self, block: Block, few_queries: bool = False):
         nn.Module.__init__(self)
         self.norm1, self.attn, self.norm2, self.mlp = block.norm1, block.attn, block.norm2, block.mlp
         self.drop_path = block.drop_path
         self.train(block.training)
+        self.attention_dtype: torch.dtype | None = None
         self.query = None
         if few_queries:
             qkv, heads = block.attn.qkv, block.attn.num_heads
             D = qkv.in_features
-            self.query = PackedLinear(qkv, batch_hint=1, rows=slice(0, D))
             w = qkv.weight.detach().float()
+            self.query = nn.Linear(D, D, bias=qkv.bias is not None)
+            with torch.no_grad():
+                self.query.weight.copy_(w[:D])
+                if qkv.bias is not None:
+                    self.query.bias.copy_(qkv.bias[:D])
+            self.query.requires_grad_(False)
             self.register_buffer("key_weight", w[D:2 * D].reshape(heads, D // heads, D).clone(), persistent=False)
             self.register_buffer("value_weight", w[2 * D:].reshape(heads, D // heads, D).clone(), persistent=False)
             b_v = None if qkv.bias is None else qkv.bias.detach().float()[2 * D:].reshape(heads, 1, D // heads)
@@ -206,25 +221,29 @@ class FusedBlock(Block):
             (q,) = split_heads(self.query(h[:, :queries]), heads, parts=1)  # (B, H, queries, Dh)
             y = attend_through_projections(q, h, self.key_weight, self.value_weight, self.value_bias,
                                            self.attn.scale)
+            y = merge_heads(y)
+        elif self.attention_dtype == torch.bfloat16:
+            y = bf16_attention(self.attn.qkv(h), heads, self.attn.scale, queries)
         else:
             q, k, v = split_heads(self.attn.qkv(h), heads)
-            y = F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v)
+            y = merge_heads(F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
         x = x if queries is None else x[:, :queries]
-        x = self.attn.proj.add(merge_heads(y), x)  # (2)
-        return self.mlp.fc2.add(self.mlp.act(self.mlp.fc1(self.norm2(x))), x), None  # (3)
+        x = residual_add(self.attn.proj, y, x)  # (2)
+        return residual_add(self.mlp.fc2, self.mlp.act(self.mlp.fc1(self.norm2(x))), x), None  # (3)
 
 
-def fuse_blocks(model: nn.Module, batch_hint: int = 197) -> nn.Module:
+def fuse_blocks(model: nn.Module) -> nn.Module:
     """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (the last one ready for few
-    queries, the class-token shortcut of VisionTransformer.forward) and its patch convolution by
-    a PackedPatchEmbed, then pack every remaining linear layer (pack_linears). Other models are only packed."""
+    queries, the class-token shortcut of VisionTransformer.forward) and its patch convolution by a
+    LinearPatchEmbed. The linear layers stay as they are, for pack_linears or quantize_linears_int8 to convert.
+    Other models are left alone."""
     blocks = getattr(model, "blocks", None)
     if isinstance(model, VisionTransformer) and all(type(b) is Block for b in blocks):
         for i, block in enumerate(blocks):
             blocks[i] = FusedBlock(block, few_queries=i == len(blocks) - 1)
         if type(model.patch_embed) is PatchEmbed:
-            model.patch_embed = PackedPatchEmbed(model.patch_embed)
-    return pack_linears(model, batch_hint)
+            model.patch_embed = LinearPatchEmbed(model.patch_embed)
+    return model
 
 
 class DynamicInt8Linear(nn.Module):
@@ -252,6 +271,10 @@ class DynamicInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x.float(), self.packed, reduce_range=self.reduce_range)
 
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + (x W^T + b), added into the product's fresh output (no third tensor)."""
+        return self(x).add_(residual)
+
     def extra_repr(self) -> str:
         bits = 7 if self.reduce_range else 8
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, {bits}-bit activations"
@@ -268,29 +291,27 @@ class GELUInPlace(nn.Module):
         return torch.ops.aten.gelu_(x, approximate=self.approximate)
 
 
-class Bf16Attention(nn.Module):
-    """The attention of an int8 model: the q;k;v and output projections as given (int8), the attention
-    matrices softmax(q k^T / sqrt(d)) v in bfloat16 with the softmax taken in fp32. For CPUs with native bf16
-    (AVX512-BF16, AMX), where these small batched products run about twice as fast as in fp32; the int8 model
-    is already a different function from the fp32 one, and the agreement test covers this part too."""
-
-    def __init__(self, attn: nn.Module):
-        super().__init__()
-        self.num_heads, self.scale = attn.num_heads, attn.scale
-        self.qkv, self.proj, self.proj_drop = attn.qkv, attn.proj, attn.proj_drop
-
-    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
-        q, k, v = split_heads(self.qkv(x).to(torch.bfloat16), self.num_heads)  # each (B, H, T, Dh)
-        if queries is not None:
-            q = q[:, :, :queries]
-        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1, dtype=torch.float32)
-        x = merge_heads((attn.to(torch.bfloat16) @ v).float())
-        return self.proj_drop(self.proj(x)), (attn if return_attention else None)
+def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int | None = None) -> torch.Tensor:
+    """Multi-head softmax(q k^T scale) v from the fused q;k;v projection's output (B, T, 3D), with both
+    products in bfloat16 (torch's CPU softmax of bf16 computes in fp32 and rounds once at the end). For the
+    int8 model on CPUs with native bf16 (AVX512-BF16, AMX), where these small batched products run faster
+    than the fp32 kernel; the int8 model is already a different function from the fp32 one, and the
+    agreement test covers this part too. q, k and v are laid out per head in one copy, and the heads are
+    merged back in fp32 in one more: (B, queries or T, D) fp32."""
+    B, T, width = qkv.shape
+    D = width // 3
+    heads = qkv.to(torch.bfloat16).view(B, T, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).contiguous()
+    q, k, v = heads.unbind(0)  # each (B, H, T, Dh)
+    if queries is not None:
+        q = q[:, :, :queries]
+    y = torch.matmul(q, k.transpose(-2, -1)).mul_(scale).softmax(dim=-1) @ v  # (B, H, Q, Dh)
+    out = torch.empty(B, y.shape[2], num_heads, D // num_heads, dtype=torch.float32, device=qkv.device)
+    return out.copy_(y.transpose(1, 2)).view(B, -1, D)
 
 
 def quantize_linears_int8(model: nn.Module) -> nn.Module:
     """Replace, in place, the encoder's linear layers (`blocks.*`) by DynamicInt8Linear, the MLP's GELU by
-    an in-place one, and, on CPUs with native bf16, the attention matrices by bf16 ones (Bf16Attention). The
+    an in-place one, and, on CPUs with native bf16, a FusedBlock's attention matrices by bf16 ones. The
     classifier and the patch projection stay fp32: they cost little and carry the decision."""
     blocks = getattr(model, "blocks", None)
     target = blocks if isinstance(blocks, nn.Module) else model
@@ -302,9 +323,8 @@ def quantize_linears_int8(model: nn.Module) -> nn.Module:
         approximate = _gelu_approximate(getattr(module, "act", None))
         if isinstance(getattr(module, "fc1", None), DynamicInt8Linear) and approximate is not None:
             module.act = GELUInPlace(approximate)
-        attn = getattr(module, "attn", None)
-        if cpu_has_native_bf16() and isinstance(getattr(attn, "qkv", None), DynamicInt8Linear):
-            module.attn = Bf16Attention(attn)
+        if isinstance(module, FusedBlock) and cpu_has_native_bf16():
+            module.attention_dtype = torch.bfloat16
     return model
 
 
@@ -360,9 +380,11 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     out = copy.deepcopy(model).eval()
     out.requires_grad_(False)
     if precision == "fp32" and device.type == "cpu" and onednn_linear_available():
-        fuse_blocks(out)
+        pack_linears(fuse_blocks(out))
     elif precision == "int8":
-        quantize_linears_int8(out)
+        quantize_linears_int8(fuse_blocks(out))
+        if onednn_linear_available():
+            pack_linears(out)  # what stays fp32: the patch projection, the classifier
     elif precision == "bf16":
         _cast_bf16(out)
     do_compile = compile is True or (compile == "auto" and device.type == "cuda" and precision != "int8")
