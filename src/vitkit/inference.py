@@ -15,8 +15,8 @@
   torch.compile (inductor, with freezing on the CPU) is applied on top.
 - "int8": dynamic quantisation of the encoder's linear layers (int8 weights per output channel,
   activations quantised per call to 8 bits where the CPU has VNNI; fbgemm's kernels). On CPUs with native bf16
-  the attention matrices are computed in bf16 (softmax in fp32). The patch projection, the LayerNorms and the
-  classifier stay in fp32. The function changes slightly: the
+  the attention matrices are computed in bf16 (softmax in fp32). The blocks are FusedBlocks as in fp32. The
+  patch projection, the LayerNorms and the classifier stay in fp32. The function changes slightly: the
   Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
   CPUs with native bf16 (AVX512-BF16, AMX: our AMD EPYC runs ViT-S/16 about 1.8x faster than fp32). On
@@ -69,16 +69,14 @@ class PackedLinear(nn.Module):
     works)."""
 
     def __init__(self, linear: nn.Linear, activation: Literal["none", "gelu"] = "none",
-                 approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197, rows: slice | None = None):
-        """`rows`: keep only these output features of `linear` (e.g. the queries of a fused q;k;v layer)."""
+                 approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197):
         super().__init__()
-        rows = slice(None) if rows is None else rows
-        weight = linear.weight.detach().float()[rows].contiguous()
         self.in_features = linear.in_features
-        self.out_features = weight.shape[0]
+        self.out_features = linear.out_features
+        weight = linear.weight.detach().float().contiguous()
         # A plain attribute, not a buffer: an mkldnn tensor cannot be saved, copied or moved like a dense one.
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
-        self.bias = None if linear.bias is None else linear.bias.detach().float()[rows].clone()
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.activation = activation
         self.approximate = approximate if activation == "gelu" else ""
 
