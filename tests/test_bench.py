@@ -143,3 +143,29 @@ def test_cli_bench_help_and_errors(capsys):
         main(["bench", "-c", "tensorflow"])
     assert e.value.code != 0
     assert "unknown contenders" in capsys.readouterr().err
+
+
+def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
+    """benchmarks/bench_gpu.py (issue 6's GPU check, for sessions lent a GPU) runs for real on the CPU with a
+    tiny model: every contender is timed, ratios are paired against timm, and the JSON holds it all."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    bench_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_gpu)
+    out = tmp_path / "gpu.json"
+    report = bench_gpu.main(["--device", "cpu", "--tiny", "--no-compile", "--repeats", "2", "--warmup", "1",
+                             "--batch", "4", "--train-batch", "4", "--json", str(out)])
+    assert json.loads(out.read_text())["model"] == "tiny"
+    inference, training = report["inference"], report["training"]
+    expected = {"vitkit-fp32", "vitkit-bf16", "timm-bf16"} if bench_gpu.bf16_allowed(torch.device("cpu")) \
+        else {"vitkit-fp32", "timm-fp32"}
+    assert set(inference["images_per_s"]) == expected
+    assert set(training["images_per_s"]) == {"vitkit", "timm"}
+    assert inference["vs_reference"][inference["reference"]] == 1.0 and training["vs_reference"]["timm"] == 1.0
+    assert all(len(t) == 2 and min(t) > 0 for t in inference["seconds"].values())
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):  # a clear error from argparse, not a traceback
+            bench_gpu.main(["--device", "cuda"])
