@@ -2,6 +2,8 @@
 leave the original alone and refuse what they cannot do."""
 
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -33,6 +35,11 @@ def tiny_model(**overrides) -> vitkit.VisionTransformer:
             else:
                 p.normal_(0, 0.1)
     return model
+
+
+def optimize_copy(module: nn.Module) -> nn.Module:
+    """An eval-mode copy of `module` without gradients, as optimize starts from."""
+    return copy.deepcopy(module).eval().requires_grad_(False)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"gelu": "tanh"}, {"pool": "gap"}, {"representation_size": 48}])
@@ -90,13 +97,6 @@ def test_fused_block_computes_the_block(queries, monkeypatch):
         out, attn = fused(x, queries=queries)
     assert attn is None
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
-
-
-def optimize_copy(module: nn.Module) -> nn.Module:
-    """An eval-mode copy of `module` without gradients, as optimize starts from."""
-    import copy
-
-    return copy.deepcopy(module).eval().requires_grad_(False)
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")

@@ -113,7 +113,7 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
 
 def split_heads(qkv: torch.Tensor, num_heads: int, parts: int = 3) -> tuple[torch.Tensor, ...]:
     """The fused q;k;v projection's output (B, T, 3D) -> q, k, v, each (B, heads, T, D / heads); with `parts`,
-    any number of fused D-wide projections (B, T, parts * D) alike (2: k;v, 1: q alone)."""
+    any number of fused D-wide projections (B, T, parts * D) alike (parts=1: queries alone)."""
     B, T, width = qkv.shape
     return qkv.reshape(B, T, parts, num_heads, width // (parts * num_heads)).permute(2, 0, 3, 1, 4).unbind(0)
 
