@@ -5,6 +5,7 @@ For a session that is lent a GPU: one command, a few minutes, a table and a JSON
 
     .venv/bin/python benchmarks/bench_gpu.py --json gpu.json                 # ViT-B/16 on cuda:0
     .venv/bin/python benchmarks/bench_gpu.py --no-compile                    # skip torch.compile (faster)
+    .venv/bin/python benchmarks/bench_gpu.py --only training --json t.json   # one part per device call
     .venv/bin/python benchmarks/bench_gpu.py --device cpu --tiny --no-compile   # the same code on the CPU
 
 What is measured, every contender with the same architecture and random weights, calls interleaved in a fresh
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="untimed rounds first (compilation happens here)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile contenders")
+    p.add_argument("--only", choices=["inference", "training"], default=None,
+                   help="measure one part only (to split the work over two short device calls)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -175,13 +178,19 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": {**machine_info(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                     else "cpu"},
         "model": cfg.name or args.model,
-        "inference": measure_inference(cfg, device, args.batch, args.repeats, args.warmup, args.compile, rng),
-        "training": measure_training(cfg, device, args.train_batch, args.repeats, args.warmup, args.compile, rng),
     }
+    if args.only in (None, "inference"):
+        report["inference"] = measure_inference(cfg, device, args.batch, args.repeats, args.warmup, args.compile,
+                                                rng)
+    if args.only in (None, "training"):
+        report["training"] = measure_training(cfg, device, args.train_batch, args.repeats, args.warmup,
+                                              args.compile, rng)
     print(f"{report['model']} on {report['machine']['device']}")
-    print_table("inference", report["inference"])
-    print_table("training step (bf16 autocast)" if bf16_allowed(device) else "training step (fp32)",
-                report["training"])
+    if "inference" in report:
+        print_table("inference", report["inference"])
+    if "training" in report:
+        print_table("training step (bf16 autocast)" if bf16_allowed(device) else "training step (fp32)",
+                    report["training"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -166,6 +166,9 @@ def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
     assert set(training["images_per_s"]) == {"vitkit", "timm"}
     assert inference["vs_reference"][inference["reference"]] == 1.0 and training["vs_reference"]["timm"] == 1.0
     assert all(len(t) == 2 and min(t) > 0 for t in inference["seconds"].values())
+    only = bench_gpu.main(["--device", "cpu", "--tiny", "--no-compile", "--repeats", "1", "--warmup", "0",
+                           "--batch", "2", "--train-batch", "2", "--only", "training"])
+    assert "inference" not in only and set(only["training"]["images_per_s"]) == {"vitkit", "timm"}
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):  # a clear error from argparse, not a traceback
             bench_gpu.main(["--device", "cuda"])
