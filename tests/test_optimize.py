@@ -105,6 +105,7 @@ def test_fp32_fuses_the_blocks_and_the_patch_projection():
     fast = optimize(model, "fp32")
     assert all(isinstance(b, FusedBlock) and not b.training for b in fast.blocks)
     assert [b.query is not None for b in fast.blocks] == [False, True]  # only the last one takes few queries
+    assert all(b.query is None for b in optimize(tiny_model(pool="gap"), "fp32").blocks)  # no shortcut with GAP
     assert isinstance(fast.patch_embed, LinearPatchEmbed) and isinstance(fast.patch_embed.proj, PackedLinear)
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():

@@ -231,14 +231,15 @@ class FusedBlock(Block):
 
 
 def fuse_blocks(model: nn.Module) -> nn.Module:
-    """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (the last one ready for few
-    queries, the class-token shortcut of VisionTransformer.forward) and its patch convolution by a
-    LinearPatchEmbed. The linear layers stay as they are, for pack_linears or quantize_linears_int8 to convert.
-    Other models are left alone."""
+    """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (with class-token pooling the
+    last one ready for few queries, the class-token shortcut of VisionTransformer.forward) and its patch
+    convolution by a LinearPatchEmbed. The linear layers stay as they are, for pack_linears or
+    quantize_linears_int8 to convert. Other models are left alone."""
     blocks = getattr(model, "blocks", None)
     if isinstance(model, VisionTransformer) and all(type(b) is Block for b in blocks):
+        shortcut = model.cfg.pool == "token"  # GAP models never call a block with `queries`
         for i, block in enumerate(blocks):
-            blocks[i] = FusedBlock(block, few_queries=i == len(blocks) - 1)
+            blocks[i] = FusedBlock(block, few_queries=shortcut and i == len(blocks) - 1)
         if type(model.patch_embed) is PatchEmbed:
             model.patch_embed = LinearPatchEmbed(model.patch_embed)
     return model
