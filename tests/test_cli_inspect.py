@@ -57,6 +57,28 @@ def test_every_command_has_help(capsys, command):
     assert f"Usage: vitkit {command}" in out
 
 
+@pytest.mark.parametrize(("argv", "sentence"), [
+    (["train", "--help"], "With --nproc N, or under torchrun --nproc_per_node N -m vitkit.cli.main train ..., the "
+                          "same command runs data-parallel (gloo on CPUs, nccl on GPUs)."),
+    (["analyze", "attention", "--help"], "By default, attention rollout: the heads' mean plus the identity (the "
+                                         "residual path), rows re-normalised, multiplied through all layers."),
+])
+def test_help_paragraphs_are_reflowed_not_broken_where_the_source_breaks(capsys, monkeypatch, argv, sentence):
+    """Docstrings wrap at 120 columns in the source; on a wide terminal each paragraph is one line."""
+    monkeypatch.setenv("COLUMNS", "300")
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert any(sentence in line for line in out.splitlines()), out
+
+
+def test_the_listing_gives_each_command_one_summary_line(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    assert any("train" in line and "Train a ViT with a recipe, on one process or data-parallel." in line
+               for line in out.splitlines()), out
+
+
 def test_the_installed_console_script_runs():
     script = Path(sys.executable).parent / "vitkit"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)

@@ -62,8 +62,10 @@ def train(
                                    "processes of (cores / N) threads each. On 2 CPU cores, 2 processes of 1 thread "
                                    "train the small recipes faster than 1 process of 2 threads."),
 ) -> None:
-    """Train a ViT with a recipe. With --nproc N, or under `torchrun --nproc_per_node N -m vitkit.cli.main
-    train ...`, the same command runs data-parallel (gloo on CPUs, nccl on GPUs)."""
+    """Train a ViT with a recipe, on one process or data-parallel.
+
+    With --nproc N, or under `torchrun --nproc_per_node N -m vitkit.cli.main train ...`, the same command runs
+    data-parallel (gloo on CPUs, nccl on GPUs)."""
     from ..train import get_recipe
     from ..train import train as run
     from .main import UsageError
@@ -153,8 +155,9 @@ def predict(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per image instead of text."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
 ) -> None:
-    """Top-k labels with probabilities for image files and folders. Unreadable files are reported one line
-    each (the others are still classified) and make the exit code 1."""
+    """Top-k labels with probabilities for image files and folders.
+
+    Unreadable files are reported one line each (the others are still classified) and make the exit code 1."""
     import torch
 
     from ..train.predict import predict as run
