@@ -71,7 +71,7 @@ def test_help_paragraphs_are_reflowed_not_broken_where_the_source_breaks(capsys,
     assert any(sentence in line for line in out.splitlines()), out
 
 
-def test_the_listing_gives_each_command_one_summary_line(capsys, monkeypatch):
+def test_the_listing_shows_the_train_summary_on_one_line(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "300")
     code, out, _ = run(capsys, "--help")
     assert code == 0
