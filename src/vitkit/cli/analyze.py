@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 analyze_app = typer.Typer(
-    rich_markup_mode="markdown",
     help="Look inside a ViT as the paper does: attention maps (Fig. 6), filters, position embeddings and "
          "attention distance (Fig. 7).",
     no_args_is_help=True,
