@@ -4,16 +4,18 @@ import json
 import os
 import socket
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from train_helpers import fake_data_overrides, write_fake_fashion_mnist
 from vitkit.train import get_recipe, train
+from vitkit.train.distributed import pick_device
 
 # SGD, no augmentation or drop-path: the two runs then differ only by float summation order (with Adam the
 # key bias, whose gradient is float noise around 0, would be amplified to full-size steps).
-COMMON = ["augment.crop=none", "augment.hflip=0", "model.drop_path=0", "threads=1", "optim.name=sgd",
+COMMON = ["device=cpu", "augment.crop=none", "augment.hflip=0", "model.drop_path=0", "threads=1", "optim.name=sgd",
           "optim.lr=0.05", "batch_size=32", "steps=4", "eval_every=2", "ckpt_every=4"]
 
 
@@ -56,10 +58,38 @@ def test_vitkit_train_nproc_starts_torchrun(tmp_path):
 
     data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
     args = ["train", "demo-tiny", "--nproc", "2", "--out", str(tmp_path / "run"), "--no-progress",
-            *(a for o in ["steps=2", "batch_size=32"] + fake_data_overrides(data) for a in ("--set", o))]
+            *(a for o in ["device=cpu", "steps=2", "batch_size=32"] + fake_data_overrides(data)
+              for a in ("--set", o))]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "result.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 2 and summary["count"] == 32
     again = CliRunner().invoke(app, args)  # the folder holds a run and --resume is not given: the processes fail
     assert again.exit_code != 0
+
+
+def one_gpu(monkeypatch):
+    """Make torch see one CUDA device (nothing runs on it: pick_device only counts devices)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+def test_each_process_needs_its_own_gpu(monkeypatch):
+    one_gpu(monkeypatch)
+    assert pick_device("auto", 0) == torch.device("cuda", 0) == pick_device("cuda", 0)
+    assert pick_device("cpu", 1) == torch.device("cpu")
+    for name in ("auto", "cuda"):  # found on a 1-GPU machine: two processes failed with "invalid device ordinal"
+        with pytest.raises(ValueError, match=r"LOCAL_RANK=1 needs GPU cuda:1, but this machine has 1"):
+            pick_device(name, 1)
+
+
+def test_vitkit_train_nproc_refuses_more_processes_than_gpus(monkeypatch, tmp_path, capsys):
+    """The error comes before torchrun starts any process, and says what to do."""
+    from vitkit.cli.main import main
+
+    one_gpu(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "demo-tiny", "--nproc", "2", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "this machine has 1" in err and "--set device=cpu" in err
+    assert not (tmp_path / "run").exists()

@@ -80,6 +80,12 @@ def train(
         typer.echo(cfg.to_json(), nl=False)
         return
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from ..train.distributed import pick_device
+
+        try:
+            pick_device(cfg.device, local_rank=nproc - 1)  # before starting processes: one GPU each
+        except ValueError as e:
+            raise UsageError(str(e), "see `vitkit train --help`") from None
         args = [recipe, "--out", str(out), *(["--resume"] if resume else []),
                 *(a for o in overrides or [] for a in ("--set", o)), *([] if progress else ["--no-progress"])]
         raise typer.Exit(launch_torchrun(nproc, args))

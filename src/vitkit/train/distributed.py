@@ -29,12 +29,21 @@ class Context:
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    """'auto' is this process's GPU when there is one, else the CPU; 'cuda' means cuda:LOCAL_RANK."""
+    """'auto' is this process's GPU when there is one, else the CPU; 'cuda' means cuda:LOCAL_RANK.
+
+    With GPUs, each process of a machine takes its own (LOCAL_RANK): more processes than GPUs is an error
+    (naming both numbers), not a silent fall-back to the CPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch finds no GPU; use device=cpu or auto")
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise ValueError(
+                f"process LOCAL_RANK={local_rank} needs GPU cuda:{local_rank}, but this machine has {gpus}: start "
+                f"at most {gpus} process(es) per machine (--nproc, torchrun --nproc_per_node), or train on the "
+                "CPU with --set device=cpu")
         return torch.device("cuda", local_rank)
     return torch.device(name)
 
