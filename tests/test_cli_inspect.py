@@ -3,6 +3,7 @@ handling (one line + a hint, non-zero exit, no traceback) is what is tested."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,10 @@ def test_the_listing_shows_the_train_summary_on_one_line(capsys, monkeypatch):
 
 def test_the_installed_console_script_runs():
     script = Path(sys.executable).parent / "vitkit"
+    try:
+        importlib.metadata.distribution("vitkit")
+    except importlib.metadata.PackageNotFoundError:  # e.g. a GPU machine running the tests with PYTHONPATH=src
+        pytest.skip("vitkit is imported from a source tree, not installed: there is no console script")
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "models" in result.stdout

@@ -8,6 +8,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import PIL
 import pytest
 import torch
 from PIL import Image
@@ -44,6 +45,11 @@ def test_every_pillow_mode_converts(mode):
 def test_saved_files_of_each_mode_open(tmp_path, mode, fmt):
     path = tmp_path / f"img.{fmt.lower()}"
     noise_image().convert(mode).save(path, fmt)
+    try:
+        with Image.open(path) as im:
+            im.load()
+    except OSError as e:  # seen with a YCbCr TIFF on another machine's Pillow: nothing open_image could fix
+        pytest.skip(f"this Pillow {PIL.__version__} cannot read back its own {mode} {fmt} file ({e})")
     assert open_image(path).mode == "RGB" and open_image(path).size == (24, 20)
     assert open_image(path, mode="L").mode == "L"
 
