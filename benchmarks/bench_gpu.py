@@ -128,9 +128,37 @@ def training_steps(cfg: ViTConfig, device: torch.device, batch: int, compile: bo
 
 
 def measure_training(cfg: ViTConfig, device: torch.device, batch: int, repeats: int, warmup: int,
-                     compile: bool, rng: random.Random) -> dict:
-    times = interleaved_times(training_steps(cfg, device, batch, compile), repeats, warmup, rng)
-    return summarize(times, batch, reference="timm")
+                     compile: bool, rng: random.Random, profile: int = 0) -> dict:
+    steps = training_steps(cfg, device, batch, compile)
+    times = interleaved_times(steps, repeats, warmup, rng)
+    result = summarize(times, batch, reference="timm")
+    if profile:
+        result["profile"] = {name: profile_step(step, profile) for name, step in steps.items()}
+    return result
+
+
+def profile_step(step: Callable[[], None], rows: int) -> dict:
+    """Where one (warm) step's time goes, under the profiler (which slows the host): the wall time, the host's
+    time in PyTorch's operators, the device's time in kernels (totals in ms), and the `rows` operators that keep
+    the device (else the host) busiest. Kernel time well under the step's time means the host is the bottleneck
+    (Python and operator dispatch launching the kernels), not the GPU."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    step()
+    with profile(activities=activities) as prof:
+        step()
+    events = prof.key_averages()
+    # As the profiler's own table totals them: the kernels' time (the operators' device time is the same time
+    # again, seen from the operator that launched them).
+    device_time = sum(e.self_device_time_total for e in events
+                      if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e3
+    host_time = sum(e.self_cpu_time_total for e in events) / 1e3
+    wall = (prof.events()[-1].time_range.end - prof.events()[0].time_range.start) / 1e3 if prof.events() else 0.0
+    key = "self_cuda_time_total" if device_time else "self_cpu_time_total"
+    return {"wall_ms": wall, "host_ops_ms": host_time, "device_kernels_ms": device_time,
+            "table": events.table(sort_by=key, row_limit=rows)}
 
 
 def summarize(times: dict[str, list[float]], batch: int, reference: str) -> dict:
@@ -162,6 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile contenders")
     p.add_argument("--only", choices=["inference", "training"], default=None,
                    help="measure one part only (to split the work over two short device calls)")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="also profile one training step of each contender and print its ROWS busiest operators")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -184,13 +214,17 @@ def main(argv: list[str] | None = None) -> dict:
                                                 rng)
     if args.only in (None, "training"):
         report["training"] = measure_training(cfg, device, args.train_batch, args.repeats, args.warmup,
-                                              args.compile, rng)
+                                              args.compile, rng, args.profile)
     print(f"{report['model']} on {report['machine']['device']}")
     if "inference" in report:
         print_table("inference", report["inference"])
     if "training" in report:
         print_table("training step (bf16 autocast)" if bf16_allowed(device) else "training step (fp32)",
                     report["training"])
+        for name, prof in report["training"].get("profile", {}).items():
+            print(f"\nprofile of one {name} training step (under the profiler): {prof['wall_ms']:.1f} ms wall, "
+                  f"{prof['host_ops_ms']:.1f} ms in host operators, {prof['device_kernels_ms']:.1f} ms in kernels")
+            print(prof["table"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -167,8 +167,11 @@ def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
     assert inference["vs_reference"][inference["reference"]] == 1.0 and training["vs_reference"]["timm"] == 1.0
     assert all(len(t) == 2 and min(t) > 0 for t in inference["seconds"].values())
     only = bench_gpu.main(["--device", "cpu", "--tiny", "--no-compile", "--repeats", "1", "--warmup", "0",
-                           "--batch", "2", "--train-batch", "2", "--only", "training"])
+                           "--batch", "2", "--train-batch", "2", "--only", "training", "--profile", "3"])
     assert "inference" not in only and set(only["training"]["images_per_s"]) == {"vitkit", "timm"}
+    profiles = only["training"]["profile"]  # one profiled step per contender: totals and the busiest operators
+    assert set(profiles) == {"vitkit", "timm"}
+    assert all(p["wall_ms"] > 0 and p["host_ops_ms"] > 0 and "aten::" in p["table"] for p in profiles.values())
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):  # a clear error from argparse, not a traceback
             bench_gpu.main(["--device", "cuda"])
