@@ -61,6 +61,25 @@ def test_gradient_accumulation_equals_the_large_batch(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+@pytest.mark.slow  # inductor compiles C++ for the forward and the backward: about 30 s on 2 busy cores
+def test_compiled_training_computes_the_same_run(tmp_path):
+    from torch._dynamo.utils import counters
+
+    data = synthetic_dataset(64, seed=4)
+    common = ["device=cpu", "precision=fp32", "batch_size=32", "steps=3", "optim.warmup_epochs=0",
+              "ckpt_every=100", "eval_every=100", "optim.name=sgd", "optim.lr=0.05"]
+    eager = train(plain("demo-tiny", *common), tmp_path / "eager", train_set=data, val_set=data, progress=False)
+    counters.clear()
+    compiled = train(plain("demo-tiny", *common, "compile=true"), tmp_path / "compiled", train_set=data,
+                     val_set=data, progress=False)
+    assert counters["stats"]["unique_graphs"] >= 1  # the model really went through dynamo
+    a, b = weights(eager.last_dir), weights(compiled.last_dir)
+    assert set(a) == set(b)  # the checkpoint holds the model's own names, not the compiled wrapper's
+    for k in a:  # the same function: inductor only reorders float sums
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert compiled.final.loss == pytest.approx(eager.final.loss, rel=1e-4)
+
+
 def test_batches_split_the_global_batch_among_processes():
     order = epoch_order(64, seed=3, epoch=2)
     assert torch.equal(order, epoch_order(64, seed=3, epoch=2))  # reproducible from (seed, epoch)

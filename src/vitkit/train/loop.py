@@ -50,7 +50,7 @@ from .recipes import TrainConfig
 
 # Settings that may change when a run is resumed: they do not alter what is computed.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads", "data.workers",
-                     "data.eval_batch_size", "data.data_dir", "data.download")
+                     "data.eval_batch_size", "data.data_dir", "data.download", "compile")
 
 
 class TrainingDiverged(ValueError):
@@ -292,6 +292,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         best_dir = out / "best" if (out / "best").is_dir() else None
         return RunResult(out, step, elapsed_before, None, best, out / "last", best_dir)
     net = DistributedDataParallel(model) if ctx.distributed else model
+    if cfg.compile:
+        net = torch.compile(net)  # the same parameters: the optimizer, EMA and checkpoints use `model` as before
     eval_model = ema.module if ema is not None else model
     amp = autocast_dtype(cfg.precision, device)
     log = MetricsLog(out, ctx.is_main, step)
