@@ -1,4 +1,5 @@
-"""Two CPU processes (DDP over gloo) with the same global batch compute the same run as one process."""
+"""Two CPU processes (DDP over gloo) with the same global batch compute the same run as one process; with
+GPUs, each process needs its own."""
 
 import json
 import os
