@@ -6,6 +6,7 @@ For a session that is lent a GPU: one command, a few minutes, a table and a JSON
     .venv/bin/python benchmarks/bench_gpu.py --json gpu.json                 # ViT-B/16 on cuda:0
     .venv/bin/python benchmarks/bench_gpu.py --no-compile                    # skip torch.compile (faster)
     .venv/bin/python benchmarks/bench_gpu.py --only training --json t.json   # one part per device call
+    .venv/bin/python benchmarks/bench_gpu.py --only training --train-compile-mode reduce-overhead  # CUDA graphs
     .venv/bin/python benchmarks/bench_gpu.py --device cpu --tiny --no-compile   # the same code on the CPU
 
 What is measured, every contender with the same architecture and random weights, calls interleaved in a fresh
@@ -101,7 +102,10 @@ def measure_inference(cfg: ViTConfig, device: torch.device, batch: int, repeats:
     return summarize(times, batch, reference="timm-bf16" if "timm-bf16" in times else "timm-fp32")
 
 
-def training_steps(cfg: ViTConfig, device: torch.device, batch: int, compile: bool) -> dict[str, Callable[[], None]]:
+def training_steps(cfg: ViTConfig, device: torch.device, batch: int, compile: bool,
+                   compile_mode: str | None = None) -> dict[str, Callable[[], None]]:
+    """One training step per contender; `compile_mode` is torch.compile's mode for the compiled ones (None: its
+    default; "reduce-overhead" replays CUDA graphs, for a step whose GPU waits on the host's launches)."""
     torch.manual_seed(0)
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size, device=device)
     y = torch.randint(0, cfg.num_classes, (batch,), device=device)
@@ -113,7 +117,7 @@ def training_steps(cfg: ViTConfig, device: torch.device, batch: int, compile: bo
             model = build().to(device).train()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05,
                                     fused=True if device.type == "cuda" else None)
-            forward = torch.compile(model) if compiled else model
+            forward = torch.compile(model, mode=compile_mode) if compiled else model
 
             def step(forward=forward, opt=opt) -> None:
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -128,10 +132,10 @@ def training_steps(cfg: ViTConfig, device: torch.device, batch: int, compile: bo
 
 
 def measure_training(cfg: ViTConfig, device: torch.device, batch: int, repeats: int, warmup: int,
-                     compile: bool, rng: random.Random, profile: int = 0) -> dict:
-    steps = training_steps(cfg, device, batch, compile)
+                     compile: bool, rng: random.Random, profile: int = 0, compile_mode: str | None = None) -> dict:
+    steps = training_steps(cfg, device, batch, compile, compile_mode)
     times = interleaved_times(steps, repeats, warmup, rng)
-    result = summarize(times, batch, reference="timm")
+    result = {**summarize(times, batch, reference="timm"), "compile_mode": compile_mode or "default"}
     if profile:
         result["profile"] = {name: profile_step(step, profile) for name, step in steps.items()}
     return result
@@ -190,6 +194,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile contenders")
     p.add_argument("--only", choices=["inference", "training"], default=None,
                    help="measure one part only (to split the work over two short device calls)")
+    p.add_argument("--train-compile-mode", default="default",
+                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="torch.compile's mode for the compiled training steps (reduce-overhead: CUDA graphs)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="also profile one training step of each contender and print its ROWS busiest operators")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -214,12 +221,15 @@ def main(argv: list[str] | None = None) -> dict:
                                                 rng)
     if args.only in (None, "training"):
         report["training"] = measure_training(cfg, device, args.train_batch, args.repeats, args.warmup,
-                                              args.compile, rng, args.profile)
+                                              args.compile, rng, args.profile,
+                                              None if args.train_compile_mode == "default" else args.train_compile_mode)
     print(f"{report['model']} on {report['machine']['device']}")
     if "inference" in report:
         print_table("inference", report["inference"])
     if "training" in report:
-        print_table("training step (bf16 autocast)" if bf16_allowed(device) else "training step (fp32)",
+        title = "training step (bf16 autocast)" if bf16_allowed(device) else "training step (fp32)"
+        mode = report["training"]["compile_mode"]
+        print_table(title + (f", compiled with mode={mode}" if args.compile and mode != "default" else ""),
                     report["training"])
         for name, prof in report["training"].get("profile", {}).items():
             print(f"\nprofile of one {name} training step (under the profiler): {prof['wall_ms']:.1f} ms wall, "

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Every GPU check of vitkit in one command, for a session that is lent a GPU for a few minutes (issue 6's GPU
-# part): the machine, the speed of ViT-B/16 inference and training against timm (benchmarks/bench_gpu.py), the
-# trainer end to end on the GPU (the `demo` recipe on Fashion-MNIST, then `vitkit eval`), and the test suite
-# with CUDA present (its CUDA tests run instead of being skipped; "auto" devices become the GPU).
+# part): the machine; the speed of ViT-B/16 inference and training against timm (benchmarks/bench_gpu.py; the
+# training step also compiled with CUDA graphs); the trainer end to end on the GPU (the `demo` recipe on
+# Fashion-MNIST, then `vitkit eval`); and the test suite with CUDA present (its CUDA tests run instead of being
+# skipped; "auto" devices become the GPU).
 #
-#   bash benchmarks/gpu_check.sh                          # on the GPU machine; results under $OUT (or runs/gpu-check)
+#   bash benchmarks/gpu_check.sh                               # on the GPU machine; results in $OUT or runs/gpu-check
 #   PY=.venv/bin/python QUICK=1 bash benchmarks/gpu_check.sh   # the same steps on the CPU, tiny and short
 #
-# Each step has its own time limit and appends its output to $OUT/log.txt as it goes (six files come back:
-# the log, the two benchmark JSONs, the demo run's result, curve and evaluation), so what finished comes back even
-# when a later step runs out of time; a failing step does not stop the next. Fashion-MNIST is looked for as
-# vitkit always does ($VITKIT_DATA, the cache, /usr/share/datasets); without it the training step is skipped.
+# Each step has its own time limit and appends its output to $OUT/log.txt as it goes (seven files come back:
+# the log, the three benchmark JSONs, the demo run's result, curve and evaluation), so what finished comes
+# back even when a later step runs out of time; a failing step does not stop the next. Fashion-MNIST is looked
+# for as vitkit always does ($VITKIT_DATA, the cache, /usr/share/datasets); without it the training step is
+# skipped.
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +52,9 @@ step machine 60 bash -c "nvidia-smi -L 2>/dev/null || echo 'no nvidia-smi'; \
 timm.__version__, \"cuda\", torch.cuda.is_available() and torch.cuda.get_device_name(0))'"
 step bench_inference 180 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only inference --json "$OUT/inference.json"
 step bench_training 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training --json "$OUT/training.json"
+# Session 10 found the training step bound by the host's kernel launches: CUDA graphs are the lever to try.
+step bench_training_cudagraphs 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training \
+    --train-compile-mode reduce-overhead --json "$OUT/training_cudagraphs.json"
 
 if "$PY" -c "import sys; from vitkit.data.datasets import find_fashion_mnist as f; sys.exit(not (f('train') and f('test')))"
 then

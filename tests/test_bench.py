@@ -148,13 +148,7 @@ def test_cli_bench_help_and_errors(capsys):
 def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
     """benchmarks/bench_gpu.py (issue 6's GPU check, for sessions lent a GPU) runs for real on the CPU with a
     tiny model: every contender is timed, ratios are paired against timm, and the JSON holds it all."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
-    spec = importlib.util.spec_from_file_location("bench_gpu", path)
-    bench_gpu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_gpu)
+    bench_gpu = load_bench_gpu()
     out = tmp_path / "gpu.json"
     report = bench_gpu.main(["--device", "cpu", "--tiny", "--no-compile", "--repeats", "2", "--warmup", "1",
                              "--batch", "4", "--train-batch", "4", "--json", str(out)])
@@ -175,3 +169,29 @@ def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):  # a clear error from argparse, not a traceback
             bench_gpu.main(["--device", "cuda"])
+
+
+def test_gpu_benchmark_compiles_the_training_steps_in_the_mode_asked(monkeypatch):
+    """--train-compile-mode reaches torch.compile for both compiled contenders (recorded, not compiled: the
+    mode that matters, reduce-overhead, replays CUDA graphs and needs a GPU)."""
+    bench_gpu = load_bench_gpu()
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
+    report = bench_gpu.main(["--device", "cpu", "--tiny", "--repeats", "1", "--warmup", "0", "--train-batch", "2",
+                             "--only", "training", "--train-compile-mode", "reduce-overhead"])
+    assert modes == ["reduce-overhead", "reduce-overhead"]
+    training = report["training"]
+    assert training["compile_mode"] == "reduce-overhead"
+    assert set(training["images_per_s"]) == {"vitkit", "vitkit-compiled", "timm", "timm-compiled"}
+
+
+def load_bench_gpu():
+    """benchmarks/bench_gpu.py as a module (benchmarks/ is a folder of scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
