@@ -44,21 +44,29 @@ def test_a_few_steps_on_one_batch_drive_the_loss_down(tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_gradient_accumulation_equals_the_large_batch(tmp_path):
-    data = synthetic_dataset(128, seed=1)
-    # SGD, not Adam: the key bias gets a gradient of exactly 0 in theory (softmax ignores a constant per
-    # row), i.e. float noise, which Adam's normalisation blows up to full-size steps in either run. On the CPU:
-    # on a GPU the recipe trains under bf16 autocast, whose rounding differs between the two batchings.
-    common = ["device=cpu", "batch_size=32", "steps=3", "optim.warmup_epochs=0", "ckpt_every=100",
-              "eval_every=100", "optim.name=sgd", "optim.lr=0.05"]
-    whole = train(plain("demo-tiny", *common), tmp_path / "whole", train_set=data, progress=False)
-    accum = train(plain("demo-tiny", *common, "micro_batch=8"), tmp_path / "accum", train_set=data,
-                  progress=False)
-    a, b = weights(whole.last_dir), weights(accum.last_dir)
-    moved = weights(whole.last_dir)["head.weight"].abs().sum()
-    assert moved > 0
+# Three steps that two ways of computing them must agree on to float rounding. SGD, not Adam: the key bias gets a
+# gradient of exactly 0 in theory (softmax ignores a constant per row), i.e. float noise, which Adam's
+# normalisation blows up to full-size steps in either run. On the CPU: on a GPU the recipes train under bf16
+# autocast, whose rounding differs between the two ways.
+COMPARABLE_STEPS = ["device=cpu", "batch_size=32", "steps=3", "optim.warmup_epochs=0", "ckpt_every=100",
+                    "eval_every=100", "optim.name=sgd", "optim.lr=0.05"]
+
+
+def assert_same_weights(run_a, run_b) -> None:
+    """The last models of two runs hold the same tensors under the same names, to float rounding."""
+    a, b = weights(run_a), weights(run_b)
+    assert set(a) == set(b)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_gradient_accumulation_equals_the_large_batch(tmp_path):
+    data = synthetic_dataset(128, seed=1)
+    whole = train(plain("demo-tiny", *COMPARABLE_STEPS), tmp_path / "whole", train_set=data, progress=False)
+    accum = train(plain("demo-tiny", *COMPARABLE_STEPS, "micro_batch=8"), tmp_path / "accum", train_set=data,
+                  progress=False)
+    assert weights(whole.last_dir)["head.weight"].abs().sum() > 0
+    assert_same_weights(whole.last_dir, accum.last_dir)
 
 
 @pytest.mark.slow  # inductor compiles C++ for the forward and the backward: about 30 s on 2 busy cores
@@ -66,17 +74,14 @@ def test_compiled_training_computes_the_same_run(tmp_path):
     from torch._dynamo.utils import counters
 
     data = synthetic_dataset(64, seed=4)
-    common = ["device=cpu", "precision=fp32", "batch_size=32", "steps=3", "optim.warmup_epochs=0",
-              "ckpt_every=100", "eval_every=100", "optim.name=sgd", "optim.lr=0.05"]
+    common = [*COMPARABLE_STEPS, "precision=fp32"]
     eager = train(plain("demo-tiny", *common), tmp_path / "eager", train_set=data, val_set=data, progress=False)
     counters.clear()
     compiled = train(plain("demo-tiny", *common, "compile=true"), tmp_path / "compiled", train_set=data,
                      val_set=data, progress=False)
     assert counters["stats"]["unique_graphs"] >= 1  # the model really went through dynamo
-    a, b = weights(eager.last_dir), weights(compiled.last_dir)
-    assert set(a) == set(b)  # the checkpoint holds the model's own names, not the compiled wrapper's
-    for k in a:  # the same function: inductor only reorders float sums
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    # The checkpoint holds the model's own names, not the compiled wrapper's; inductor only reorders float sums.
+    assert_same_weights(eager.last_dir, compiled.last_dir)
     assert compiled.final.loss == pytest.approx(eager.final.loss, rel=1e-4)
 
 
