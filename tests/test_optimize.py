@@ -3,6 +3,7 @@ leave the original alone and refuse what they cannot do."""
 
 
 import copy
+import math
 
 import pytest
 import torch
@@ -81,6 +82,19 @@ def test_attending_through_the_projections_equals_projecting_every_token(queries
                                      w[2 * D:].reshape(H, D // H, D), qkv.bias.detach()[2 * D:].reshape(H, 1, D // H),
                                      (D // H) ** -0.5)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_attending_through_the_projections_copies_no_tokens_per_head():
+    """With several images, no operator sees a tensor bigger than the tokens themselves: a product broadcast
+    over the heads would copy every image's tokens once per head (17 ms per forward of ViT-S/16 at batch 16)."""
+    B, T, D, H, queries = 4, 50, 48, 6, 1
+    h = torch.randn(B, T, D)
+    q = torch.randn(B, H, queries, D // H)
+    w_k, w_v, b_v = torch.randn(H, D // H, D), torch.randn(H, D // H, D), torch.randn(H, 1, D // H)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        attend_through_projections(q, h, w_k, w_v, b_v, 0.125)
+    shapes = [shape for event in prof.events() for shape in event.input_shapes if shape]
+    assert shapes and max(math.prod(shape) for shape in shapes) <= B * T * D
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
