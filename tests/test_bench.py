@@ -185,13 +185,38 @@ def test_gpu_benchmark_compiles_the_training_steps_in_the_mode_asked(monkeypatch
     assert set(training["images_per_s"]) == {"vitkit", "vitkit-compiled", "timm", "timm-compiled"}
 
 
+def test_machine_state_script_times_every_round_and_splits_them(tmp_path, capsys):
+    """benchmarks/machine_state.py runs for real on a small preset: each round has every contender's time at
+    its thread count, the two-thread speed-up is the 1-thread time over the 2-thread one, and the summary
+    splits the rounds by the int8 model's 2-thread time."""
+    machine_state, threads = load_benchmark("machine_state"), torch.get_num_threads()
+    out = tmp_path / "state.json"
+    report = machine_state.main(["--model", "ViT-Ti/16", "--seconds", "0.5", "--json", str(out)])
+    assert json.loads(out.read_text())["model"] == report["model"] == vitkit.get_config("ViT-Ti/16").name
+    rounds = report["rounds"]
+    assert rounds and all(r["int8_2"] > 0 and r["int8_1"] > 0 and r["timm_2"] > 0 for r in rounds)
+    assert all(r["speedup_2_threads"] == pytest.approx(r["int8_1"] / r["int8_2"]) for r in rounds)
+    faster, slower = report["summary"]["faster half"], report["summary"]["slower half"]
+    assert faster["int8_2"] <= slower["int8_2"]
+    assert faster["rounds"] + slower["rounds"] == len(rounds) or len(rounds) == 1
+    assert "two-thread speed-up" in capsys.readouterr().out
+    assert torch.get_num_threads() == threads  # the thread count it found is restored
+    with pytest.raises(SystemExit):  # an unknown preset is a clear argparse error, not a traceback
+        machine_state.main(["--model", "ViT-Q/16", "--seconds", "0"])
+    assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
+
+
 def load_bench_gpu():
-    """benchmarks/bench_gpu.py as a module (benchmarks/ is a folder of scripts, not a package)."""
+    return load_benchmark("bench_gpu")
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ is a folder of scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
-    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
