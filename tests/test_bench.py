@@ -148,7 +148,7 @@ def test_cli_bench_help_and_errors(capsys):
 def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
     """benchmarks/bench_gpu.py (issue 6's GPU check, for sessions lent a GPU) runs for real on the CPU with a
     tiny model: every contender is timed, ratios are paired against timm, and the JSON holds it all."""
-    bench_gpu = load_bench_gpu()
+    bench_gpu = load_benchmark("bench_gpu")
     out = tmp_path / "gpu.json"
     report = bench_gpu.main(["--device", "cpu", "--tiny", "--no-compile", "--repeats", "2", "--warmup", "1",
                              "--batch", "4", "--train-batch", "4", "--json", str(out)])
@@ -174,7 +174,7 @@ def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
 def test_gpu_benchmark_compiles_the_training_steps_in_the_mode_asked(monkeypatch):
     """--train-compile-mode reaches torch.compile for both compiled contenders (recorded, not compiled: the
     mode that matters, reduce-overhead, replays CUDA graphs and needs a GPU)."""
-    bench_gpu = load_bench_gpu()
+    bench_gpu = load_benchmark("bench_gpu")
     modes = []
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
     report = bench_gpu.main(["--device", "cpu", "--tiny", "--repeats", "1", "--warmup", "0", "--train-batch", "2",
@@ -204,10 +204,6 @@ def test_machine_state_script_times_every_round_and_splits_them(tmp_path, capsys
     with pytest.raises(SystemExit):  # an unknown preset is a clear argparse error, not a traceback
         machine_state.main(["--model", "ViT-Q/16", "--seconds", "0"])
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
-
-
-def load_bench_gpu():
-    return load_benchmark("bench_gpu")
 
 
 def load_benchmark(name: str):
