@@ -301,16 +301,20 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int
     products in bfloat16 (torch's CPU softmax of bf16 computes in fp32 and rounds once at the end). For the
     int8 model on CPUs with native bf16 (AVX512-BF16, AMX), where these small batched products run faster
     than the fp32 kernel; the int8 model is already a different function from the fp32 one, and the
-    agreement test covers this part too. q, k and v are laid out per head in one copy, and the heads are
-    merged back in fp32 in one more: (B, queries or T, D) fp32."""
+    agreement test covers this part too. q, k and v are laid out per head in one copy, the scale rides on the
+    first product (`baddbmm`'s alpha: no pass of its own), and the heads are merged back in fp32 in one more
+    copy: (B, queries or T, D) fp32."""
     B, T, width = qkv.shape
-    D = width // 3
-    heads = qkv.to(torch.bfloat16).view(B, T, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).contiguous()
+    D, Dh = width // 3, width // (3 * num_heads)
+    heads = qkv.to(torch.bfloat16).view(B, T, 3, num_heads, Dh).permute(2, 0, 3, 1, 4).contiguous()
     q, k, v = heads.unbind(0)  # each (B, H, T, Dh)
     if queries is not None:
         q = q[:, :, :queries]
-    y = torch.matmul(q, k.transpose(-2, -1)).mul_(scale).softmax(dim=-1) @ v  # (B, H, Q, Dh)
-    out = torch.empty(B, y.shape[2], num_heads, D // num_heads, dtype=torch.float32, device=qkv.device)
+    Q = q.shape[2]
+    q, k, v = (t.reshape(B * num_heads, -1, Dh) for t in (q, k, v))
+    scores = torch.baddbmm(q.new_empty(B * num_heads, Q, T), q, k.transpose(1, 2), beta=0, alpha=scale)
+    y = torch.bmm(scores.softmax(dim=-1), v).view(B, num_heads, Q, Dh)
+    out = torch.empty(B, Q, num_heads, Dh, dtype=torch.float32, device=qkv.device)
     return out.copy_(y.transpose(1, 2)).view(B, -1, D)
 
 
