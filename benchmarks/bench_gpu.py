@@ -25,7 +25,6 @@ so a model that would not reach flash attention fails loudly instead of being ti
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 from collections.abc import Callable
@@ -35,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import build_timm, interleaved_times, machine_info, paired_ratio
+from vitkit.bench import build_timm, interleaved_times, machine_info, paired_ratio, write_json
 from vitkit.config import ViTConfig
 
 TINY = ViTConfig(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10,
@@ -236,8 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{prof['host_ops_ms']:.1f} ms in host operators, {prof['device_kernels_ms']:.1f} ms in kernels")
             print(prof["table"])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(report, args.json)
     return report
 
 

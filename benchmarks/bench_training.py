@@ -13,7 +13,6 @@ batch size.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -24,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import build_timm, paired_ratio
+from vitkit.bench import build_timm, paired_ratio, write_json
 from vitkit.config import ViTConfig
 
 
@@ -128,8 +127,7 @@ def main() -> None:
         print(f"{r['model']:>22} batch {batch:>4} threads {r['threads']}: vitkit {ips['vitkit']:8.2f} img/s, "
               f"timm {ips['timm']:8.2f} img/s, vitkit/timm {r['ratio_vitkit_over_timm']:.3f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(results, args.json)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ faster and the slower half by the int8 model's 2-thread time, with the medians o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -23,7 +22,7 @@ import time
 import torch
 
 import vitkit
-from vitkit.bench import build_timm
+from vitkit.bench import build_timm, write_json
 
 
 def time_call(fn, threads: int) -> float:
@@ -131,8 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"int8/timm {med['int8_vs_timm']:.2f}x, fp32/timm {med['fp32_opt_vs_timm']:.2f}x")
     report = {"model": cfg.name, "batch": args.batch, "rounds": rounds, "summary": summary}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(report, args.json)
     return report
 
 

@@ -407,7 +407,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json(report: dict[str, Any], path) -> None:
+def write_json(report: Any, path) -> None:
     from pathlib import Path
 
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
