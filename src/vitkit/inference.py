@@ -15,9 +15,14 @@
   torch.compile (inductor, with freezing on the CPU) is applied on top.
 - "int8": dynamic quantisation of the encoder's linear layers (int8 weights per output channel,
   activations quantised per call to 8 bits where the CPU has VNNI; fbgemm's kernels). On CPUs with native bf16
-  the attention matrices are computed in bf16 (softmax in fp32). The blocks are FusedBlocks as in fp32. The
-  patch projection, the LayerNorms and the classifier stay in fp32. The function changes slightly: the
-  Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
+  the attention matrices are computed in bf16 (softmax in fp32). The blocks are FusedBlocks as in fp32, and
+  each runs as one compiled operator where it can be built (`torch.ops.vitkit.int8_block`, src/vitkit/csrc,
+  vitkit.kernels; `VITKIT_KERNELS=0` turns it off): one parallel region per block in which each thread goes
+  through its own share of the tokens, two meeting points between the threads instead of one per operator
+  (ViT-S/16 on our 2-core CPU 1.04-1.34x faster at batch 1, 1.06x at batch 16); the activations' int8 scales
+  are then per share of the tokens. The patch projection, the LayerNorms and the classifier stay in fp32. The
+  function changes slightly: the Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions
+  (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
   CPUs with native bf16 (AVX512-BF16, AMX: our AMD EPYC runs ViT-S/16 about 1.8x faster than fp32). On
   CPUs without it `optimize` refuses with a ValueError rather than fall back: they emulate bf16 at about a
@@ -49,6 +54,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .hardware import cpu_has_native_bf16, cpu_has_vnni
+from .kernels import int8_block_available
 from .linear import onednn_available
 from .model import Block, PatchEmbed, VisionTransformer, merge_heads, split_heads
 
@@ -201,6 +207,7 @@ class FusedBlock(Block):
         self.drop_path = block.drop_path
         self.train(block.training)
         self.attention_dtype: torch.dtype | None = None
+        self.int8_kernel = False  # the whole block through torch.ops.vitkit.int8_block (quantize_linears_int8)
         self.query = None
         if few_queries:
             qkv, heads = block.attn.qkv, block.attn.num_heads
@@ -220,6 +227,8 @@ class FusedBlock(Block):
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
         if return_attention or self.training:
             return super().forward(x, return_attention, queries)
+        if self.int8_kernel and queries is None:
+            return int8_block(self, x), None
         heads, h = self.attn.num_heads, self.norm1(x)
         if queries is not None and self.query is not None and queries * heads < h.shape[1]:
             (q,) = split_heads(self.query(h[:, :queries]), heads, parts=1)  # (B, H, queries, Dh)
@@ -318,9 +327,42 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int
     return out.copy_(y.transpose(1, 2)).view(B, -1, D)
 
 
+def int8_block_eligible(block: nn.Module) -> bool:
+    """Whether `block` is a FusedBlock that torch.ops.vitkit.int8_block computes: int8 linear layers with one
+    activation bit width, affine LayerNorms over the width, and an in-place GELU between the MLP's layers."""
+    if not isinstance(block, FusedBlock):
+        return False
+    attn, mlp = block.attn, block.mlp
+    linears = [getattr(attn, "qkv", None), getattr(attn, "proj", None), getattr(mlp, "fc1", None),
+               getattr(mlp, "fc2", None)]
+    norms = [block.norm1, block.norm2]
+    return (all(isinstance(lin, DynamicInt8Linear) for lin in linears)
+            and len({lin.reduce_range for lin in linears}) == 1
+            and isinstance(getattr(mlp, "act", None), GELUInPlace)
+            and all(type(n) is nn.LayerNorm and n.elementwise_affine and n.bias is not None
+                    and len(n.normalized_shape) == 1 for n in norms))
+
+
+def int8_block(block: FusedBlock, x: torch.Tensor, shares: int | None = None) -> torch.Tensor:
+    """eq. 2 and 3 for every token of `x` (B, T, D) through torch.ops.vitkit.int8_block (src/vitkit/csrc): the
+    block as one parallel region with two meeting points between the threads instead of one per operator. It
+    computes what the operator-by-operator path computes, except that the activations' int8 scales are per
+    thread's share of the tokens rather than per tensor: `shares` (default: the number of intra-op threads)
+    sets the cut, so the result depends slightly on it. On our 2-core CPU, against the operator-by-operator
+    path: ViT-S/16 1.04x (the machine's fast state) to 1.34x (its slow state) at batch 1, 1.06x at batch 16;
+    ViT-B/16 1.15x and 1.03x (docs/speed.md, "Session 12")."""
+    attn, mlp = block.attn, block.mlp
+    return torch.ops.vitkit.int8_block(
+        x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
+        block.norm2.eps, attn.qkv.packed, attn.proj.packed, mlp.fc1.packed, mlp.fc2.packed,
+        attn.qkv.reduce_range, attn.num_heads, attn.scale, block.attention_dtype == torch.bfloat16,
+        mlp.act.approximate, torch.get_num_threads() if shares is None else shares)
+
+
 def quantize_linears_int8(model: nn.Module) -> nn.Module:
     """Replace, in place, the encoder's linear layers (`blocks.*`) by DynamicInt8Linear, the MLP's GELU by
-    an in-place one, and, on CPUs with native bf16, a FusedBlock's attention matrices by bf16 ones. The
+    an in-place one, and, on CPUs with native bf16, a FusedBlock's attention matrices by bf16 ones; FusedBlocks
+    then run through the compiled int8 block operator where it can be built (vitkit.kernels). The
     classifier and the patch projection stay fp32: they cost little and carry the decision."""
     blocks = getattr(model, "blocks", None)
     target = blocks if isinstance(blocks, nn.Module) else model
@@ -334,6 +376,10 @@ def quantize_linears_int8(model: nn.Module) -> nn.Module:
             module.act = GELUInPlace(approximate)
         if isinstance(module, FusedBlock) and cpu_has_native_bf16():
             module.attention_dtype = torch.bfloat16
+    eligible = [m for m in target.modules() if int8_block_eligible(m)]
+    if eligible and int8_block_available():
+        for block in eligible:
+            block.int8_kernel = True
     return model
 
 

@@ -1,0 +1,154 @@
+"""vitkit.kernels and its int8 block operator: built from source here, and computing the int8 block exactly as
+the operator-by-operator path does, with the activations quantised per thread's share of the tokens."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from test_optimize import tiny_model
+from vitkit import inference, kernels
+from vitkit.inference import FusedBlock, bf16_attention, int8_block, int8_block_eligible, optimize
+from vitkit.model import merge_heads, split_heads
+
+needs_compiler = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                    reason="no C++ compiler to build vitkit's operators")
+
+
+@pytest.fixture
+def threads():
+    """Run a test with n intra-op threads; the setting is restored after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def int8_blocks(model, bf16: bool):
+    """The int8 model's blocks that the operator computes, their attention in bf16 or fp32."""
+    q = optimize(model, "int8")
+    blocks = [b for b in q.blocks if int8_block_eligible(b)]
+    for b in blocks:
+        b.attention_dtype = torch.bfloat16 if bf16 else None
+    return blocks
+
+
+def reference_block(block: FusedBlock, x: torch.Tensor, parts: int) -> torch.Tensor:
+    """eq. 2 and 3 with the block's own int8 layers, each called on one share of the rows (tokens of all
+    images cut in `parts`) at a time: what the operator computes with `parts` threads."""
+    B, T, D = x.shape
+    rows = x.reshape(B * T, D)
+    cuts = [len(rows) * i // parts for i in range(parts + 1)]
+    shares = [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+    qkv = torch.cat([block.attn.qkv(block.norm1(rows[a:b])) for a, b in shares]).view(B, T, 3 * D)
+    heads, scale = block.attn.num_heads, block.attn.scale
+    if block.attention_dtype == torch.bfloat16:
+        y = bf16_attention(qkv, heads, scale)
+    else:
+        q, k, v = split_heads(qkv, heads)
+        y = merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
+    y = y.reshape(B * T, D)
+    out = []
+    for a, b in shares:
+        x2 = block.attn.proj(y[a:b]) + rows[a:b]
+        out.append(block.mlp.fc2(F.gelu(block.mlp.fc1(block.norm2(x2)), approximate=block.mlp.act.approximate)) + x2)
+    return torch.cat(out).view(B, T, D)
+
+
+@needs_compiler
+def test_the_operator_builds_and_optimize_int8_uses_it():
+    assert kernels.int8_block_available(), "the int8 block operator did not build (see the warning)"
+    q = optimize(tiny_model(), "int8")
+    assert all(b.int8_kernel for b in q.blocks)
+
+
+@needs_compiler
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_one_thread_computes_the_operator_by_operator_block(bf16, batch, threads):
+    """One thread, one share: the same quantisation as the Python path, so the same numbers."""
+    threads(1)
+    x = torch.randn(batch, 17, 64)
+    for block in int8_blocks(tiny_model(), bf16):
+        with torch.inference_mode():
+            block.int8_kernel = False
+            ref, _ = block(x)
+            out = int8_block(block, x)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("gelu", ["exact", "tanh"])
+def test_two_threads_quantise_per_share_of_the_tokens(bf16, batch, gelu, threads):
+    threads(2)
+    x = torch.randn(batch, 17, 64)
+    for block in int8_blocks(tiny_model(gelu=gelu), bf16):
+        with torch.inference_mode():
+            out = int8_block(block, x)
+            ref = reference_block(block, x, parts=2)
+            whole = reference_block(block, x, parts=1)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+        assert (out - whole).abs().max() > 0  # the shares' scales really differ from the tensor's
+
+
+@needs_compiler
+def test_the_int8_model_stays_close_to_fp32_with_the_operator(threads):
+    threads(2)
+    model = tiny_model()
+    q = optimize(model, "int8")
+    assert all(b.int8_kernel for b in q.blocks)
+    x = torch.randn(16, 3, 32, 32)
+    with torch.inference_mode():
+        ref, out = model(x), q(x)
+        for b in q.blocks:
+            b.int8_kernel = False
+        by_operator = q(x)
+    rel = ((out - ref).norm() / ref.norm()).item()
+    rel_by_operator = ((by_operator - ref).norm() / ref.norm()).item()
+    assert 0 < rel < 0.05 and rel < 1.5 * rel_by_operator, (rel, rel_by_operator)
+
+
+@needs_compiler
+@pytest.mark.parametrize("shares", [2, 3])
+def test_fewer_threads_than_shares_give_the_same_result(shares, threads):
+    """On one thread the region works through every share in turn: the same shares, the same numbers."""
+    x = torch.randn(2, 17, 64)
+    for block in int8_blocks(tiny_model(), bf16=False):
+        with torch.inference_mode():
+            threads(1)
+            alone = int8_block(block, x, shares)
+            threads(2)
+            together = int8_block(block, x, shares)
+            ref = reference_block(block, x, parts=shares)
+        torch.testing.assert_close(alone, ref, rtol=0, atol=1e-5)
+        torch.testing.assert_close(together, ref, rtol=0, atol=1e-5)
+
+
+def test_the_environment_turns_the_operator_off(monkeypatch):
+    monkeypatch.setenv("VITKIT_KERNELS", "0")
+    assert not kernels.int8_block_available()
+    q = optimize(tiny_model(), "int8")
+    assert not any(b.int8_kernel for b in q.blocks)
+    with torch.inference_mode():
+        assert torch.isfinite(q(torch.randn(2, 3, 32, 32))).all()
+
+
+def test_a_failed_build_warns_once_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    missing = tmp_path / "missing.cpp"
+    with pytest.warns(RuntimeWarning, match="could not build"):
+        assert not kernels.build_operator("vitkit_test_missing", [missing], "no_such_operator")
+
+
+def test_models_the_operator_does_not_compute_keep_the_python_path():
+    q = optimize(tiny_model(), "int8")
+    block = q.blocks[0]
+    assert int8_block_eligible(block)
+    block.mlp.act = torch.nn.ReLU()
+    assert not int8_block_eligible(block)
+    assert not int8_block_eligible(tiny_model().blocks[0])  # a plain Block
+    fp32 = optimize(tiny_model(), "fp32")
+    assert not any(getattr(b, "int8_kernel", False) for b in fp32.blocks)
+    assert inference.FusedBlock(tiny_model().blocks[0]).int8_kernel is False
