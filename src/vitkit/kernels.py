@@ -1,8 +1,9 @@
 """vitkit's compiled CPU operators: built from src/vitkit/csrc on first use, then loaded from the cache.
 
-One operator so far, `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp): a whole encoder block of the int8
-model as one parallel region, each thread through its own share of the tokens, with two meeting points per
-block instead of the fifteen or so of running the block operator by operator (see `vitkit.inference`).
+One operator so far, `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder
+block of the int8 model as one parallel region, each thread through its own share of the tokens, with two
+meeting points between the threads per block instead of the fifteen or so of running the block operator by
+operator (see `vitkit.inference`).
 
 `torch.utils.cpp_extension` compiles it with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): about 15-30 s
@@ -14,6 +15,7 @@ operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators of
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -47,7 +49,7 @@ def _tool_path() -> str:
     return os.pathsep.join([*dirs, os.environ.get("PATH", "")])
 
 
-def _build(name: str, sources: Sequence[Path]) -> None:
+def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> None:
     """Compile `sources` into a library of torch operators and load it (registering its operators)."""
     # Importing cpp_extension on a machine without CUDA logs a warning about CUDA_HOME that concerns us not.
     ext_log = logging.getLogger("torch.utils.cpp_extension")
@@ -59,7 +61,7 @@ def _build(name: str, sources: Sequence[Path]) -> None:
         from torch.utils.cpp_extension import load
 
         log.info("vitkit: building %s (once per machine and torch version)", name)
-        load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp"],
+        load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     finally:
         ext_log.setLevel(level)
@@ -69,20 +71,23 @@ def _build(name: str, sources: Sequence[Path]) -> None:
             os.environ["PATH"] = path_before
 
 
-def build_operator(name: str, sources: Sequence[Path], op: str) -> bool:
-    """Make `torch.ops.vitkit.<op>` available: True if it is registered already or once library `name`,
-    built from `sources`, has registered it; else a RuntimeWarning that says why, and False."""
-    if hasattr(torch.ops.vitkit, op):
+def build_operators(name: str, sources: Sequence[Path], ops: Sequence[str], headers: Sequence[Path] = ()) -> bool:
+    """Make `torch.ops.vitkit.<op>` available for every op of `ops`: True if they are registered already or
+    once library `name`, built from `sources`, has registered them; else a RuntimeWarning that says why, and
+    False. A change to `headers` rebuilds the library too (their digest is one of its build flags)."""
+    if all(hasattr(torch.ops.vitkit, op) for op in ops):
         return True
     try:
-        _build(name, sources)
-        if hasattr(torch.ops.vitkit, op):
+        digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
+        _build(name, sources, [f"-DVITKIT_HEADERS_DIGEST={digest}"])
+        missing = [op for op in ops if not hasattr(torch.ops.vitkit, op)]
+        if not missing:
             return True
-        why = f"library {name} loaded without registering vitkit::{op}"
+        why = f"library {name} loaded without registering {', '.join(missing)}"
     except Exception as e:  # a missing compiler or ninja, a failed build: the callers' Python path still works
         lines = str(e).strip().splitlines()
         why = f"{type(e).__name__}: {lines[0] if lines else ''}"
-    warnings.warn(f"vitkit: could not build the operator vitkit::{op} ({why}); vitkit runs plain PyTorch "
+    warnings.warn(f"vitkit: could not build the operators {', '.join(ops)} ({why}); vitkit runs plain PyTorch "
                   f"operators instead (slower). {DISABLE_ENV}=0 turns vitkit's operators off.",
                   RuntimeWarning, stacklevel=2)
     return False
@@ -91,7 +96,7 @@ def build_operator(name: str, sources: Sequence[Path], op: str) -> bool:
 @functools.cache
 def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block")
+    return build_operators("vitkit_int8_block", [CSRC / "int8_block.cpp"], ["int8_block"], [CSRC / "block_region.h"])
 
 
 def int8_block_available() -> bool:

@@ -1,0 +1,117 @@
+// An encoder block (eq. 2 and 3 of the paper) as one parallel region: the mechanics of int8_block.cpp's operator
+// apart from its layers.
+//
+//   x' = x + proj(MSA(LN1(x)))          (2)
+//   y  = x' + fc2(GELU(fc1(LN2(x'))))   (3)
+//
+// ATen runs every operator of a block as a parallel region of its own (each LayerNorm, product, copy,
+// softmax, activation and add), and at each one the threads wait for each other. Here each of `shares`
+// threads goes through its own share of the rows (all tokens of all images, cut in `shares`) for everything
+// but the attention, and through its own share of the (image, head) pairs in the attention: two meeting
+// points per block. Inside the region every ATen operator runs on its calling thread alone (ATen and oneDNN
+// see that they are inside a parallel region). With fewer threads than shares (one intra-op thread, or a
+// region inside another), the first thread works through every share in turn: the same shares, the same
+// result.
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <omp.h>
+#include <utility>
+
+namespace vitkit {
+
+// A reusable barrier for a fixed number of threads that spin (with pause) rather than sleep: the waits here
+// are short, and a sleeping thread costs a wake-up at every meeting point.
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int parties) : parties_(parties) {}
+
+  void wait() {
+    const int generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == parties_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+    while (generation_.load(std::memory_order_acquire) == generation) {
+      __builtin_ia32_pause();
+    }
+  }
+
+ private:
+  const int parties_;
+  std::atomic<int> arrived_{0};
+  std::atomic<int> generation_{0};
+};
+
+// [begin, end) of share `part` of `count` items cut into `parts`.
+inline std::pair<int64_t, int64_t> share(int64_t count, int part, int parts) {
+  return {count * part / parts, count * (part + 1) / parts};
+}
+
+using Step = std::function<void(int64_t begin, int64_t end)>;
+
+// The three steps of a block, each over its share: `project` and `mix` over rows [0, rows), `attend` over
+// (image, head) pairs [0, pairs); a meeting point after each of the first two.
+inline void run_block(int64_t shares, int64_t rows, int64_t pairs, const Step& project, const Step& attend,
+                      const Step& mix) {
+  TORCH_CHECK(shares >= 1, "shares=", shares, " must be at least 1");
+  const int parts = static_cast<int>(shares);
+  auto step = [&](const Step& fn, int64_t count, int part) {
+    const auto [begin, end] = share(count, part, parts);
+    if (end > begin) fn(begin, end);
+  };
+  SpinBarrier barrier(parts);
+  const at::ThreadLocalState state;  // inference mode and the like, for the region's threads
+#pragma omp parallel num_threads(std::min(parts, std::max(1, at::get_num_threads())))
+  {
+    const at::ThreadLocalStateGuard guard(state);
+    const int team = omp_get_num_threads(), me = omp_get_thread_num();
+    if (team == parts) {
+      step(project, rows, me);
+      barrier.wait();
+      step(attend, pairs, me);
+      barrier.wait();
+      step(mix, rows, me);
+    } else if (me == 0) {
+      for (int part = 0; part < parts; ++part) step(project, rows, part);
+      for (int part = 0; part < parts; ++part) step(attend, pairs, part);
+      for (int part = 0; part < parts; ++part) step(mix, rows, part);
+    }
+  }
+}
+
+// Rows [r0, r1) of the fused q;k;v projection's output, (r1 - r0, 3D), laid out per head into
+// `heads_out` (3, B, H, T, Dh) in its dtype; the rows may span several images.
+inline void scatter_heads(const at::Tensor& qkv_rows, int64_t r0, int64_t r1, int64_t T, const at::Tensor& heads_out) {
+  const int64_t H = heads_out.size(2), Dh = heads_out.size(4);
+  const at::Tensor q = qkv_rows.view({r1 - r0, 3, H, Dh});
+  for (int64_t r = r0; r < r1;) {
+    const int64_t b = r / T, t = r % T, n = std::min(r1 - r, T - t);
+    heads_out.select(1, b).slice(2, t, t + n).copy_(q.slice(0, r - r0, r - r0 + n).permute({1, 2, 0, 3}));
+    r += n;
+  }
+}
+
+// softmax(q k^T scale) v for (image, head) pairs [p0, p1) of `heads_in` (3, B, H, T, Dh), the scale riding on
+// the first product, written into `merged` (B, T, H, Dh) fp32.
+inline void attend_pairs(const at::Tensor& heads_in, int64_t p0, int64_t p1, double scale, const at::Tensor& merged) {
+  const int64_t B = heads_in.size(1), H = heads_in.size(2), T = heads_in.size(3), Dh = heads_in.size(4);
+  const at::Tensor q = heads_in[0].view({B * H, T, Dh}).slice(0, p0, p1);
+  const at::Tensor k = heads_in[1].view({B * H, T, Dh}).slice(0, p0, p1);
+  const at::Tensor v = heads_in[2].view({B * H, T, Dh}).slice(0, p0, p1);
+  const at::Tensor scores = at::baddbmm(at::empty({p1 - p0, T, T}, q.options()), q, k.transpose(1, 2), 0, scale);
+  const at::Tensor y = at::bmm(scores.softmax(-1), v);  // (pairs, T, Dh)
+  for (int64_t p = p0; p < p1; ++p) {
+    merged.select(0, p / H).select(1, p % H).copy_(y[p - p0]);
+  }
+}
+
+}  // namespace vitkit
