@@ -41,7 +41,11 @@ class SpinBarrier {
       return;
     }
     while (generation_.load(std::memory_order_acquire) == generation) {
+#if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield");
+#endif
     }
   }
 
