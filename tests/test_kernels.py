@@ -138,8 +138,8 @@ def test_the_environment_turns_the_operator_off(monkeypatch):
 def test_a_failed_build_warns_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
     missing = tmp_path / "missing.cpp"
-    with pytest.warns(RuntimeWarning, match="could not build the operators no_such_operator .*Error"):
-        assert not kernels.build_operators("vitkit_test_missing", [missing], ["no_such_operator"])
+    with pytest.warns(RuntimeWarning, match="could not build the operator no_such_operator .*Error"):
+        assert not kernels.build_operator("vitkit_test_missing", [missing], "no_such_operator")
 
 
 def test_models_the_operator_does_not_compute_keep_the_python_path():

@@ -71,24 +71,23 @@ def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> Non
             os.environ["PATH"] = path_before
 
 
-def build_operators(name: str, sources: Sequence[Path], ops: Sequence[str], headers: Sequence[Path] = ()) -> bool:
-    """Make `torch.ops.vitkit.<op>` available for every op of `ops`: True if they are registered already or
-    once library `name`, built from `sources`, has registered them; else a RuntimeWarning that says why, and
-    False. A change to `headers` rebuilds the library too (their digest is one of its build flags)."""
-    if all(hasattr(torch.ops.vitkit, op) for op in ops):
+def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequence[Path] = ()) -> bool:
+    """Make `torch.ops.vitkit.<op>` available: True if it is registered already or once library `name`, built
+    from `sources`, has registered it; else a RuntimeWarning that says why, and False. A change to `headers`
+    rebuilds the library too (their digest is one of its build flags)."""
+    if hasattr(torch.ops.vitkit, op):
         return True
     try:
         digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
         _build(name, sources, [f"-DVITKIT_HEADERS_DIGEST={digest}"])
-        missing = [op for op in ops if not hasattr(torch.ops.vitkit, op)]
-        if not missing:
+        if hasattr(torch.ops.vitkit, op):
             return True
-        why = f"library {name} loaded without registering {', '.join(missing)}"
+        why = f"library {name} loaded without registering {op}"
     except Exception as e:  # a missing compiler or ninja, a failed build: the callers' Python path still works
         lines = str(e).strip().splitlines()
         why = f"{type(e).__name__}: {lines[0] if lines else ''}"
-    warnings.warn(f"vitkit: could not build the operators {', '.join(ops)} ({why}); vitkit runs plain PyTorch "
-                  f"operators instead (slower). {DISABLE_ENV}=0 turns vitkit's operators off.",
+    warnings.warn(f"vitkit: could not build the operator {op} ({why}); vitkit runs plain PyTorch operators "
+                  f"instead (slower). {DISABLE_ENV}=0 turns vitkit's operators off.",
                   RuntimeWarning, stacklevel=2)
     return False
 
@@ -96,7 +95,7 @@ def build_operators(name: str, sources: Sequence[Path], ops: Sequence[str], head
 @functools.cache
 def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
-    return build_operators("vitkit_int8_block", [CSRC / "int8_block.cpp"], ["int8_block"], [CSRC / "block_region.h"])
+    return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block", [CSRC / "block_region.h"])
 
 
 def int8_block_available() -> bool:
