@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit import inference
+from vitkit.hardware import cpu_has_vnni
 from vitkit.inference import (
     DynamicInt8Linear,
     FusedBlock,
@@ -205,7 +206,7 @@ def test_int8_linear_matches_a_reference_quantisation():
     asymmetric uint8 activations, int32 products, rescaled; 8-bit or 7-bit activations."""
     layer = nn.Linear(64, 24)
     x = torch.randn(5, 64) * 3
-    for reduce_range in (False, True):
+    for reduce_range in (False, True) if cpu_has_vnni() else (True,):  # 8 bits need VNNI (next test)
         q = DynamicInt8Linear(layer, reduce_range=reduce_range)
         levels = 127 if reduce_range else 255
         lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
@@ -219,6 +220,16 @@ def test_int8_linear_matches_a_reference_quantisation():
             torch.testing.assert_close(q(x), expected, rtol=0, atol=2e-3 * expected.abs().max().item())
             # and it is close to the float layer
             assert (q(x) - layer(x)).abs().max() < 0.05 * layer(x).abs().max()
+
+
+def test_int8_linear_picks_7_bit_activations_without_vnni_and_refuses_8(monkeypatch):
+    layer = nn.Linear(64, 24)
+    monkeypatch.setattr(inference, "cpu_has_vnni", lambda: False)
+    assert DynamicInt8Linear(layer).reduce_range is True
+    with pytest.raises(ValueError, match="reduce_range=False .* VNNI"):
+        DynamicInt8Linear(layer, reduce_range=False)
+    monkeypatch.setattr(inference, "cpu_has_vnni", lambda: True)
+    assert DynamicInt8Linear(layer).reduce_range is False
 
 
 def test_bf16_on_a_cpu_without_native_bf16_is_refused_with_a_reason(monkeypatch):

@@ -265,11 +265,16 @@ class DynamicInt8Linear(nn.Module):
     per call (asymmetric uint8, one scale per tensor), through fbgemm's `quantized::linear_dynamic`.
 
     torch.ao's DynamicQuantizedLinear always uses 7-bit activations (`reduce_range=True`), a guard against
-    the int16 saturation of AVX2's `vpmaddubsw`. CPUs with VNNI accumulate in int32 and need no guard: there
-    we use all 8 bits, which halves the activation rounding error (and is as fast)."""
+    the int16 saturation of AVX2's and AVX-512's `vpmaddubsw`. CPUs with VNNI accumulate in int32 and need no
+    guard: there we use all 8 bits, which halves the activation rounding error (and is as fast). 8-bit
+    activations on a CPU without VNNI are refused: fbgemm's sums would saturate (errors of the order of the
+    outputs themselves)."""
 
     def __init__(self, linear: nn.Linear, reduce_range: bool | None = None):
         super().__init__()
+        if reduce_range is False and not cpu_has_vnni():
+            raise ValueError("reduce_range=False (8-bit activations) needs a CPU with VNNI, and this one has none: "
+                             "fbgemm's int16 sums would saturate; use reduce_range=True or None (the CPU's choice)")
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         w = linear.weight.detach().float()
