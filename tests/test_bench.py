@@ -165,7 +165,11 @@ def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
     assert "inference" not in only and set(only["training"]["images_per_s"]) == {"vitkit", "timm"}
     profiles = only["training"]["profile"]  # one profiled step per contender: totals and the busiest operators
     assert set(profiles) == {"vitkit", "timm"}
-    assert all(p["wall_ms"] > 0 and p["host_ops_ms"] > 0 and "aten::" in p["table"] for p in profiles.values())
+    assert all(p["wall_ms"] > 0 and p["host_ops_ms"] > 0 for p in profiles.values())
+    for p in profiles.values():  # the 3 busiest operators, whichever they are (AdamW's step, a linear, ...)
+        lines = p["table"].splitlines()
+        assert "Self CPU" in lines[1] and lines[-1].startswith("Self CPU time total")
+        assert len([line for line in lines[3:-1] if line.strip() and not line.startswith("-")]) == 3
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):  # a clear error from argparse, not a traceback
             bench_gpu.main(["--device", "cuda"])
