@@ -108,6 +108,20 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
     assert len(bench.summarize(report)) == 2 * len(bench.OURS)
     markdown = bench.format_markdown(report).splitlines()
     assert markdown[2].startswith("| model |") and len(markdown) == 4 + len(rows)
+    # The CPU's int8 and bf16 features, which decide what optimize(int8) can gain, are recorded and shown.
+    from vitkit.hardware import cpu_has_native_bf16, cpu_has_vnni
+
+    assert report["machine"]["vnni"] == cpu_has_vnni()
+    assert report["machine"]["native_bf16"] == cpu_has_native_bf16()
+    shown = f"VNNI {'yes' if cpu_has_vnni() else 'no'}"
+    assert shown in markdown[0]
+
+
+def test_cpu_description_names_the_features_and_reads_older_reports():
+    info = {"cpu": "Some Xeon", "cpu_capability": "AVX512", "vnni": False, "native_bf16": True, "threads": 2}
+    assert bench.describe_cpu(info) == "Some Xeon (AVX512, VNNI no, bf16 yes)"
+    older = {"cpu": "Some Xeon", "cpu_capability": "AVX2", "threads": 2}  # a report from before they were kept
+    assert bench.describe_cpu(older) == "Some Xeon (AVX2)"
 
 
 def test_bad_config_is_named():

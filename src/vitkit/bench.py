@@ -299,6 +299,10 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
 
 
 def machine_info() -> dict[str, Any]:
+    """The CPU (its name, and the features that decide what the int8 and bf16 paths can do: our machines are
+    not all alike), threads and versions: what makes figures of different runs comparable or not."""
+    from .hardware import cpu_has_native_bf16, cpu_has_vnni
+
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -309,7 +313,8 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+        "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "vnni": cpu_has_vnni(),
+        "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(),
     }
 
@@ -357,6 +362,16 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
 
 
 # --- reporting ------------------------------------------------------------------------------------------
+def describe_cpu(info: dict[str, Any]) -> str:
+    """The CPU of a report's `machine` in a few words: its name, ATen's vector ISA and whether it has VNNI (int8
+    dot products: without them `optimize(int8)` gains far less over fp32) and native bf16."""
+    features = [info.get("cpu_capability") or "?"]
+    for key, name in (("vnni", "VNNI"), ("native_bf16", "bf16")):
+        if key in info:  # reports written before these were recorded lack them
+            features.append(f"{name} {'yes' if info[key] else 'no'}")
+    return f"{info['cpu']} ({', '.join(features)})"
+
+
 def format_table(report: dict[str, Any]):
     """A rich Table of a `run` report."""
     from rich.table import Table
@@ -365,7 +380,7 @@ def format_table(report: dict[str, Any]):
     sgemm = report["sgemm_gflops"]["median_over_cells"]
     onednn = report.get("onednn_gemm_gflops")
     extra = f", oneDNN GEMM {onednn['median_over_cells']:.0f}" if onednn else ""
-    table = Table(title=f"inference, fp32 unless named; {info['cpu']}, {info['threads']} thread(s); "
+    table = Table(title=f"inference, fp32 unless named; {describe_cpu(info)}, {info['threads']} thread(s); "
                         f"SGEMM (torch.mm) {sgemm:.0f} GFLOP/s{extra}; ratios and MFU paired round by round")
     for col, justify in (("model", "left"), ("batch", "right"), ("contender", "left"), ("img/s", "right"),
                          ("ms/batch", "right"), ("vs best anchor", "right"), ("GFLOP/s", "right"),
@@ -390,7 +405,8 @@ def format_markdown(report: dict[str, Any]) -> str:
     sgemm = report["sgemm_gflops"]["median_over_cells"]
     onednn = report.get("onednn_gemm_gflops")
     lines = [
-        f"{report['machine']['cpu']}, {report['machine']['threads']} thread(s), torch {report['machine']['torch']}; "
+        f"{describe_cpu(report['machine'])}, {report['machine']['threads']} thread(s), "
+        f"torch {report['machine']['torch']}; "
         f"SGEMM (torch.mm {report['sgemm_gflops']['size']}^3) {sgemm:.0f} GFLOP/s"
         + (f", oneDNN GEMM {onednn['median_over_cells']:.0f} GFLOP/s" if onednn else "")
         + " (medians). img/s and ms: medians; 'vs best anchor' and MFU: medians of per-round ratios.",
