@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from .config import ViTConfig, get_config
+from .hardware import cpu_has_native_bf16, cpu_has_vnni
 from .model import count_flops, create_model
 
 # The anchors: the other implementations we compare against.
@@ -301,8 +302,6 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
 def machine_info() -> dict[str, Any]:
     """The CPU (its name, and the features that decide what the int8 and bf16 paths can do: our machines are
     not all alike), threads and versions: what makes figures of different runs comparable or not."""
-    from .hardware import cpu_has_native_bf16, cpu_has_vnni
-
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
