@@ -224,6 +224,29 @@ def test_machine_state_script_times_every_round_and_splits_them(tmp_path, capsys
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
+    """benchmarks/bench_few_rows.py runs for real on a small preset: every per-image layer shape at every row
+    count through the three engines, and the tail and whole model with and without the few-rows path (the
+    script checks that both compute the same tail)."""
+    few_rows, threads = load_benchmark("bench_few_rows"), torch.get_num_threads()
+    out = tmp_path / "few.json"
+    report = few_rows.main(["-m", "ViT-Ti/32", "-b", "1", "-r", "2", "--model-repeats", "1", "--json", str(out)])
+    assert json.loads(out.read_text())["models"][0]["model"] == report["models"][0]["model"]
+    entry = report["models"][0]
+    shapes = {(row["in"], row["out"]) for row in entry["layers"]}
+    assert shapes == {(192, 192), (192, 768), (768, 192), (192, 1000)}  # query/proj, fc1, fc2, classifier
+    assert {row["rows"] for row in entry["layers"]} == set(few_rows.ROWS)
+    assert all(row[k] > 0 for row in entry["layers"] for k in ("mkl", "onednn", "onednn_packed"))
+    assert [p["part"] for p in entry["parts"]] == [f"{entry['model']} batch 1 {part}" for part in ("tail", "model")]
+    assert all(p["ratio"] > 0 and p["few_rows_ms"] > 0 and p["onednn_ms"] > 0 for p in entry["parts"])
+    assert "paired ratio" in capsys.readouterr().out
+    assert torch.get_num_threads() == threads
+    with pytest.raises(SystemExit):
+        few_rows.main(["--model", "ViT-Q/16"])
+    assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
+
+
 def load_benchmark(name: str):
     """benchmarks/<name>.py as a module (benchmarks/ is a folder of scripts, not a package)."""
     import importlib.util

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitkit.linear import Linear, onednn_available, use_onednn
+from vitkit.linear import MKL_MAX_ROWS, Linear, onednn_available, rows, use_onednn
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernel")
 
@@ -76,3 +76,24 @@ def test_a_drop_in_for_nn_linear():
     layer = Linear(8, 4)
     assert isinstance(layer, nn.Linear)
     assert sorted(layer.state_dict()) == ["bias", "weight"]
+
+
+@pytest.mark.parametrize("shape,expected", [((5, 32), 5), ((2, 3, 32), 6), ((1, 1, 32), 1), ((32,), 1), ((0, 32), 0)])
+def test_rows_counts_every_dimension_but_the_last(shape, expected):
+    assert rows(torch.empty(shape)) == expected
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(1, 32), (2, 32), (1, 2, 32), (3, 32), (1, 4, 32)])
+def test_few_rows_are_f_linear_exactly(shape):
+    torch.manual_seed(0)
+    layer = Linear(32, 16)
+    x = torch.randn(shape)
+    few = rows(x) <= MKL_MAX_ROWS
+    assert use_onednn(x, layer.weight) is not few
+    with torch.inference_mode():
+        out = layer(x)
+    if few:
+        assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+    else:
+        torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)

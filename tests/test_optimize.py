@@ -45,7 +45,7 @@ def optimize_copy(module: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize("overrides", [{}, {"gelu": "tanh"}, {"pool": "gap"}, {"representation_size": 48}])
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 2, 3])
 def test_fp32_computes_the_same_function(overrides, batch):
     model = tiny_model(**overrides)
     fast = optimize(model, "fp32")
@@ -256,6 +256,45 @@ def test_bad_arguments_are_named():
         optimize(tiny_model(), "fp32", compile="yes")
     with pytest.raises(ValueError, match="int8"):
         optimize(tiny_model(), "int8", compile=True)
+
+
+def profiled_ops(fn) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_few_rows_go_through_mkl_with_the_same_result(activation, n):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 40)
+    layer = PackedLinear(linear, activation, "tanh" if activation == "gelu" else "none", few_rows=True)
+    x, residual = torch.randn(1, n, 48), torch.randn(1, n, 40)
+    ref = F.linear(x, linear.weight, linear.bias)
+    ref = F.gelu(ref, approximate="tanh") if activation == "gelu" else ref
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), ref, rtol=0, atol=1e-5)
+        if activation == "none":
+            torch.testing.assert_close(layer.add(x, residual), ref + residual, rtol=0, atol=1e-5)
+        ops = profiled_ops(lambda: layer(x))
+    through_mkl = n <= inference.MKL_MAX_ROWS
+    assert ("mkldnn::_linear_pointwise" in ops) is not through_mkl
+    assert ("aten::linear" in ops) is through_mkl
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("pool", ["token", "gap"])
+def test_only_the_per_image_layers_keep_a_plain_weight(pool):
+    fast = optimize(tiny_model(pool=pool, representation_size=48), "fp32")
+    last = fast.blocks[-1]
+    per_image = {id(fast.head), id(fast.pre_logits)}
+    if pool == "token":  # the class-token shortcut's layers
+        per_image |= {id(last.query), id(last.attn.proj), id(last.mlp.fc1), id(last.mlp.fc2)}
+    packed = [m for m in fast.modules() if isinstance(m, PackedLinear)]
+    assert {id(m) for m in packed if m.plain_weight is not None} == per_image
+    assert "MKL up to 2 rows" in repr(fast.head)
 
 
 def test_packed_linear_refuses_other_dtypes():

@@ -4,7 +4,9 @@
 tensors on a CPU whose PyTorch build has oneDNN, the forward product x W^T + b and the backward product dY W run
 through oneDNN's linear kernel (`torch.ops.mkldnn._linear_pointwise`) instead of the MKL `addmm`/`mm` that
 `F.linear` calls; the weight gradient dY^T X stays an ordinary `mm`. On our AVX-512 CPU oneDNN's kernels are
-10-20 % faster than MKL's on ViT shapes (docs/speed.md), which is where the training step's time goes.
+10-20 % faster than MKL's on ViT shapes (docs/speed.md), which is where the training step's time goes. Products
+of at most `MKL_MAX_ROWS` rows (the classifier and the last block's class-token layers at batch 1 and 2) stay
+with MKL, whose matrix-vector kernels are 1.2-2x faster than oneDNN's there.
 
 Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, builds without oneDNN) it is exactly
 `F.linear`. Results differ from `F.linear` only by float rounding (another summation order).
@@ -23,6 +25,15 @@ def onednn_available() -> bool:
 
 
 _ONEDNN = onednn_available()
+
+# Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (interleaved, 2 threads, AVX-512:
+# ViT-S/16's fc1 at one row 150 against 222-230 us, its classifier 133 against 221; from 4 rows on oneDNN leads).
+MKL_MAX_ROWS = 2
+
+
+def rows(x: torch.Tensor) -> int:
+    """The number of rows a linear layer multiplies: every dimension of `x` but the last."""
+    return x.numel() // x.shape[-1] if x.dim() > 0 and x.shape[-1] > 0 else 0
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -53,13 +64,15 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` takes the oneDNN path for this input (fp32 on the CPU, no autocast, not compiling)."""
+    """Whether `Linear` takes the oneDNN path for this input (fp32 on the CPU, more than MKL_MAX_ROWS rows, no
+    autocast, not compiling)."""
     return (
         _ONEDNN
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.dim() >= 2
+        and rows(x) > MKL_MAX_ROWS
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
     )
