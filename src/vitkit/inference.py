@@ -12,8 +12,8 @@
   which updates only the class token, attends through the key and value projections instead of projecting
   every token's key and value (`attend_through_projections`). The patch convolution becomes one packed linear
   map of the flattened patches. Together about 2-3 % of ViT-S/16 at batch 1. The layers that multiply one row
-per image (the classifier, the last block's class-token layers) also keep a plain copy of their weight for
-calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's. With `compile=True`,
+  per image (the classifier, the last block's class-token layers) also keep a plain copy of their weight for
+  calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's. With `compile=True`,
   torch.compile (inductor, with freezing on the CPU) is applied on top.
 - "int8": dynamic quantisation of the encoder's linear layers (int8 weights per output channel,
   activations quantised per call to 8 bits where the CPU has VNNI; fbgemm's kernels). On CPUs with native bf16
