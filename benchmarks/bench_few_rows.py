@@ -14,7 +14,6 @@ how many times faster the few-rows path is than oneDNN throughout.
 from __future__ import annotations
 
 import argparse
-import copy
 import random
 import statistics
 
@@ -23,14 +22,16 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit import bench
-from vitkit.inference import PackedLinear, optimize, per_image_linears
+from vitkit.inference import PackedLinear, optimize
 
 ROWS = (1, 2, 4, 8, 16)
 
 
-def layer_table(model: vitkit.VisionTransformer, repeats: int, rng: random.Random) -> list[dict]:
-    """Median microseconds of each per-image layer shape through MKL, oneDNN and oneDNN packed."""
-    shapes = sorted({(m.in_features, m.out_features) for m in per_image_linears(optimize_unpacked(model))})
+def layer_table(fast: torch.nn.Module, repeats: int, rng: random.Random) -> list[dict]:
+    """Median microseconds of each per-image layer shape of the optimized model `fast` (its PackedLinears with
+    a plain weight, per_image_linears' layers) through MKL, oneDNN and oneDNN packed."""
+    shapes = sorted({(m.in_features, m.out_features) for m in fast.modules()
+                     if isinstance(m, PackedLinear) and m.plain_weight is not None})
     table = []
     with torch.inference_mode():
         for fan_in, fan_out in shapes:
@@ -51,13 +52,6 @@ def layer_table(model: vitkit.VisionTransformer, repeats: int, rng: random.Rando
                 print(f"{fan_in:>5} -> {fan_out:<5} rows {n:>2}: " + "  ".join(
                     f"{name} {row[name]:7.0f} us" for name in calls), flush=True)
     return table
-
-
-def optimize_unpacked(model: vitkit.VisionTransformer) -> vitkit.VisionTransformer:
-    """The model with fused blocks but plain nn.Linear layers, to read the per-image layers' shapes from."""
-    from vitkit.inference import fuse_blocks
-
-    return fuse_blocks(copy.deepcopy(model).eval())
 
 
 def optimize_without_plain_weights(model: vitkit.VisionTransformer) -> torch.nn.Module:
@@ -123,8 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         for cfg in configs:
             model = vitkit.create_model(cfg).eval()
-            entry = {"model": cfg.name, "layers": layer_table(model, args.repeats, rng), "parts": []}
             fast, slow = optimize(model, "fp32"), optimize_without_plain_weights(model)
+            entry = {"model": cfg.name, "layers": layer_table(fast, args.repeats, rng), "parts": []}
             for batch in args.batch or [1, 2]:
                 entry["parts"] += measure_batch(cfg.name, fast, slow, batch, args, rng)
             report["models"].append(entry)
