@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 6's measurement as sessions 8-14 ran it by hand, in one command: RUNS full runs one after another (3 by
+# default), each `vitkit bench` at batch 1 (8 rounds) and at batch 16 (4 rounds, 1 warm-up) for ViT-S/16 and
+# ViT-B/16 with every CPU contender, then the training step against timm (benchmarks/bench_training.py); with
+# AGREEMENT_CHECKPOINT set, int8's top-1 agreement with fp32 on Fashion-MNIST as well; then
+# benchmarks/check_targets.py over all the runs, which prints the targets' table and writes it to
+# OUT_DIR/targets.md. The JSON files stay in OUT_DIR (default runs/targets-<date>-<time>).
+#
+#   bash benchmarks/target_runs.sh [OUT_DIR]
+#   RUNS=1 AGREEMENT_CHECKPOINT=runs/demo/best bash benchmarks/target_runs.sh runs/targets-today
+#
+# About 12 minutes a run on our 2-core CPU. Run nothing else meanwhile: the ratios are paired within each
+# process, but a machine busy with other work shifts them (docs/speed.md). The exit status is
+# check_targets.py's: 0 when every target holds in every run, 1 when one does not.
+#
+# Settings (environment): RUNS (3), THREADS (2), MODELS ("ViT-S/16 ViT-B/16"), B1_REPEATS (8), B16_REPEATS (4),
+# TRAIN_ARGS ("--repeats 8"), AGREEMENT_CHECKPOINT (unset: no agreement), PYTHON (.venv/bin/python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=${1:-runs/targets-$(date +%Y%m%d-%H%M%S)}
+py=${PYTHON:-.venv/bin/python}
+runs=${RUNS:-3}
+threads=${THREADS:-2}
+read -r -a models <<< "${MODELS:-ViT-S/16 ViT-B/16}"
+read -r -a train_args <<< "${TRAIN_ARGS:---repeats 8}"
+b1_repeats=${B1_REPEATS:-8}
+b16_repeats=${B16_REPEATS:-4}
+
+if ! [[ $runs =~ ^[1-9][0-9]*$ ]]; then
+  echo "target_runs.sh: RUNS must be a positive whole number, got '$runs'" >&2
+  exit 2
+fi
+if [[ -n ${AGREEMENT_CHECKPOINT:-} && ! -e $AGREEMENT_CHECKPOINT ]]; then
+  echo "target_runs.sh: AGREEMENT_CHECKPOINT '$AGREEMENT_CHECKPOINT' does not exist" >&2
+  exit 2
+fi
+mkdir -p "$out"
+
+model_args=()
+for m in "${models[@]}"; do model_args+=(-m "$m"); done
+contenders=(-c vitkit -c vitkit-fp32-opt -c vitkit-int8 -c timm -c hf-sdpa -c torchvision)
+check_args=()
+
+for i in $(seq 1 "$runs"); do
+  echo "== run $i of $runs ($(date +%H:%M:%S)), files in $out"
+  "$py" -m vitkit.cli.main bench "${model_args[@]}" -b 1 -r "$b1_repeats" "${contenders[@]}" \
+    --threads "$threads" --json "$out/run${i}_b1.json"
+  "$py" -m vitkit.cli.main bench "${model_args[@]}" -b 16 -r "$b16_repeats" --warmup 1 "${contenders[@]}" \
+    --threads "$threads" --json "$out/run${i}_b16.json"
+  "$py" benchmarks/bench_training.py --threads "$threads" "${train_args[@]}" --json "$out/train${i}.json"
+  files="$out/run${i}_b1.json,$out/run${i}_b16.json,$out/train${i}.json"
+  if [[ -n ${AGREEMENT_CHECKPOINT:-} && $i == 1 ]]; then
+    "$py" benchmarks/bench_inference.py agreement --checkpoint "$AGREEMENT_CHECKPOINT" --threads "$threads" \
+      --json "$out/agreement.json"
+    files+=",$out/agreement.json"
+  fi
+  check_args+=(--run "$files")
+done
+
+echo "== issue 6's targets over $runs run(s)"
+"$py" benchmarks/check_targets.py "${check_args[@]}" --markdown "$out/targets.md" --json "$out/targets.json"
