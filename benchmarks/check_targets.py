@@ -9,6 +9,9 @@ measured, `benchmarks/bench_inference.py agreement --json`. Each file is recogni
         --run docs/speed-runs/s12_run26_b1.json,docs/speed-runs/s12_run26_b16.json,docs/speed-runs/s12_train26.json \\
         --run ... --markdown targets.md --json targets.json
 
+The CPU targets only: the GPU line and the ONNX export's check are not in these files (bench_gpu.py and
+`vitkit export` report them).
+
 Exit status: 0 when every target with figures holds in every run, 1 when one does not, 2 on a file it cannot
 read. The targets were set on a CPU with VNNI (int8 at one instruction per 64 products); on a machine without
 it the int8 target is out of reach by design, and the report says so rather than compare.
