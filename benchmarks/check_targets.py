@@ -108,6 +108,12 @@ def load_run(name: str, paths: list[Path]) -> Run:
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(f"{path}: cannot read it as JSON ({e})") from None
         kind = classify(path, data)
+        needed = {"inference": ("model", "batch", "contender"), "training": ("model", "batch"), "agreement": ()}
+        entries = data["rows"] if kind == "inference" else data if kind == "training" else []
+        for entry in entries:
+            missing = [k for k in needed[kind] if not isinstance(entry, dict) or k not in entry]
+            if missing:
+                raise InputError(f"{path}: a {kind} entry without {', '.join(missing)}: {str(entry)[:80]}")
         if kind == "inference":
             run.inference += data["rows"]
             run.machines.append(data.get("machine", {}))

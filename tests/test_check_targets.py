@@ -99,6 +99,11 @@ def test_bad_files_are_named(tmp_path, capsys):
     assert check_targets.main(["--run", str(other)]) == 2
     err = capsys.readouterr().err
     assert str(other) in err and "vitkit bench --json" in err
+    rowless = tmp_path / "rowless.json"
+    rowless.write_text(json.dumps({"rows": [{"model": "ViT-S/16", "batch": 1}]}))
+    assert check_targets.main(["--run", str(rowless)]) == 2
+    err = capsys.readouterr().err
+    assert str(rowless) in err and "without contender" in err
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert check_targets.main(["--run", str(broken)]) == 2
