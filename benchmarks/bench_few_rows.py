@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import vitkit
 from vitkit import bench
 from vitkit.inference import PackedLinear, optimize
+from vitkit.linear import _onednn_linear as onednn_linear
 
 ROWS = (1, 2, 4, 8, 16)
 
@@ -41,9 +42,8 @@ def layer_table(fast: torch.nn.Module, repeats: int, rng: random.Random) -> list
                 x = torch.randn(n, fan_in)
                 calls = {
                     "mkl": lambda x=x, w=w, b=b: F.linear(x, w, b),
-                    "onednn": lambda x=x, w=w, b=b: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""),
-                    "onednn_packed": lambda x=x, p=packed, b=b: torch.ops.mkldnn._linear_pointwise(
-                        x, p, b, "none", [], ""),
+                    "onednn": lambda x=x, w=w, b=b: onednn_linear(x, w, b),
+                    "onednn_packed": lambda x=x, p=packed, b=b: onednn_linear(x, p, b),
                 }
                 times = bench.interleaved_times(calls, repeats, 10, rng)
                 row = {"in": fan_in, "out": fan_out, "rows": n}

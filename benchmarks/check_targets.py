@@ -51,6 +51,10 @@ class Target:
     needs_vnni: bool = False
 
 
+# The keys each kind of file's entries must have for the targets to be read off them.
+REQUIRED_KEYS = {"inference": ("model", "batch", "contender"), "training": ("model", "batch"), "agreement": ()}
+
+
 class InputError(ValueError):
     """A file that is not one of the benchmark files this script reads."""
 
@@ -108,19 +112,14 @@ def load_run(name: str, paths: list[Path]) -> Run:
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(f"{path}: cannot read it as JSON ({e})") from None
         kind = classify(path, data)
-        needed = {"inference": ("model", "batch", "contender"), "training": ("model", "batch"), "agreement": ()}
-        entries = data["rows"] if kind == "inference" else data if kind == "training" else []
+        entries = data["rows"] if kind == "inference" else data if kind == "training" else [data]
         for entry in entries:
-            missing = [k for k in needed[kind] if not isinstance(entry, dict) or k not in entry]
+            missing = [k for k in REQUIRED_KEYS[kind] if not isinstance(entry, dict) or k not in entry]
             if missing:
                 raise InputError(f"{path}: a {kind} entry without {', '.join(missing)}: {str(entry)[:80]}")
+        getattr(run, kind).extend(entries)
         if kind == "inference":
-            run.inference += data["rows"]
             run.machines.append(data.get("machine", {}))
-        elif kind == "training":
-            run.training += data
-        else:
-            run.agreement.append(data)
     return run
 
 
