@@ -8,15 +8,21 @@ batch size.
 
     .venv/bin/python benchmarks/bench_training.py --threads 1                 # the table
     .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first
+    .venv/bin/python benchmarks/bench_training.py --threads 2 --engines       # oneDNN and MKL side by side
+
+vitkit's linear layers compute their training products on the engine that vitkit.linear.training_engine()
+chooses for this machine; `--engines` times vitkit once per engine instead (vitkit[onednn], vitkit[mkl]), and
+the ratio to timm is then that of the machine's own choice.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -25,6 +31,7 @@ import torch.nn.functional as F
 import vitkit
 from vitkit.bench import build_timm, paired_ratio, write_json
 from vitkit.config import ViTConfig
+from vitkit.linear import TRAINING_ENGINES, forced_training_engine, training_engine
 
 
 def recipe_cell(name: str) -> tuple[ViTConfig, int]:
@@ -35,26 +42,36 @@ def recipe_cell(name: str) -> tuple[ViTConfig, int]:
     return recipe.model.replace(name=f"recipe {name}"), recipe.batch_size
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               engine: str | None = None) -> Callable[[], None]:
+    """One training step of `model`; with `engine`, vitkit's linear layers compute on that engine."""
     def step() -> None:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        with forced_training_engine(engine) if engine else contextlib.nullcontext():
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         opt.step()
 
     return step
 
 
-def contenders(cfg: ViTConfig, batch: int) -> dict[str, Callable[[], None]]:
+def contenders(cfg: ViTConfig, batch: int, engines: Sequence[str] = ()) -> dict[str, Callable[[], None]]:
+    """The steps to time: "vitkit" (or one "vitkit[ENGINE]" per engine in `engines`) and "timm"."""
     torch.manual_seed(0)
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
+    models = [(f"vitkit[{e}]", vitkit.create_model(cfg), e) for e in engines] or [("vitkit", vitkit.create_model(cfg), None)]
     steps = {}
-    for name, model in (("vitkit", vitkit.create_model(cfg)), ("timm", build_timm(cfg))):
+    for name, model, engine in [*models, ("timm", build_timm(cfg), None)]:
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
-        steps[name] = train_step(model, opt, x, y)
+        steps[name] = train_step(model, opt, x, y, engine)
     return steps
+
+
+def main_contender(steps: dict) -> str:
+    """The vitkit contender as it runs on this machine: "vitkit", or the one on the machine's engine."""
+    return "vitkit" if "vitkit" in steps else f"vitkit[{training_engine()}]"
 
 
 def profile(cfg: ViTConfig, batch: int, rows: int) -> None:
@@ -71,8 +88,8 @@ def profile(cfg: ViTConfig, batch: int, rows: int) -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))
 
 
-def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int) -> dict:
-    steps = contenders(cfg, batch)
+def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int, engines: Sequence[str] = ()) -> dict:
+    steps = contenders(cfg, batch, engines)
     for _ in range(warmup):
         for step in steps.values():
             step()
@@ -86,12 +103,16 @@ def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int) ->
             steps[name]()
             times[name].append(time.perf_counter() - start)
     med = {name: statistics.median(t) for name, t in times.items()}
+    main = main_contender(steps)
+    # paired: the median over rounds of timm's step time over vitkit's in the same round (see paired_ratio)
+    ratios = {name: paired_ratio(times[name], [times["timm"]]) for name in steps if name != "timm"}
     return {
         "model": cfg.name, "batch": batch, "threads": torch.get_num_threads(),
+        "training_engine": training_engine(),
         "images_per_s": {name: batch / m for name, m in med.items()},
-        # paired: the median over rounds of timm's step time over vitkit's in the same round (see paired_ratio)
-        "ratio_vitkit_over_timm": paired_ratio(times["vitkit"], [times["timm"]]),
-        "ratio_of_medians": med["timm"] / med["vitkit"],
+        "ratio_vitkit_over_timm": ratios[main],
+        "ratio_of_medians": med["timm"] / med[main],
+        **({"ratio_over_timm_by_engine": {name: r for name, r in ratios.items()}} if engines else {}),
         "seconds": times,
     }
 
@@ -105,6 +126,8 @@ def main() -> None:
     p.add_argument("--recipe", action="append", default=None,
                    help="training recipe whose model to measure (default: fashion-mnist and demo)")
     p.add_argument("--only", choices=["vit-s", "recipes"], default=None)
+    p.add_argument("--engines", action="store_true",
+                   help=f"time vitkit on each engine of its training products ({', '.join(TRAINING_ENGINES)})")
     p.add_argument("--profile", action="store_true", help="print the profiler's operator tables and exit")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
@@ -121,11 +144,14 @@ def main() -> None:
         return
     results = []
     for cfg, batch in cells:
-        r = measure(cfg, batch, args.repeats, args.warmup, seed=0)
+        r = measure(cfg, batch, args.repeats, args.warmup, seed=0, engines=TRAINING_ENGINES if args.engines else ())
         results.append(r)
         ips = r["images_per_s"]
-        print(f"{r['model']:>22} batch {batch:>4} threads {r['threads']}: vitkit {ips['vitkit']:8.2f} img/s, "
-              f"timm {ips['timm']:8.2f} img/s, vitkit/timm {r['ratio_vitkit_over_timm']:.3f}x")
+        line = ", ".join(f"{name} {v:8.2f} img/s" for name, v in ips.items())
+        print(f"{r['model']:>22} batch {batch:>4} threads {r['threads']}: {line}, vitkit/timm "
+              f"{r['ratio_vitkit_over_timm']:.3f}x (engine {r['training_engine']})")
+        for name, ratio in r.get("ratio_over_timm_by_engine", {}).items():
+            print(f"{'':>22} {name}/timm {ratio:.3f}x")
     if args.json:
         write_json(results, args.json)
 

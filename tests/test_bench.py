@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 import torch
+import torch.nn as nn
 
 import vitkit
 from vitkit import bench
@@ -245,6 +246,42 @@ def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
     with pytest.raises(SystemExit):
         few_rows.main(["--model", "ViT-Q/16"])
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
+
+
+def test_training_benchmark_times_each_engine(capsys):
+    """benchmarks/bench_training.py with --engines: vitkit once per training engine beside timm, each step run
+    under its engine, and the headline ratio that of this machine's own engine."""
+    from vitkit.linear import TRAINING_ENGINES, training_engine
+
+    bench_training = load_benchmark("bench_training")
+    seen = []
+
+    class Recorder(nn.Module):  # a model that notes the engine its forward runs under
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            seen.append(training_engine())
+            return self.fc(x)
+
+    model = Recorder()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(2, 4), torch.tensor([0, 2])
+    for engine in TRAINING_ENGINES:
+        bench_training.train_step(model, opt, x, y, engine)()
+    bench_training.train_step(model, opt, x, y)()
+    assert seen == [*TRAINING_ENGINES, training_engine()]
+
+    cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
+    r = bench_training.measure(cfg, batch=2, repeats=2, warmup=0, seed=0, engines=TRAINING_ENGINES)
+    names = {f"vitkit[{e}]" for e in TRAINING_ENGINES}
+    assert set(r["images_per_s"]) == names | {"timm"} and set(r["ratio_over_timm_by_engine"]) == names
+    assert r["training_engine"] == training_engine()
+    assert r["ratio_vitkit_over_timm"] == r["ratio_over_timm_by_engine"][f"vitkit[{training_engine()}]"]
+    assert all(len(t) == 2 and min(t) > 0 for t in r["seconds"].values())
+    plain = bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0)
+    assert set(plain["images_per_s"]) == {"vitkit", "timm"} and "ratio_over_timm_by_engine" not in plain
 
 
 def load_benchmark(name: str):

@@ -7,7 +7,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitkit.linear import MKL_MAX_ROWS, Linear, onednn_available, rows, use_onednn
+import vitkit.linear as linear_module
+from vitkit.linear import (
+    MKL_MAX_ROWS,
+    TRAINING_ENGINE_ENV,
+    Linear,
+    forced_training_engine,
+    machine_training_engine,
+    onednn_available,
+    rows,
+    training_engine,
+    use_onednn,
+)
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernel")
 
@@ -21,21 +32,69 @@ def grads(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor, reference: bool):
     return y.detach(), x.grad.clone(), layer.weight.grad.clone(), bias_grad
 
 
+@pytest.fixture
+def engine(request):
+    """Run the test with the training products on the engine `request.param`, whatever this CPU's default."""
+    with forced_training_engine(request.param):
+        yield request.param
+
+
 @needs_onednn
+@pytest.mark.parametrize("engine", ["onednn", "mkl"], indirect=True)
 @pytest.mark.parametrize("shape,features,bias", [((6, 197, 64), (64, 192), True), ((300, 96), (96, 48), False),
                                                  ((3, 17, 128), (128, 512), True)])
-def test_forward_and_gradients_equal_f_linear(shape, features, bias):
+def test_forward_and_gradients_equal_f_linear(shape, features, bias, engine):
     torch.manual_seed(0)
     layer = Linear(*features, bias=bias)
     x = torch.randn(shape)
     g = torch.randn(*shape[:-1], features[1])
     assert use_onednn(x, layer.weight)
     ours, ref = grads(layer, x, g, reference=False), grads(layer, x, g, reference=True)
+    if engine == "mkl":  # F.linear itself: the same kernels, so the same bits
+        assert all(b is None if a is None else torch.equal(a, b) for a, b in zip(ours, ref, strict=True))
     for a, b in zip(ours, ref, strict=True):
         if b is None:
             assert a is None
         else:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("engine", ["onednn", "mkl"], indirect=True)
+def test_the_training_engine_computes_products_that_need_a_gradient(engine):
+    torch.manual_seed(0)
+    layer = Linear(64, 32)
+    x = torch.randn(10, 64)
+    y = layer(x)  # the weight needs a gradient
+    assert ("OneDNNLinear" in type(y.grad_fn).__name__) is (engine == "onednn")
+    with torch.no_grad():  # inference: oneDNN whatever the training engine
+        out = layer(x)
+    assert out.grad_fn is None
+    torch.testing.assert_close(out, y.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vendor,expected", [("GenuineIntel", "mkl"), ("AuthenticAMD", "onednn"), ("", "onednn")])
+def test_training_engine_by_vendor_and_environment(monkeypatch, vendor, expected):
+    monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.delenv(TRAINING_ENGINE_ENV, raising=False)
+    machine_training_engine.cache_clear()
+    try:
+        assert training_engine() == expected
+        other = "onednn" if expected == "mkl" else "mkl"
+        with forced_training_engine(other):
+            assert training_engine() == other
+        assert training_engine() == expected
+        with pytest.raises(ValueError, match="training engine='cuda'"), forced_training_engine("cuda"):
+            pass
+        machine_training_engine.cache_clear()
+        monkeypatch.setenv(TRAINING_ENGINE_ENV, other.upper())
+        assert training_engine() == other
+        machine_training_engine.cache_clear()
+        monkeypatch.setenv(TRAINING_ENGINE_ENV, "cublas")
+        with pytest.raises(ValueError, match=f"{TRAINING_ENGINE_ENV}='cublas'.*onednn, mkl"):
+            training_engine()
+    finally:
+        machine_training_engine.cache_clear()  # the next caller reads this machine's own setting again
 
 
 @needs_onednn

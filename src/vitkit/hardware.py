@@ -1,22 +1,35 @@
-"""What the CPU can do: its feature flags, read once from /proc/cpuinfo. The fast paths (vitkit.optimize's
-int8 and bf16, the training loop's `precision="bf16-native"`) ask these before choosing a kernel."""
+"""What the CPU is and can do: its vendor and feature flags, read once from /proc/cpuinfo. The fast paths
+(vitkit.optimize's int8 and bf16, the training loop's `precision="bf16-native"`, the engine of the linear layers'
+training products) ask these before choosing a kernel."""
 
 from __future__ import annotations
 
 import functools
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux), read once; empty where that cannot be read."""
+@functools.cache
+def _cpuinfo_field(name: str) -> str:
+    """The value of the first `name` line of /proc/cpuinfo (Linux), read once; "" where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return frozenset()
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo; empty where that cannot be read."""
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor string ("GenuineIntel", "AuthenticAMD", ...); "" where /proc/cpuinfo cannot be read."""
+    return _cpuinfo_field("vendor_id")
 
 
 def cpu_has_vnni() -> bool:

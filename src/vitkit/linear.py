@@ -3,10 +3,19 @@
 `Linear` is `nn.Linear` (same parameters, same names, same function) with one change of engine: for fp32
 tensors on a CPU whose PyTorch build has oneDNN, the forward product x W^T + b and the backward product dY W run
 through oneDNN's linear kernel (`torch.ops.mkldnn._linear_pointwise`) instead of the MKL `addmm`/`mm` that
-`F.linear` calls; the weight gradient dY^T X stays an ordinary `mm`. On our AVX-512 CPU oneDNN's kernels are
-10-20 % faster than MKL's on ViT shapes (docs/speed.md), which is where the training step's time goes. Products
-of at most `MKL_MAX_ROWS` rows (the classifier and the last block's class-token layers at batch 1 and 2) stay
-with MKL, whose matrix-vector kernels are 1.2-2x faster than oneDNN's there.
+`F.linear` calls; the weight gradient dY^T X stays an ordinary `mm`. Products of at most `MKL_MAX_ROWS` rows
+(the classifier and the last block's class-token layers at batch 1 and 2) stay with MKL, whose matrix-vector
+kernels are 1.2-2x faster than oneDNN's there.
+
+Which engine is faster depends on the CPU, and differently for inference and training (docs/speed.md):
+- inference: oneDNN on every CPU we measured (on the AMD EPYC 10-20 % faster than MKL on ViT shapes; on the
+  Intel Xeon without VNNI even or ahead at batch 1);
+- training (a product whose result needs a gradient): `training_engine()`. On the AMD EPYC oneDNN made the
+  ViT-S/16 training step 1.09-1.18x timm's (MKL); on the Intel Xeon MKL's own kernels are the faster ones
+  (ViT-S/16 step 1.05-1.07x timm through MKL against 0.99-1.03x through oneDNN, in five interleaved sets), as
+  MKL runs its tuned kernels on Intel CPUs only. So the training products go through MKL (`F.linear`) on Intel
+  CPUs and through oneDNN elsewhere; `VITKIT_TRAINING_ENGINE=onednn|mkl` overrides. The choice is fixed per
+  machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
 
 Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, builds without oneDNN) it is exactly
 `F.linear`. Results differ from `F.linear` only by float rounding (another summation order).
@@ -14,9 +23,16 @@ Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, builds wit
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .hardware import cpu_vendor
 
 
 def onednn_available() -> bool:
@@ -29,6 +45,47 @@ _ONEDNN = onednn_available()
 # Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (interleaved, 2 threads, AVX-512:
 # ViT-S/16's fc1 at one row 150 against 222-230 us, its classifier 133 against 221; from 4 rows on oneDNN leads).
 MKL_MAX_ROWS = 2
+
+
+TRAINING_ENGINES = ("onednn", "mkl")
+TRAINING_ENGINE_ENV = "VITKIT_TRAINING_ENGINE"
+
+
+def _check_engine(name: str, source: str) -> str:
+    if name not in TRAINING_ENGINES:
+        raise ValueError(f"{source}={name!r}: expected one of {', '.join(TRAINING_ENGINES)}")
+    return name
+
+
+@functools.lru_cache(maxsize=1)
+def machine_training_engine() -> str:
+    """This machine's engine for the training products (see the module docstring): the environment variable
+    VITKIT_TRAINING_ENGINE where set, else "mkl" on Intel CPUs and "onednn" elsewhere. Read once per process."""
+    chosen = os.environ.get(TRAINING_ENGINE_ENV, "").strip()
+    if chosen:
+        return _check_engine(chosen.lower(), TRAINING_ENGINE_ENV)
+    return "mkl" if cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+_forced_engine: str | None = None
+
+
+def training_engine() -> str:
+    """The engine, "onednn" or "mkl", of the linear layers' products that need a gradient: the one that
+    `forced_training_engine` sets, else this machine's (`machine_training_engine`)."""
+    return _forced_engine or machine_training_engine()
+
+
+@contextlib.contextmanager
+def forced_training_engine(name: str) -> Iterator[None]:
+    """Within the block, the training products run on `name` ("onednn" or "mkl") whatever the machine's choice;
+    benchmarks/bench_training.py --engines times both in one process."""
+    global _forced_engine
+    previous, _forced_engine = _forced_engine, _check_engine(name, "training engine")
+    try:
+        yield
+    finally:
+        _forced_engine = previous
 
 
 def rows(x: torch.Tensor) -> int:
@@ -78,13 +135,21 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b as `Linear` computes it (the same engines, the same gradients), for any weight: a Linear's own
+    or a slice of one (the last block's query rows)."""
+    if not use_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        if training_engine() == "mkl":
+            return F.linear(x, weight, bias)
+        return _OneDNNLinearFunction.apply(x, weight, bias)
+    return _onednn_linear(x, weight, bias)
+
+
 class Linear(nn.Linear):
     """nn.Linear through oneDNN on the CPU (see the module docstring); a drop-in: same parameters and names."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not use_onednn(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
-                                        or (self.bias is not None and self.bias.requires_grad)):
-            return _OneDNNLinearFunction.apply(x, self.weight, self.bias)
-        return _onednn_linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
