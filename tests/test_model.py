@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vitkit import ViTConfig, count_flops, count_parameters, create_model, get_config
 from vitkit.config import PRESETS, VARIANTS
+from vitkit.linear import TRAINING_ENGINES, forced_training_engine
 from vitkit.model import MIMETIC_QK, MIMETIC_VO, VisionTransformer, drop_path, mimetic_factors, patch_dropout
 
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
@@ -177,10 +178,29 @@ def test_count_flops_equals_torch_flop_counter(name, overrides):
     assert count_flops(model.cfg) == counter.get_total_flops()
 
 
+@pytest.mark.parametrize("engine", TRAINING_ENGINES)
+def test_the_shortcut_in_float32_on_each_training_engine(engine):
+    """In float32 (the linear layers' oneDNN or MKL path, the last block's query rows a slice of its q;k;v
+    weight) the shortcut's logits and gradients match the full computation's."""
+    torch.manual_seed(0)
+    model = randomise_head(VisionTransformer(tiny(qkv_bias=True))).train()
+    x = torch.randn(4, 3, *model.cfg.image_size)
+    with forced_training_engine(engine):
+        fast = model(x)
+        g_fast = torch.autograd.grad(fast.square().sum(), list(model.parameters()))
+    full = model.forward_head(model.forward_features(x))
+    g_full = torch.autograd.grad(full.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(fast, full, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_fast, g_full, strict=True):  # float32 sums in another order: relative to the largest
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
+    qkv = model.blocks[-1].attn.qkv.weight
+    assert qkv.grad is None and g_fast[[p is qkv for p in model.parameters()].index(True)].abs().sum() > 0
+
+
 @pytest.mark.parametrize("overrides", [{}, dict(representation_size=24), dict(pool="gap")])
 def test_forward_updates_only_the_class_token_in_the_last_block(overrides):
     """forward's shortcut (eq. 4 reads only z_L^0) gives the full computation's logits and gradients, and
-    saves the last block's projection, MLP and all but one attention row."""
+    saves the last block's queries, projection, MLP and all but one attention row."""
     model = VisionTransformer(tiny(**overrides)).train()
     nn.init.normal_(model.head.weight, std=0.5)
     x = torch.randn(3, 3, *model.cfg.image_size)
@@ -201,7 +221,7 @@ def test_forward_updates_only_the_class_token_in_the_last_block(overrides):
             meta(torch.empty(1, 3, *model.cfg.image_size))
     cfg = model.cfg
     T, D = cfg.num_tokens, cfg.dim
-    saved = 0 if cfg.pool == "gap" else 2 * ((T - 1) * (D * D + 2 * D * cfg.mlp_dim) + 2 * (T - 1) * T * D)
+    saved = 0 if cfg.pool == "gap" else 2 * ((T - 1) * (2 * D * D + 2 * D * cfg.mlp_dim) + 2 * (T - 1) * T * D)
     assert counter.get_total_flops() == count_flops(cfg) - saved
 
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ViTConfig
-from .linear import Linear  # nn.Linear, through oneDNN on the CPU
+from .linear import Linear, linear  # nn.Linear and F.linear, through oneDNN on the CPU
 from .posemb import resample_pos_embed, sincos_2d
 
 
@@ -137,11 +137,20 @@ class Attention(nn.Module):
         self.proj = Linear(cfg.dim, cfg.dim)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
+    def project(self, x: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
+        """q, k, v, each (B, H, T, Dh); with `queries`, the queries of the first `queries` tokens only,
+        (B, H, queries, Dh): only the keys and values are projected for every token."""
+        if queries is None or type(self.qkv) is not Linear:  # (a converted layer, e.g. packed, projects all)
+            q, k, v = split_heads(self.qkv(x), self.num_heads)
+            return (q if queries is None else q[:, :, :queries]), k, v
+        w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
+        (q,) = split_heads(linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads, parts=1)
+        k, v = split_heads(linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
+        return q, k, v
+
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
         """With `queries`, only the first `queries` tokens attend (to every token): (B, queries, D)."""
-        q, k, v = split_heads(self.qkv(x), self.num_heads)  # each (B, H, T, Dh)
-        if queries is not None:
-            q = q[:, :, :queries]  # (B, H, queries, Dh)
+        q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
         attn = None
         if return_attention or explicit_attention_is_faster(x, self.training):
             # The explicit softmax(q k^T / sqrt(d)) v: the same function as the fused kernel below.
@@ -355,7 +364,8 @@ class VisionTransformer(nn.Module):
         if self.cfg.pool != "token" or len(self.blocks) == 0:
             return self.forward_head(self.forward_features(x))
         # Eq. 4 reads only the class token z_L^0, so the last block need only update that token (its attention
-        # still reads every token): the same logits for about a quarter of the last block's FLOPs.
+        # still reads every token, so only the keys and values are projected for all): the same logits for about
+        # a sixth of the last block's FLOPs.
         x = self.embed(x)
         for block in self.blocks[:-1]:
             x, _ = block(x)
