@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 6's measurement as sessions 8-14 ran it by hand, in one command: RUNS full runs one after another (3 by
 # default), each `vitkit bench` at batch 1 (8 rounds) and at batch 16 (4 rounds, 1 warm-up) for ViT-S/16 and
-# ViT-B/16 with every CPU contender, then the training step against timm (benchmarks/bench_training.py); with
+# ViT-B/16 with every CPU contender, then the training step against timm (benchmarks/bench_training.py, vitkit
+# on each engine of its training products, the ratio that of this machine's engine); with
 # AGREEMENT_CHECKPOINT set, int8's top-1 agreement with fp32 on Fashion-MNIST as well; then
 # benchmarks/check_targets.py over all the runs, which prints the targets' table and writes it to
 # OUT_DIR/targets.md. The JSON files stay in OUT_DIR (default runs/targets-<date>-<time>).
@@ -14,7 +15,7 @@
 # check_targets.py's: 0 when every target holds in every run, 1 when one does not.
 #
 # Settings (environment): RUNS (3), THREADS (2), MODELS ("ViT-S/16 ViT-B/16"), B1_REPEATS (8), B16_REPEATS (4),
-# TRAIN_ARGS ("--repeats 8"), AGREEMENT_CHECKPOINT (unset: no agreement), PYTHON (.venv/bin/python).
+# TRAIN_ARGS ("--repeats 8 --engines"), AGREEMENT_CHECKPOINT (unset: no agreement), PYTHON (.venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,7 @@ py=${PYTHON:-.venv/bin/python}
 runs=${RUNS:-3}
 threads=${THREADS:-2}
 read -r -a models <<< "${MODELS:-ViT-S/16 ViT-B/16}"
-read -r -a train_args <<< "${TRAIN_ARGS:---repeats 8}"
+read -r -a train_args <<< "${TRAIN_ARGS:---repeats 8 --engines}"
 b1_repeats=${B1_REPEATS:-8}
 b16_repeats=${B16_REPEATS:-4}
 
