@@ -74,15 +74,25 @@ def main_contender(steps: dict) -> str:
     return "vitkit" if "vitkit" in steps else f"vitkit[{training_engine()}]"
 
 
+# Steps before the profiled ones. The first steps of a process grow the heap, and glibc faults each new page
+# in: at ViT-S/16 batch 8 a GELU took 7-18 ms in the first two steps and 1.7 ms from the third on (session 16),
+# so a profile of steps 2-3 showed costs that the timed, warmed-up steps do not have.
+PROFILE_WARMUP = 4
+
+
 def profile(cfg: ViTConfig, batch: int, rows: int) -> None:
-    """Where the time of a training step goes, vitkit and timm, by operator (self CPU time)."""
+    """Where the time of a training step goes, vitkit and timm, by operator (self CPU time), after
+    PROFILE_WARMUP steps of each, all contenders' warm-up first as in `measure`."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    for name, step in contenders(cfg, batch).items():
-        step()
+    steps = contenders(cfg, batch)
+    for _ in range(PROFILE_WARMUP):
+        for step in steps.values():
+            step()
+    for name, step in steps.items():
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(2):
+            for _ in range(3):
                 step()
         print(f"\n=== {name}, {cfg.name or 'model'}, batch {batch}: top operators by self CPU time ===")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))

@@ -282,6 +282,10 @@ def test_training_benchmark_times_each_engine(capsys):
     assert all(len(t) == 2 and min(t) > 0 for t in r["seconds"].values())
     plain = bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0)
     assert set(plain["images_per_s"]) == {"vitkit", "timm"} and "ratio_over_timm_by_engine" not in plain
+    bench_training.profile(cfg, batch=2, rows=5)  # the operator tables of warmed-up steps, one per contender
+    out = capsys.readouterr().out
+    assert out.count("top operators by self CPU time") == 2 and "=== vitkit," in out and "=== timm," in out
+    assert out.count("Self CPU time total") == 2
 
 
 def load_benchmark(name: str):
