@@ -12,7 +12,7 @@ Which engine is faster depends on the CPU, and differently for inference and tra
   Intel Xeon without VNNI even or ahead at batch 1, within the noise at batch 16);
 - training (a product whose result needs a gradient): `training_engine()`. On the AMD EPYC oneDNN made the
   ViT-S/16 training step 1.09-1.18x timm's (MKL); on the Intel Xeon MKL's own kernels are the faster ones
-  (ViT-S/16 step 1.06-1.12x timm through MKL against 0.98-1.06x through oneDNN, in nine interleaved sets), as
+  (ViT-S/16 step 1.06-1.12x timm through MKL against 0.98-1.06x through oneDNN, in ten interleaved sets), as
   MKL runs its tuned kernels on Intel CPUs only. So the training products go through MKL (`F.linear`) on Intel
   CPUs and through oneDNN elsewhere; `VITKIT_TRAINING_ENGINE=onednn|mkl` overrides. The choice is fixed per
   machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
