@@ -11,6 +11,7 @@ import vitkit.linear as linear_module
 from vitkit.linear import (
     MKL_MAX_ROWS,
     TRAINING_ENGINE_ENV,
+    TRAINING_ENGINES,
     Linear,
     forced_training_engine,
     machine_training_engine,
@@ -40,7 +41,7 @@ def engine(request):
 
 
 @needs_onednn
-@pytest.mark.parametrize("engine", ["onednn", "mkl"], indirect=True)
+@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
 @pytest.mark.parametrize("shape,features,bias", [((6, 197, 64), (64, 192), True), ((300, 96), (96, 48), False),
                                                  ((3, 17, 128), (128, 512), True)])
 def test_forward_and_gradients_equal_f_linear(shape, features, bias, engine):
@@ -60,7 +61,7 @@ def test_forward_and_gradients_equal_f_linear(shape, features, bias, engine):
 
 
 @needs_onednn
-@pytest.mark.parametrize("engine", ["onednn", "mkl"], indirect=True)
+@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
 def test_the_training_engine_computes_products_that_need_a_gradient(engine):
     torch.manual_seed(0)
     layer = Linear(64, 32)
