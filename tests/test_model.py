@@ -283,10 +283,12 @@ def test_fused_and_explicit_attention_agree(overrides):
 
 
 def test_training_attention_paths_agree_in_output_and_gradients(monkeypatch):
-    """Training on the CPU, short sequences take the explicit attention (faster there), long ones the fused
-    kernel: both give the same loss and gradients."""
+    """Training on the CPU without vitkit's attention operator (tests/test_qkv_attention.py has it), short
+    sequences take the explicit attention (faster there), long ones the fused kernel: both give the same loss
+    and gradients."""
     import vitkit.model as model_module
 
+    monkeypatch.setenv("VITKIT_KERNELS", "0")
     torch.manual_seed(0)
     model = VisionTransformer(tiny()).train()
     for p in model.parameters():  # away from the zero-initialised head, so every gradient is non-zero,

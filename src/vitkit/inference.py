@@ -59,6 +59,7 @@ from .hardware import cpu_has_native_bf16, cpu_has_vnni
 from .kernels import int8_block_available
 from .linear import MKL_MAX_ROWS, onednn_available, rows
 from .model import Block, PatchEmbed, VisionTransformer, merge_heads, split_heads
+from .qkv_attention import qkv_attention, qkv_attention_applies
 
 Precision = Literal["fp32", "int8", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
@@ -267,8 +268,12 @@ class FusedBlock(Block):
         elif self.attention_dtype == torch.bfloat16:
             y = bf16_attention(self.attn.qkv(h), heads, self.attn.scale, queries)
         else:
-            q, k, v = split_heads(self.attn.qkv(h), heads)
-            y = merge_heads(F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
+            qkv = self.attn.qkv(h)
+            if queries is None and qkv_attention_applies(qkv):
+                y = qkv_attention(qkv, heads, self.attn.scale)
+            else:
+                q, k, v = split_heads(qkv, heads)
+                y = merge_heads(F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
         x = x if queries is None else x[:, :queries]
         x = residual_add(self.attn.proj, y, x)  # (2)
         return residual_add(self.mlp.fc2, self.mlp.act(self.mlp.fc1(self.norm2(x))), x), None  # (3)

@@ -1,11 +1,15 @@
 """vitkit's compiled CPU operators: built from src/vitkit/csrc on first use, then loaded from the cache.
 
-One operator so far, `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder
-block of the int8 model as one parallel region, each thread through its own share of the tokens, with two
-meeting points between the threads per block instead of the fifteen or so of running the block operator by
-operator (see `vitkit.inference`).
+Two libraries of operators:
+- `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder block of the int8
+  model as one parallel region, each thread through its own share of the tokens, with two meeting points
+  between the threads per block instead of the fifteen or so of running the block operator by operator (see
+  `vitkit.inference`);
+- `torch.ops.vitkit.attention_forward` and `attention_backward` (csrc/attention.cpp): fp32 self-attention read
+  straight from the fused q;k;v projection and its gradient written straight into one (see
+  `vitkit.qkv_attention`).
 
-`torch.utils.cpp_extension` compiles it with the machine's C++ compiler and ninja (a dependency of vitkit)
+`torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-15 s on our
 2-core machine the first time, a fraction of a second afterwards. Where that fails (no compiler, a read-only cache),
 `int8_block_available()` says why in one warning and returns False, and the callers keep to plain PyTorch
@@ -106,3 +110,15 @@ def int8_block_available() -> bool:
     if not (torch.backends.openmp.is_available() and "fbgemm" in torch.backends.quantized.supported_engines):
         return False
     return _int8_block_built()
+
+
+@functools.cache
+def _attention_built() -> bool:
+    """The attention operators, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_backward")
+
+
+def attention_available() -> bool:
+    """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled operators
+    not turned off, and the library built (on the first call) and loaded."""
+    return kernels_enabled() and _attention_built()

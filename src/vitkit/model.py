@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from .config import ViTConfig
 from .linear import Linear, linear  # nn.Linear and F.linear, through oneDNN on the CPU
 from .posemb import resample_pos_embed, sincos_2d
+from .qkv_attention import qkv_attention, qkv_attention_applies  # MSA on vitkit's CPU operator
 
 
 def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
@@ -91,7 +92,8 @@ def build_patch_embed(cfg: ViTConfig) -> nn.Module:
     return PatchEmbed(cfg)
 
 
-# Training on the CPU, the fused attention kernel's backward is slow for short sequences: with 50 tokens of
+# Where vitkit's attention operator (qkv_attention) does not apply, e.g. with VITKIT_KERNELS=0:
+# training on the CPU, the fused attention kernel's backward is slow for short sequences: with 50 tokens of
 # 4 heads of 16 (the fashion-mnist recipe) the explicit product and softmax made the whole training step 1.13x
 # faster, with 17 tokens (the demo) 1.10x; at 197 tokens (ViT-S/16) they are even, and the fused kernel keeps
 # memory linear in the sequence length, so it stays from here on.
@@ -150,7 +152,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
         """With `queries`, only the first `queries` tokens attend (to every token): (B, queries, D)."""
-        q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
+        if queries is None and not return_attention:
+            qkv = self.qkv(x)  # (B, T, 3D)
+            if qkv_attention_applies(qkv, self.attn_drop if self.training else 0.0):  # the CPU operator
+                return self.proj_drop(self.proj(qkv_attention(qkv, self.num_heads, self.scale))), None
+            q, k, v = split_heads(qkv, self.num_heads)
+        else:
+            q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
         attn = None
         if return_attention or explicit_attention_is_faster(x, self.training):
             # The explicit softmax(q k^T / sqrt(d)) v: the same function as the fused kernel below.

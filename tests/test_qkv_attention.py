@@ -1,0 +1,165 @@
+"""vitkit.qkv_attention and its compiled operators: the attention and its gradient against the explicit
+softmax(q k^T * scale) v in float64, in the shapes that exercise the query blocks and the vector tails; the
+model and optimize's blocks on it; the fallbacks where it does not apply."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit import kernels
+from vitkit.model import merge_heads, split_heads
+from vitkit.qkv_attention import qkv_attention, qkv_attention_applies
+
+needs_operator = pytest.mark.skipif(
+    (shutil.which("c++") is None and shutil.which("g++") is None) or not kernels.attention_available(),
+    reason="vitkit's attention operator is not built here (no C++ compiler)")
+
+
+def reference(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """The explicit attention, in float64."""
+    q, k, v = split_heads(qkv.double(), heads)
+    return merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@needs_operator
+@pytest.mark.parametrize("B,T,heads,Dh", [
+    (2, 197, 6, 64),   # ViT-S/16: two query blocks of 99 and 98 rows
+    (1, 50, 4, 16),    # the fashion-mnist recipe's heads; rows of 50 end in a tail of 2 past the vectors
+    (3, 17, 2, 24),    # a head width that is not a multiple of 16
+    (1, 300, 3, 32),   # three query blocks
+    (2, 1, 1, 8),      # a single token
+])
+def test_attention_and_gradient_equal_the_explicit_formula(B, T, heads, Dh):
+    torch.manual_seed(0)
+    scale = Dh ** -0.5
+    qkv = torch.randn(B, T, 3 * heads * Dh, requires_grad=True)
+    grad = torch.randn(B, T, heads * Dh)
+    out = qkv_attention(qkv, heads, scale)
+    out.backward(grad)
+    ref_qkv = qkv.detach().double().requires_grad_()
+    ref = reference(ref_qkv, heads, scale)
+    ref.backward(grad.double())
+    assert out.shape == (B, T, heads * Dh) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
+    torch.testing.assert_close(qkv.grad.double(), ref_qkv.grad, rtol=0, atol=5e-6)
+
+
+@needs_operator
+def test_large_and_spread_logits_are_as_exact_as_pytorchs_fp32():
+    """Scores up to ~700 and rows whose smallest terms underflow: the softmax subtracts each row's maximum, and
+    the error against float64 is no larger than that of PyTorch's own fp32 explicit attention."""
+    torch.manual_seed(1)
+    qkv = (torch.randn(2, 40, 3 * 2 * 16) * 6).requires_grad_()
+    out = qkv_attention(qkv, 2, 1.0)
+    out.sum().backward()
+    fp32_qkv = qkv.detach().clone().requires_grad_()
+    q, k, v = split_heads(fp32_qkv, 2)
+    fp32 = merge_heads(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
+    fp32.sum().backward()
+    ref_qkv = qkv.detach().double().requires_grad_()
+    ref = reference(ref_qkv, 2, 1.0)
+    ref.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(qkv.grad).all()
+
+    def err(a, b):
+        return (a.double() - b).abs().max().item()
+
+    assert err(fp32, ref) > 1e-5  # the case is hard for fp32 itself
+    assert err(out, ref) <= 1.5 * err(fp32, ref)
+    assert err(qkv.grad, ref_qkv.grad) <= 1.5 * err(fp32_qkv.grad, ref_qkv.grad)
+
+
+@needs_operator
+def test_the_result_does_not_depend_on_the_threads(threads):
+    """Each (image, head, query block) is one task computed alone: 1 and 2 threads give the same bits."""
+    torch.manual_seed(2)
+    qkv = torch.randn(2, 197, 3 * 96, requires_grad=True)
+    grad = torch.randn(2, 197, 96)
+    results = []
+    for n in (1, 2):
+        threads(n)
+        qkv.grad = None
+        out = qkv_attention(qkv, 3, 0.25)
+        out.backward(grad)
+        results.append((out.detach(), qkv.grad.clone()))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@needs_operator
+def test_without_gradient_it_is_the_forward_operator_alone():
+    torch.manual_seed(3)
+    qkv = torch.randn(2, 30, 3 * 64)
+    with torch.inference_mode():
+        plain = qkv_attention(qkv, 4, 0.25)
+    assert not plain.requires_grad
+    torch.testing.assert_close(plain, qkv_attention(qkv.clone().requires_grad_(), 4, 0.25).detach(), rtol=0, atol=0)
+
+
+@needs_operator
+def test_where_it_applies(monkeypatch):
+    x = torch.randn(1, 5, 24)
+    assert qkv_attention_applies(x)
+    assert not qkv_attention_applies(x.double())  # float64 and other dtypes: PyTorch's kernels
+    assert not qkv_attention_applies(x, dropout=0.1)  # attention dropout: SDPA's
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not qkv_attention_applies(x)
+    monkeypatch.setenv("VITKIT_KERNELS", "0")
+    assert not qkv_attention_applies(x)
+
+
+def operators_called(fn) -> set[str]:
+    """The vitkit:: operators that `fn()` calls (by the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages() if e.key.startswith("vitkit::")}
+
+
+@needs_operator
+def test_the_model_trains_and_infers_through_it_and_equals_the_fallback(monkeypatch):
+    torch.manual_seed(4)
+    cfg = vitkit.get_config("ViT-Ti/16", image_size=32, num_classes=5)  # 4 tokens + class token, 3 heads of 64
+    model = vitkit.create_model(cfg).train()
+    x = torch.randn(2, 3, 32, 32)
+    y = torch.tensor([1, 3])
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    assert {"vitkit::attention_forward", "vitkit::attention_backward"} <= operators_called(step)
+    loss, grads = step()
+    monkeypatch.setenv("VITKIT_KERNELS", "0")
+    assert not operators_called(step)
+    ref_loss, ref_grads = step()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    monkeypatch.delenv("VITKIT_KERNELS")
+    model.eval()
+    with torch.inference_mode():
+        assert operators_called(lambda: model(x)) == {"vitkit::attention_forward"}
+        fast = vitkit.optimize(model, "fp32")
+        assert operators_called(lambda: fast(x)) == {"vitkit::attention_forward"}
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@needs_operator
+def test_the_operator_refuses_bad_input_with_a_clear_error():
+    with pytest.raises(RuntimeError, match="expected the contiguous fp32 q;k;v projection"):
+        torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24).double(), 2, 0.5)
+    with pytest.raises(RuntimeError, match="is not 3 x 5 heads"):
+        torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24), 5, 0.5)
