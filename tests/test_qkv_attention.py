@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import vitkit
 from vitkit import kernels
 from vitkit.model import merge_heads, split_heads
-from vitkit.qkv_attention import qkv_attention, qkv_attention_applies
+from vitkit.qkv_attention import _QKVAttention, keeps_probabilities, qkv_attention, qkv_attention_applies
 
 needs_operator = pytest.mark.skipif(
     (shutil.which("c++") is None and shutil.which("g++") is None) or not kernels.attention_available(),
@@ -39,12 +39,13 @@ def threads():
     (1, 300, 3, 32),   # three query blocks
     (2, 1, 1, 8),      # a single token
 ])
-def test_attention_and_gradient_equal_the_explicit_formula(B, T, heads, Dh):
+@pytest.mark.parametrize("keep_probs", [True, False], ids=["softmax-kept", "softmax-recomputed"])
+def test_attention_and_gradient_equal_the_explicit_formula(B, T, heads, Dh, keep_probs):
     torch.manual_seed(0)
     scale = Dh ** -0.5
     qkv = torch.randn(B, T, 3 * heads * Dh, requires_grad=True)
     grad = torch.randn(B, T, heads * Dh)
-    out = qkv_attention(qkv, heads, scale)
+    out = _QKVAttention.apply(qkv, heads, scale, keep_probs)
     out.backward(grad)
     ref_qkv = qkv.detach().double().requires_grad_()
     ref = reference(ref_qkv, heads, scale)
@@ -52,6 +53,12 @@ def test_attention_and_gradient_equal_the_explicit_formula(B, T, heads, Dh):
     assert out.shape == (B, T, heads * Dh) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
     torch.testing.assert_close(qkv.grad.double(), ref_qkv.grad, rtol=0, atol=5e-6)
+
+
+def test_the_softmax_is_kept_when_no_larger_than_the_mlp_activation():
+    assert keeps_probabilities(197, 64)  # ViT-S/16, ViT-B/16 at 224 px
+    assert keeps_probabilities(50, 16) and keeps_probabilities(17, 32)  # the Fashion-MNIST recipes
+    assert not keeps_probabilities(577, 64)  # 384 px: recomputed in the backward, memory linear in T
 
 
 @needs_operator
@@ -160,6 +167,6 @@ def test_the_model_trains_and_infers_through_it_and_equals_the_fallback(monkeypa
 @needs_operator
 def test_the_operator_refuses_bad_input_with_a_clear_error():
     with pytest.raises(RuntimeError, match="expected the contiguous fp32 q;k;v projection"):
-        torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24).double(), 2, 0.5)
+        torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24).double(), 2, 0.5, False)
     with pytest.raises(RuntimeError, match="is not 3 x 5 heads"):
-        torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24), 5, 0.5)
+        torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24), 5, 0.5, False)

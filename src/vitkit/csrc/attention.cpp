@@ -5,10 +5,11 @@
 // PyTorch's path splits the heads (views), runs its flash kernel, and in the backward stacks the three
 // gradients into one tensor (a copy). Here each (image, head) pair is one task: its q, k and v are strided
 // views of the projection (row stride 3C), multiplied by MKL's sgemm one block of query rows at a time, with
-// the block's scores (rows x T) staying in the cache. The backward recomputes the scores from q and k and the
-// saved log-sum-exp (as flash attention does), so memory stays linear in T:
+// the block's scores (rows x T) staying in the cache. With keep_probs the forward writes the softmax P into a
+// tensor kept for the backward; without, the backward recomputes it from q, k and the saved log-sum-exp (as
+// flash attention does), so memory stays linear in T:
 //
-//   P  = exp(S - lse),  S = scale q k^T
+//   P  = softmax(S) = exp(S - lse),  S = scale q k^T
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q
 
 #include <ATen/ATen.h>
@@ -156,40 +157,47 @@ void check_qkv(const at::Tensor& qkv, int64_t heads) {
   TORCH_CHECK(qkv.size(1) > 0 && 3 * qkv.size(2) < (int64_t{1} << 31), "vitkit attention: bad size ", qkv.sizes());
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv, int64_t heads, double scale) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv, int64_t heads, double scale,
+                                                                 bool keep_probs) {
   check_qkv(qkv, heads);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / heads;
   at::Tensor out = at::empty({B, T, C}, qkv.options());
   at::Tensor lse = at::empty({B, heads, T}, qkv.options());
+  at::Tensor probs = at::empty({keep_probs ? B : 0, heads, T, T}, qkv.options());
   const float* src = qkv.const_data_ptr<float>();
   float* dst = out.mutable_data_ptr<float>();
   float* lse_all = lse.mutable_data_ptr<float>();
+  float* probs_all = keep_probs ? probs.mutable_data_ptr<float>() : nullptr;
   const int64_t bm = block_rows(T), blocks = (T + bm - 1) / bm;
   const float alpha = static_cast<float>(scale);
   // One task per (image, head, query block): nothing is summed across blocks here.
   at::parallel_for(0, B * heads * blocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(bm * T);
+    std::vector<float> scratch(keep_probs ? 0 : bm * T);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t pair = task / blocks, r0 = task % blocks * bm, m = std::min(bm, T - r0);
       const int64_t b = pair / heads, h = pair % heads;
       const float* q = src + b * T * 3 * C + h * D;
       const float* k = q + C;
       const float* v = q + 2 * C;
-      gemm(false, true, m, T, D, alpha, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.f, scores.data(), T);
-      for (int64_t i = 0; i < m; ++i) lse_all[pair * T + r0 + i] = softmax_row(scores.data() + i * T, T);
-      gemm(false, false, m, D, T, 1.f, scores.data(), T, v, 3 * C, 0.f, dst + (b * T + r0) * C + h * D, C);
+      float* scores = keep_probs ? probs_all + (pair * T + r0) * T : scratch.data();
+      gemm(false, true, m, T, D, alpha, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.f, scores, T);
+      for (int64_t i = 0; i < m; ++i) lse_all[pair * T + r0 + i] = softmax_row(scores + i * T, T);
+      gemm(false, false, m, D, T, 1.f, scores, T, v, 3 * C, 0.f, dst + (b * T + r0) * C + h * D, C);
     }
   });
-  return {out, lse};
+  return {out, lse, probs};
 }
 
 at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& qkv, const at::Tensor& out,
-                              const at::Tensor& lse, int64_t heads, double scale) {
+                              const at::Tensor& lse, const at::Tensor& probs, int64_t heads, double scale) {
   check_qkv(qkv, heads);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / heads;
   TORCH_CHECK(out.is_contiguous() && out.sizes() == at::IntArrayRef({B, T, C}) && lse.is_contiguous() &&
                   lse.sizes() == at::IntArrayRef({B, heads, T}),
               "vitkit attention_backward: the saved output or log-sum-exp does not match q;k;v");
+  const bool kept = probs.numel() > 0;
+  TORCH_CHECK(!kept || (probs.is_contiguous() && probs.sizes() == at::IntArrayRef({B, heads, T, T})),
+              "vitkit attention_backward: the saved probabilities ", probs.sizes(), " do not match q;k;v");
   const at::Tensor grad_out = grad_out_in.to(at::kFloat).contiguous();
   TORCH_CHECK(grad_out.sizes() == out.sizes(), "vitkit attention_backward: gradient ", grad_out.sizes(),
               " for an output of ", out.sizes());
@@ -198,12 +206,13 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
   const float* o_all = out.const_data_ptr<float>();
   const float* go_all = grad_out.const_data_ptr<float>();
   const float* lse_all = lse.const_data_ptr<float>();
+  const float* probs_all = kept ? probs.const_data_ptr<float>() : nullptr;
   float* g_all = grad_qkv.mutable_data_ptr<float>();
   const int64_t bm = block_rows(T);
   const float alpha = static_cast<float>(scale);
   // One task per (image, head): dK and dV sum over the query blocks.
   at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> probs(bm * T), grad_scores(bm * T), d(T);
+    std::vector<float> scratch(kept ? 0 : bm * T), grad_scores(bm * T), d(T);
     for (int64_t pair = p0; pair < p1; ++pair) {
       const int64_t b = pair / heads, h = pair % heads;
       const float* q = src + b * T * 3 * C + h * D;
@@ -218,12 +227,15 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
       for (int64_t r0 = 0; r0 < T; r0 += bm) {
         const int64_t m = std::min(bm, T - r0);
         const float accumulate = r0 == 0 ? 0.f : 1.f;
-        gemm(false, true, m, T, D, alpha, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.f, probs.data(), T);
-        for (int64_t i = 0; i < m; ++i) softmax_again(probs.data() + i * T, T, lse_all[pair * T + r0 + i]);
-        gemm(true, false, T, D, m, 1.f, probs.data(), T, go + r0 * C, C, accumulate, dv, 3 * C);  // dV += P^T dO
+        const float* p = kept ? probs_all + (pair * T + r0) * T : scratch.data();
+        if (!kept) {  // the softmax again, from the scores and the saved log-sum-exp
+          gemm(false, true, m, T, D, alpha, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.f, scratch.data(), T);
+          for (int64_t i = 0; i < m; ++i) softmax_again(scratch.data() + i * T, T, lse_all[pair * T + r0 + i]);
+        }
+        gemm(true, false, T, D, m, 1.f, p, T, go + r0 * C, C, accumulate, dv, 3 * C);  // dV += P^T dO
         gemm(false, true, m, T, D, 1.f, go + r0 * C, C, v, 3 * C, 0.f, grad_scores.data(), T);    // dP = dO V^T
         for (int64_t i = 0; i < m; ++i)
-          softmax_backward_row(probs.data() + i * T, grad_scores.data() + i * T, T, d[r0 + i]);
+          softmax_backward_row(p + i * T, grad_scores.data() + i * T, T, d[r0 + i]);
         gemm(false, false, m, D, T, alpha, grad_scores.data(), T, k, 3 * C, 0.f, dq + r0 * 3 * C, 3 * C);
         gemm(true, false, T, D, m, alpha, grad_scores.data(), T, q + r0 * 3 * C, 3 * C, accumulate, dk, 3 * C);
       }
@@ -235,8 +247,10 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(vitkit, m) {
-  m.def("attention_forward(Tensor qkv, int heads, float scale) -> (Tensor, Tensor)");
-  m.def("attention_backward(Tensor grad_out, Tensor qkv, Tensor out, Tensor lse, int heads, float scale) -> Tensor");
+  m.def("attention_forward(Tensor qkv, int heads, float scale, bool keep_probs) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "attention_backward(Tensor grad_out, Tensor qkv, Tensor out, Tensor lse, Tensor probs, int heads, "
+      "float scale) -> Tensor");
   m.impl("attention_forward", c10::DispatchKey::CPU, TORCH_FN(attention_forward));
   m.impl("attention_backward", c10::DispatchKey::CPU, TORCH_FN(attention_backward));
 }
