@@ -10,10 +10,10 @@ Two libraries of operators:
   `vitkit.qkv_attention`).
 
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
-into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-15 s on our
-2-core machine the first time, a fraction of a second afterwards. Where that fails (no compiler, a read-only cache),
-`int8_block_available()` says why in one warning and returns False, and the callers keep to plain PyTorch
-operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
+into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-25 s a library
+on our 2-core machine the first time, a fraction of a second afterwards. Where that fails (no compiler, a
+read-only cache), `int8_block_available()` or `attention_available()` says why in one warning and returns
+False, and the callers keep to plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
 """
 
 from __future__ import annotations
