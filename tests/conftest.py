@@ -13,6 +13,14 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def threads():
+    """Run a test with n intra-op threads; the setting is restored after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # keep pytest's output clean
         pass

@@ -16,14 +16,6 @@ needs_compiler = pytest.mark.skipif(shutil.which("c++") is None and shutil.which
                                     reason="no C++ compiler to build vitkit's operators")
 
 
-@pytest.fixture
-def threads():
-    """Run a test with n intra-op threads; the setting is restored after."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def int8_blocks(model, bf16: bool):
     """The int8 model's blocks that the operator computes, their attention in bf16 or fp32."""
     q = optimize(model, "int8")

@@ -24,13 +24,6 @@ def reference(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     return merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 @needs_operator
 @pytest.mark.parametrize("B,T,heads,Dh", [
     (2, 197, 6, 64),   # ViT-S/16: two query blocks of 99 and 98 rows

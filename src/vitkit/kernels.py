@@ -13,7 +13,8 @@ Two libraries of operators:
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-25 s a library
 on our 2-core machine the first time, a fraction of a second afterwards. Where that fails (no compiler, a
 read-only cache), `int8_block_available()` or `attention_available()` says why in one warning and returns
-False, and the callers keep to plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
+False, and the callers keep to plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the
+compiled operators off.
 """
 
 from __future__ import annotations
