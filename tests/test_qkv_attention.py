@@ -118,12 +118,12 @@ def test_where_it_applies(monkeypatch):
 
 
 def operators_called(fn) -> set[str]:
-    """The vitkit:: operators that `fn()` calls (by the profiler)."""
+    """The vitkit::attention operators that `fn()` calls (by the profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    return {e.key for e in prof.key_averages() if e.key.startswith("vitkit::")}
+    return {e.key for e in prof.key_averages() if e.key.startswith("vitkit::attention")}
 
 
 @needs_operator

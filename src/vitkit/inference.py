@@ -55,6 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .gelu import gelu_
 from .hardware import cpu_has_native_bf16, cpu_has_vnni
 from .kernels import int8_block_available
 from .linear import MKL_MAX_ROWS, onednn_available, rows
@@ -103,7 +104,7 @@ class PackedLinear(nn.Module):
         self._check(x)
         if self._through_mkl(x):
             y = F.linear(x, self.plain_weight, self.bias)
-            return torch.ops.aten.gelu_(y, approximate=self.approximate) if self.activation == "gelu" else y
+            return gelu_(y, self.approximate) if self.activation == "gelu" else y
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self.activation, [],
                                                   self.approximate)
 
@@ -341,7 +342,7 @@ class GELUInPlace(nn.Module):
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.gelu_(x, approximate=self.approximate)
+        return gelu_(x, self.approximate)
 
 
 def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int | None = None) -> torch.Tensor:

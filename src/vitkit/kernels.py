@@ -1,20 +1,21 @@
 """vitkit's compiled CPU operators: built from src/vitkit/csrc on first use, then loaded from the cache.
 
-Two libraries of operators:
+Three libraries of operators:
 - `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder block of the int8
   model as one parallel region, each thread through its own share of the tokens, with two meeting points
   between the threads per block instead of the fifteen or so of running the block operator by operator (see
   `vitkit.inference`);
 - `torch.ops.vitkit.attention_forward` and `attention_backward` (csrc/attention.cpp): fp32 self-attention read
   straight from the fused q;k;v projection and its gradient written straight into one (see
-  `vitkit.qkv_attention`).
+  `vitkit.qkv_attention`);
+- `torch.ops.vitkit.gelu`, `gelu_` and `gelu_backward` (csrc/gelu.cpp): GELU and its derivative from piecewise
+  polynomials (see `vitkit.gelu`).
 
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-25 s a library
 on our 2-core machine the first time, a fraction of a second afterwards. Where that fails (no compiler, a
-read-only cache), `int8_block_available()` or `attention_available()` says why in one warning and returns
-False, and the callers keep to plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the
-compiled operators off.
+read-only cache), the library's `..._available()` function says why in one warning and returns False, and the
+callers keep to plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
 """
 
 from __future__ import annotations
@@ -116,10 +117,23 @@ def int8_block_available() -> bool:
 @functools.cache
 def _attention_built() -> bool:
     """The attention operators, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_backward")
+    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_backward",
+                          [CSRC / "vector_math.h"])
 
 
 def attention_available() -> bool:
     """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled operators
     not turned off, and the library built (on the first call) and loaded."""
     return kernels_enabled() and _attention_built()
+
+
+@functools.cache
+def _gelu_built() -> bool:
+    """The GELU operators, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_gelu", [CSRC / "gelu.cpp"], "gelu_backward", [CSRC / "vector_math.h"])
+
+
+def gelu_available() -> bool:
+    """Whether `torch.ops.vitkit.gelu` / `gelu_` / `gelu_backward` can be used here: compiled operators not
+    turned off, and the library built (on the first call) and loaded."""
+    return kernels_enabled() and _gelu_built()

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ViTConfig
+from .gelu import GELU  # nn.GELU on vitkit's CPU operator
 from .linear import Linear, linear  # nn.Linear and F.linear, through oneDNN on the CPU
 from .posemb import resample_pos_embed, sincos_2d
 from .qkv_attention import qkv_attention, qkv_attention_applies  # MSA on vitkit's CPU operator
@@ -182,7 +183,7 @@ class Mlp(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.fc1 = Linear(cfg.dim, cfg.mlp_dim)
-        self.act = nn.GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
+        self.act = GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
         self.fc2 = Linear(cfg.mlp_dim, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
 

@@ -22,12 +22,16 @@
 #include <cstring>
 #include <vector>
 
+#include "vector_math.h"
+
 // The Fortran BLAS entry point of the MKL that libtorch_cpu links in (the same sgemm as torch.mm).
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
                        const float* beta, float* c, const int* ldc);
 
 namespace {
+
+using namespace vitkit_vec;
 
 // C = alpha op(A) op(B) + beta C for row-major matrices: C (m x n, row stride ldc), op(A) m x k, op(B) k x n.
 // (Column-major BLAS sees the transposes, so it computes C^T = op(B)^T op(A)^T.)
@@ -39,56 +43,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   sgemm_(&tb, &ta, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
 }
 
-// Rows of scores, vectorised with GCC's vector extensions; on x86-64 each function is compiled for AVX-512,
-// AVX2 and plain x86-64, and the loader picks the best this CPU runs (target_clones).
-#if defined(__x86_64__)
-#define VITKIT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define VITKIT_CLONES
-#endif
-typedef float vfloat __attribute__((vector_size(64)));
-typedef int32_t vint __attribute__((vector_size(64)));
-constexpr int64_t kWidth = 16;
-
-inline vfloat load(const float* p) {
-  vfloat v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
-inline vfloat splat(float s) { return vfloat{} + s; }
-
-// exp(x) for x <= 0, to about 2 ulp: Cephes' degree-6 polynomial on x - n ln 2, n = round(x / ln 2)
-// (rounded by adding and subtracting 1.5 * 2^23), times 2^n built in the exponent bits. exp(-87) ~ 1.6e-38 is
-// the floor; it is 0 next to the row's largest term, which is 1.
-inline vfloat exp_nonpositive(vfloat x) {
-  x = x < -87.0f ? splat(-87.0f) : x;
-  const vfloat magic = splat(12582912.0f);
-  const vfloat t = x * 1.44269504088896341f + magic;
-  const vfloat n = t - magic;
-  const vint exponent = (vint)t - (vint)magic;
-  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vfloat y = splat(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  return y * (vfloat)((exponent + 127) << 23);
-}
-
-inline float sum_lanes(vfloat v) {
-  float s = 0.f;
-  for (int64_t i = 0; i < kWidth; ++i) s += v[i];
-  return s;
-}
-
-inline float max_lanes(vfloat v) {
-  float m = v[0];
-  for (int64_t i = 1; i < kWidth; ++i) m = v[i] > m ? v[i] : m;
-  return m;
-}
+// Rows of scores, vectorised (vector_math.h).
 
 // row <- softmax(row); returns the row's log-sum-exp.
 VITKIT_CLONES float softmax_row(float* row, int64_t n) {
