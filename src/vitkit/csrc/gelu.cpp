@@ -90,7 +90,7 @@ const Pieces kTanhD = interpolate([](double a) {
 
 // The piecewise polynomial at a >= 0, and 1/2 (the limit of E and D) from kRange on. NaN gives 1/2 too; the
 // callers keep it NaN.
-inline vfloat evaluate(const Pieces& p, vfloat a) {
+VITKIT_INLINE vfloat evaluate(const Pieces& p, vfloat a) {
   const vfloat clamped = a < static_cast<float>(kRange) ? a : splat(kLast);
   const vint piece = __builtin_convertvector(clamped * static_cast<float>(kPieces / kRange), vint);
   const vfloat u = clamped - (__builtin_convertvector(piece, vfloat) + 0.5f) * static_cast<float>(kRange / kPieces);
@@ -99,41 +99,31 @@ inline vfloat evaluate(const Pieces& p, vfloat a) {
   return a < static_cast<float>(kRange) ? y : splat(0.5f);
 }
 
-inline vfloat gelu_vector(const Pieces& e, vfloat x) {
+VITKIT_INLINE vfloat gelu_vector(const Pieces& e, vfloat x) {
   const vfloat a = x < 0 ? -x : x;
   return 0.5f * x + a * evaluate(e, a);
 }
 
-inline vfloat gelu_grad_vector(const Pieces& d, vfloat x, vfloat grad) {
+VITKIT_INLINE vfloat gelu_grad_vector(const Pieces& d, vfloat x, vfloat grad) {
   const vfloat a = x < 0 ? -x : x;
   const vfloat dd = evaluate(d, a);
   const vfloat slope = 0.5f + (x < 0 ? -dd : dd);
   return x != x ? x : grad * slope;  // NaN in, NaN out
 }
 
-// out[i] = GELU(x[i]); out may be x. The tail (fewer than 16) goes through a padded vector.
+// out[i] = GELU(x[i]); out may be x. The tail (fewer than 16) makes one more vector.
 VITKIT_CLONES void gelu_span(const Pieces& e, const float* x, float* out, int64_t n) {
-  const int64_t nv = n / kWidth * kWidth;
+  const int64_t nv = n / kWidth * kWidth, r = n - nv;
   for (int64_t i = 0; i < nv; i += kWidth) store(out + i, gelu_vector(e, load(x + i)));
-  if (nv < n) {
-    float buf[kWidth] = {};
-    std::memcpy(buf, x + nv, (n - nv) * sizeof(float));
-    store(buf, gelu_vector(e, load(buf)));
-    std::memcpy(out + nv, buf, (n - nv) * sizeof(float));
-  }
+  if (r) store_part(out + nv, gelu_vector(e, load_part(x + nv, r, 0.f)), r);
 }
 
 // out[i] = grad[i] GELU'(x[i]).
 VITKIT_CLONES void gelu_backward_span(const Pieces& d, const float* grad, const float* x, float* out, int64_t n) {
   const int64_t nv = n / kWidth * kWidth;
   for (int64_t i = 0; i < nv; i += kWidth) store(out + i, gelu_grad_vector(d, load(x + i), load(grad + i)));
-  if (nv < n) {
-    float xb[kWidth] = {}, gb[kWidth] = {};
-    std::memcpy(xb, x + nv, (n - nv) * sizeof(float));
-    std::memcpy(gb, grad + nv, (n - nv) * sizeof(float));
-    store(xb, gelu_grad_vector(d, load(xb), load(gb)));
-    std::memcpy(out + nv, xb, (n - nv) * sizeof(float));
-  }
+  const int64_t r = n - nv;
+  if (r) store_part(out + nv, gelu_grad_vector(d, load_part(x + nv, r, 0.f), load_part(grad + nv, r, 0.f)), r);
 }
 
 bool is_tanh(c10::string_view approximate) {

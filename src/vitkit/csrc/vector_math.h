@@ -1,7 +1,8 @@
 // Vectors of 16 floats for vitkit's elementwise loops (softmax rows, GELU), written with GCC's vector
 // extensions so that one source serves every x86-64 CPU: each function marked VITKIT_CLONES is compiled for
-// AVX-512, AVX2 and plain x86-64, and the loader picks the best this CPU runs (target_clones). The inline helpers
-// below are inlined into each clone and take its instruction set.
+// AVX-512, AVX2 and plain x86-64, and the loader picks the best this CPU runs (target_clones). The helpers below
+// are always inlined into each clone and take its instruction set: an out-of-line copy would be compiled for
+// plain x86-64 alone, and a clone that called it would pass its vectors by another ABI.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #else
 #define VITKIT_CLONES
 #endif
+#define VITKIT_INLINE inline __attribute__((always_inline))
 
 namespace vitkit_vec {
 
@@ -19,18 +21,18 @@ typedef float vfloat __attribute__((vector_size(64)));
 typedef int32_t vint __attribute__((vector_size(64)));
 constexpr int64_t kWidth = 16;
 
-inline vfloat load(const float* p) {
+VITKIT_INLINE vfloat load(const float* p) {
   vfloat v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
-inline vfloat splat(float s) { return vfloat{} + s; }
+VITKIT_INLINE void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+VITKIT_INLINE vfloat splat(float s) { return vfloat{} + s; }
 
 // exp(x) for x <= 0, to about 2 ulp: Cephes' degree-6 polynomial on x - n ln 2, n = round(x / ln 2)
 // (rounded by adding and subtracting 1.5 * 2^23), times 2^n built in the exponent bits. exp(-87) ~ 1.6e-38 is
 // the floor; it is 0 next to a softmax row's largest term, which is 1.
-inline vfloat exp_nonpositive(vfloat x) {
+VITKIT_INLINE vfloat exp_nonpositive(vfloat x) {
   x = x < -87.0f ? splat(-87.0f) : x;
   const vfloat magic = splat(12582912.0f);
   const vfloat t = x * 1.44269504088896341f + magic;
@@ -47,13 +49,27 @@ inline vfloat exp_nonpositive(vfloat x) {
   return y * (vfloat)((exponent + 127) << 23);
 }
 
-inline float sum_lanes(vfloat v) {
+// The first r < kWidth floats at p as a vector, its other lanes `fill`; and the first r lanes of v stored at p:
+// the tail of a span in one vector.
+VITKIT_INLINE vfloat load_part(const float* p, int64_t r, float fill) {
+  float buf[kWidth];
+  for (int64_t i = 0; i < kWidth; ++i) buf[i] = fill;
+  std::memcpy(buf, p, r * sizeof(float));
+  return load(buf);
+}
+VITKIT_INLINE void store_part(float* p, vfloat v, int64_t r) {
+  float buf[kWidth];
+  store(buf, v);
+  std::memcpy(p, buf, r * sizeof(float));
+}
+
+VITKIT_INLINE float sum_lanes(vfloat v) {
   float s = 0.f;
   for (int64_t i = 0; i < kWidth; ++i) s += v[i];
   return s;
 }
 
-inline float max_lanes(vfloat v) {
+VITKIT_INLINE float max_lanes(vfloat v) {
   float m = v[0];
   for (int64_t i = 1; i < kWidth; ++i) m = v[i] > m ? v[i] : m;
   return m;
