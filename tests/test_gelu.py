@@ -168,3 +168,17 @@ def test_the_operators_refuse_bad_input_with_a_clear_error():
         torch.ops.vitkit.gelu_(torch.randn(4, 3).t(), "none")
     with pytest.raises(RuntimeError, match=r"gradient \[2\] for an input of \[3\]"):
         torch.ops.vitkit.gelu_backward(torch.randn(2), torch.randn(3), "none")
+
+
+
+@needs_operator
+@pytest.mark.parametrize("approximate", FLAVOURS)
+def test_a_second_derivative_equals_pytorchs(approximate):
+    """create_graph=True (a gradient penalty): the gradient is PyTorch's own, differentiable again."""
+    torch.manual_seed(5)
+    x = torch.randn(50, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+    for inp, fn in ((x, gelu), (ref_x, lambda t, a: F.gelu(t, approximate=a))):
+        (g,) = torch.autograd.grad((fn(inp, approximate) ** 2).sum(), inp, create_graph=True)
+        (g ** 2).sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)

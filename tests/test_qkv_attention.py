@@ -163,3 +163,17 @@ def test_the_operator_refuses_bad_input_with_a_clear_error():
         torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24).double(), 2, 0.5, False)
     with pytest.raises(RuntimeError, match="is not 3 x 5 heads"):
         torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24), 5, 0.5, False)
+
+
+
+@needs_operator
+def test_a_second_derivative_equals_pytorchs():
+    """create_graph=True (a gradient penalty): the gradient comes from PyTorch's operators, differentiable again;
+    it equals the explicit formula's second derivative."""
+    torch.manual_seed(6)
+    qkv = torch.randn(2, 7, 3 * 32, dtype=torch.float32, requires_grad=True)
+    ref_qkv = qkv.detach().double().requires_grad_()
+    for inp, fn in ((qkv, lambda t: qkv_attention(t, 2, 0.25)), (ref_qkv, lambda t: reference(t, 2, 0.25))):
+        (g,) = torch.autograd.grad((fn(inp) ** 2).sum(), inp, create_graph=True)
+        (g ** 2).sum().backward()
+    torch.testing.assert_close(qkv.grad.double(), ref_qkv.grad, rtol=1e-4, atol=1e-5)

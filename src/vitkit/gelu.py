@@ -6,6 +6,8 @@ flavour slower still; its backward recomputes both. vitkit's operators (csrc/gel
 lane by one permute: about a third of the work of erf, and as exact as PyTorch's fp32 (max error ~5e-7 from the
 float64 GELU against PyTorch's ~1e-6, tests/test_gelu.py).
 
+A second derivative (create_graph=True, as a gradient penalty needs) comes from PyTorch's GELU.
+
 `GELU` is an nn.GELU (same `approximate`, same state) that uses the operators where they apply: fp32 on the CPU,
 no autocast, not under torch.compile, and the library built (`vitkit.kernels.gelu_available`); elsewhere it is
 nn.GELU. `gelu_` writes GELU over its input, for inference where nothing else reads the pre-activation.
@@ -14,6 +16,7 @@ nn.GELU. `gelu_` writes GELU over its input, for inference where nothing else re
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .kernels import gelu_available
@@ -29,6 +32,8 @@ class _GELU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a gradient differentiable again, by PyTorch's GELU
+            return torch.autograd.grad(F.gelu(x, approximate=ctx.approximate), x, grad, create_graph=True)[0], None
         return torch.ops.vitkit.gelu_backward(grad, x, ctx.approximate), None
 
 
@@ -47,7 +52,7 @@ def gelu_applies(x: torch.Tensor) -> bool:
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """F.gelu(x, approximate), differentiable in x, on vitkit's operators where `gelu_applies(x)`, else torch's."""
     if not gelu_applies(x):
-        return torch.nn.functional.gelu(x, approximate=approximate)
+        return F.gelu(x, approximate=approximate)
     if torch.is_grad_enabled() and x.requires_grad:
         return _GELU.apply(x, approximate)
     return torch.ops.vitkit.gelu(x, approximate)

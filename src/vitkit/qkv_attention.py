@@ -13,7 +13,8 @@ flash attention does, so memory stays linear in T.
 `qkv_attention_applies(qkv, dropout)` says when: fp32 on the CPU, no autocast, not compiling, no attention
 dropout, and the operators built (`vitkit.kernels.attention_available`). Elsewhere the model keeps PyTorch's own
 kernels (and, in training on up to 128 tokens, the explicit products).
-Results differ from PyTorch's only by float rounding (another summation order and exp).
+Results differ from PyTorch's only by float rounding (another summation order and exp). A second derivative
+(create_graph=True) comes from PyTorch's operators (`differentiable_gradient`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,20 @@ class _QKVAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         qkv, out, lse, probs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a gradient differentiable again, by PyTorch's operators
+            return differentiable_gradient(qkv, grad_out, ctx.heads, ctx.scale), None, None, None
         grad = torch.ops.vitkit.attention_backward(grad_out, qkv, out, lse, probs, ctx.heads, ctx.scale)
         return grad, None, None, None
+
+
+def differentiable_gradient(qkv: torch.Tensor, grad_out: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """The attention's gradient in qkv through PyTorch's operators (the explicit softmax), itself differentiable:
+    what a second derivative (create_graph=True, e.g. a gradient penalty) needs; the operators have none."""
+    from .model import merge_heads, split_heads  # imported here: vitkit.model imports this module
+
+    q, k, v = split_heads(qkv, heads)
+    out = merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
+    return torch.autograd.grad(out, qkv, grad_out, create_graph=True)[0]
 
 
 def keeps_probabilities(tokens: int, head_dim: int) -> bool:
