@@ -62,6 +62,25 @@ def test_forward_and_gradients_equal_f_linear(shape, features, bias, engine):
 
 @needs_onednn
 @pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
+def test_a_second_derivative_equals_f_linears(engine):
+    """create_graph=True (a gradient penalty): on oneDNN the gradients come from PyTorch's products, differentiable
+    again (oneDNN's kernel has no derivative: its terms were silently zero)."""
+    torch.manual_seed(1)
+    layer = Linear(8, 6)
+    x = torch.randn(5, 8, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+    results = []
+    for inp, fn in ((x, layer), (ref_x, lambda t: F.linear(t, layer.weight, layer.bias))):
+        layer.zero_grad(set_to_none=True)
+        (g,) = torch.autograd.grad((fn(inp) ** 2).sum(), inp, create_graph=True)
+        (g ** 2).sum().backward()
+        results.append((inp.grad, layer.weight.grad.clone(), layer.bias.grad.clone()))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
 def test_the_training_engine_computes_products_that_need_a_gradient(engine):
     torch.manual_seed(0)
     layer = Linear(64, 32)

@@ -18,7 +18,7 @@ Which engine is faster depends on the CPU, and differently for inference and tra
   machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
 
 Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, builds without oneDNN) it is exactly
-`F.linear`. Results differ from `F.linear` only by float rounding (another summation order).
+`F.linear`; a second derivative (create_graph=True) goes through PyTorch's products. Results differ from `F.linear` only by float rounding (another summation order).
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ class _OneDNNLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         x, weight = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients differentiable again, by PyTorch's matmul
+            return _differentiable_gradients(ctx, x, weight, grad_out)
         grad_x = grad_w = grad_b = None
         grad_out = grad_out.contiguous()
         if ctx.needs_input_grad[0]:
@@ -118,6 +120,16 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = rows.sum(0)
         return grad_x, grad_w, grad_b
+
+
+def _differentiable_gradients(ctx, x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor):
+    """The gradients in x, W and b by PyTorch's own products, themselves differentiable: what a second
+    derivative (create_graph=True, e.g. a gradient penalty) needs; oneDNN's linear kernel has none."""
+    grad_x = grad_out @ weight if ctx.needs_input_grad[0] else None
+    rows = grad_out.reshape(-1, grad_out.shape[-1])
+    grad_w = rows.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+    grad_b = rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
