@@ -18,7 +18,8 @@ Which engine is faster depends on the CPU, and differently for inference and tra
   machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
 
 Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, builds without oneDNN) it is exactly
-`F.linear`; a second derivative (create_graph=True) goes through PyTorch's products. Results differ from `F.linear` only by float rounding (another summation order).
+`F.linear`, and a second derivative (create_graph=True) goes through PyTorch's products. Results differ from
+`F.linear` only by float rounding (another summation order).
 """
 
 from __future__ import annotations
