@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vitkit
+from operator_helpers import operators_called, training_step_equals_the_fallback
 from vitkit import kernels
 from vitkit.gelu import GELU, gelu, gelu_, gelu_applies
 
@@ -107,15 +108,6 @@ def test_where_it_applies(monkeypatch):
     assert not gelu_applies(x)
 
 
-def gelu_operators_called(fn) -> set[str]:
-    """The vitkit::gelu operators that `fn()` calls (by the profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return {e.key for e in prof.key_averages() if e.key.startswith("vitkit::gelu")}
-
-
 def test_the_module_is_an_nn_gelu():
     """A drop-in: optimize's fusion and anything that asks for nn.GELU still finds it; no state."""
     act = GELU(approximate="tanh")
@@ -131,30 +123,15 @@ def test_the_model_trains_through_it_and_equals_the_fallback(monkeypatch, flavou
     cfg = vitkit.get_config("ViT-Ti/16", image_size=32, num_classes=5, gelu=flavour)
     model = vitkit.create_model(cfg).train()
     x = torch.randn(2, 3, 32, 32)
-    y = torch.tensor([1, 3])
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    assert gelu_operators_called(step) == {"vitkit::gelu", "vitkit::gelu_backward"}
-    loss, grads = step()
-    monkeypatch.setenv("VITKIT_KERNELS", "0")
-    assert not gelu_operators_called(step)
-    ref_loss, ref_grads = step()
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
-    for g, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
-    monkeypatch.delenv("VITKIT_KERNELS")
+    called = training_step_equals_the_fallback(model, x, torch.tensor([1, 3]), monkeypatch, "vitkit::gelu")
+    assert called == {"vitkit::gelu", "vitkit::gelu_backward"}
     model.eval()
     with torch.inference_mode():
-        assert gelu_operators_called(lambda: model(x)) == {"vitkit::gelu"}
+        assert operators_called(lambda: model(x), "vitkit::gelu") == {"vitkit::gelu"}
         # optimize(fp32) fuses GELU into oneDNN's fc1; the last block's two class-token rows go through MKL and
         # the operator in place
         fast = vitkit.optimize(model, "fp32")
-        assert gelu_operators_called(lambda: fast(x)) == {"vitkit::gelu_"}
+        assert operators_called(lambda: fast(x), "vitkit::gelu") == {"vitkit::gelu_"}
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
 
 
@@ -168,7 +145,6 @@ def test_the_operators_refuse_bad_input_with_a_clear_error():
         torch.ops.vitkit.gelu_(torch.randn(4, 3).t(), "none")
     with pytest.raises(RuntimeError, match=r"gradient \[2\] for an input of \[3\]"):
         torch.ops.vitkit.gelu_backward(torch.randn(2), torch.randn(3), "none")
-
 
 
 @needs_operator

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import vitkit
+from operator_helpers import operators_called, training_step_equals_the_fallback
 from vitkit import kernels
 from vitkit.model import merge_heads, split_heads
 from vitkit.qkv_attention import _QKVAttention, keeps_probabilities, qkv_attention, qkv_attention_applies
@@ -117,43 +117,19 @@ def test_where_it_applies(monkeypatch):
     assert not qkv_attention_applies(x)
 
 
-def operators_called(fn) -> set[str]:
-    """The vitkit::attention operators that `fn()` calls (by the profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return {e.key for e in prof.key_averages() if e.key.startswith("vitkit::attention")}
-
-
 @needs_operator
 def test_the_model_trains_and_infers_through_it_and_equals_the_fallback(monkeypatch):
     torch.manual_seed(4)
     cfg = vitkit.get_config("ViT-Ti/16", image_size=32, num_classes=5)  # 4 tokens + class token, 3 heads of 64
     model = vitkit.create_model(cfg).train()
     x = torch.randn(2, 3, 32, 32)
-    y = torch.tensor([1, 3])
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    assert {"vitkit::attention_forward", "vitkit::attention_backward"} <= operators_called(step)
-    loss, grads = step()
-    monkeypatch.setenv("VITKIT_KERNELS", "0")
-    assert not operators_called(step)
-    ref_loss, ref_grads = step()
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
-    for g, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
-    monkeypatch.delenv("VITKIT_KERNELS")
+    called = training_step_equals_the_fallback(model, x, torch.tensor([1, 3]), monkeypatch, "vitkit::attention")
+    assert called == {"vitkit::attention_forward", "vitkit::attention_backward"}
     model.eval()
     with torch.inference_mode():
-        assert operators_called(lambda: model(x)) == {"vitkit::attention_forward"}
+        assert operators_called(lambda: model(x), "vitkit::attention") == {"vitkit::attention_forward"}
         fast = vitkit.optimize(model, "fp32")
-        assert operators_called(lambda: fast(x)) == {"vitkit::attention_forward"}
+        assert operators_called(lambda: fast(x), "vitkit::attention") == {"vitkit::attention_forward"}
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
 
 
@@ -163,7 +139,6 @@ def test_the_operator_refuses_bad_input_with_a_clear_error():
         torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24).double(), 2, 0.5, False)
     with pytest.raises(RuntimeError, match="is not 3 x 5 heads"):
         torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24), 5, 0.5, False)
-
 
 
 @needs_operator
