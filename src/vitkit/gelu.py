@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import gelu_available
+from .kernels import eager_fp32_on_cpu, gelu_available
 
 
 class _GELU(torch.autograd.Function):
@@ -42,13 +42,7 @@ class _GELU(torch.autograd.Function):
 def gelu_applies(x: torch.Tensor) -> bool:
     """Whether vitkit's GELU operators compute GELU of `x`: fp32 on the CPU, no autocast, not under
     torch.compile, and the operators available."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and gelu_available()
-    )
+    return eager_fp32_on_cpu(x) and gelu_available()
 
 
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

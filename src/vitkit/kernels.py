@@ -42,6 +42,18 @@ def kernels_enabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def eager_fp32_on_cpu(x: torch.Tensor) -> bool:
+    """Whether `x` is where vitkit's own CPU kernels (these operators, and oneDNN's linear in `vitkit.linear`)
+    take over from PyTorch's: an fp32 tensor on the CPU, no autocast, not under torch.compile (which traces
+    PyTorch's operators)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    )
+
+
 def _tool_path() -> str:
     """PATH with the directories of this Python's scripts and of the ninja package in front: cpp_extension
     calls `ninja` by name, and a virtual environment that is not activated does not have it on PATH."""

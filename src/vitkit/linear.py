@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .hardware import cpu_vendor
+from .kernels import eager_fp32_on_cpu
 
 
 def onednn_available() -> bool:
@@ -138,13 +139,10 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     autocast, not compiling)."""
     return (
         _ONEDNN
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
+        and eager_fp32_on_cpu(x)
         and weight.dtype == torch.float32
         and x.dim() >= 2
         and rows(x) > MKL_MAX_ROWS
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
     )
 
 

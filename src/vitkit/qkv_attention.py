@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import attention_available
+from .kernels import attention_available, eager_fp32_on_cpu
 
 
 class _QKVAttention(torch.autograd.Function):
@@ -61,15 +61,7 @@ def keeps_probabilities(tokens: int, head_dim: int) -> bool:
 def qkv_attention_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
     """Whether `qkv_attention` computes the attention of this projection output (B, T, 3C): fp32 on the CPU,
     no autocast, not under torch.compile, no attention dropout, and vitkit's operators available."""
-    return (
-        qkv.device.type == "cpu"
-        and qkv.dtype == torch.float32
-        and qkv.dim() == 3
-        and dropout == 0.0
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and attention_available()
-    )
+    return eager_fp32_on_cpu(qkv) and qkv.dim() == 3 and dropout == 0.0 and attention_available()
 
 
 def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:

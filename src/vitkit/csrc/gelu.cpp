@@ -120,9 +120,8 @@ VITKIT_CLONES void gelu_span(const Pieces& e, const float* x, float* out, int64_
 
 // out[i] = grad[i] GELU'(x[i]).
 VITKIT_CLONES void gelu_backward_span(const Pieces& d, const float* grad, const float* x, float* out, int64_t n) {
-  const int64_t nv = n / kWidth * kWidth;
+  const int64_t nv = n / kWidth * kWidth, r = n - nv;
   for (int64_t i = 0; i < nv; i += kWidth) store(out + i, gelu_grad_vector(d, load(x + i), load(grad + i)));
-  const int64_t r = n - nv;
   if (r) store_part(out + nv, gelu_grad_vector(d, load_part(x + nv, r, 0.f), load_part(grad + nv, r, 0.f)), r);
 }
 
