@@ -2,7 +2,9 @@
 softmax(q k^T * scale) v in float64, in the shapes that exercise the query blocks and the vector tails; the
 model and optimize's blocks on it; the fallbacks where it does not apply."""
 
+import platform
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,26 +28,59 @@ def reference(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
 
 @needs_operator
 @pytest.mark.parametrize("B,T,heads,Dh", [
-    (2, 197, 6, 64),   # ViT-S/16: two query blocks of 99 and 98 rows
+    # Head widths in multiples of 16 (up to 128) run on the AVX-512 register tiles where the CPU has them:
+    (2, 197, 6, 64),   # ViT-S/16: two query blocks (112 + 85 rows on the tiles, 99 + 98 on sgemm)
     (1, 50, 4, 16),    # the fashion-mnist recipe's heads; rows of 50 end in a tail of 2 past the vectors
-    (3, 17, 2, 24),    # a head width that is not a multiple of 16
     (1, 300, 3, 32),   # three query blocks
-    (2, 1, 1, 8),      # a single token
+    (2, 1, 1, 16),     # a single token
+    (1, 37, 2, 48),    # tiles of three vectors of values; keys in a tail of 1 past the six-key tiles
+    (2, 23, 2, 80),    # ViT-H/14's heads: tiles of four rows of five vectors
+    (1, 40, 1, 128),   # the widest head on the tiles: three rows of eight vectors
+    # Other widths, and CPUs without AVX-512, run on MKL's sgemm:
+    (3, 17, 2, 24),
+    (2, 1, 1, 8),
+    (1, 20, 1, 144),
 ])
 @pytest.mark.parametrize("keep_probs", [True, False], ids=["softmax-kept", "softmax-recomputed"])
-def test_attention_and_gradient_equal_the_explicit_formula(B, T, heads, Dh, keep_probs):
+@pytest.mark.parametrize("tiles", [True, False], ids=["tiles-where-they-apply", "sgemm"])
+def test_attention_and_gradient_equal_the_explicit_formula(B, T, heads, Dh, keep_probs, tiles):
     torch.manual_seed(0)
     scale = Dh ** -0.5
-    qkv = torch.randn(B, T, 3 * heads * Dh, requires_grad=True)
+    qkv = torch.randn(B, T, 3 * heads * Dh)
     grad = torch.randn(B, T, heads * Dh)
-    out = _QKVAttention.apply(qkv, heads, scale, keep_probs)
-    out.backward(grad)
-    ref_qkv = qkv.detach().double().requires_grad_()
+    out, lse, probs = torch.ops.vitkit.attention_forward(qkv, heads, scale, keep_probs, tiles)
+    grad_qkv = torch.ops.vitkit.attention_backward(grad, qkv, out, lse, probs, heads, scale, tiles)
+    ref_qkv = qkv.double().requires_grad_()
     ref = reference(ref_qkv, heads, scale)
     ref.backward(grad.double())
     assert out.shape == (B, T, heads * Dh) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
-    torch.testing.assert_close(qkv.grad.double(), ref_qkv.grad, rtol=0, atol=5e-6)
+    torch.testing.assert_close(grad_qkv.double(), ref_qkv.grad, rtol=0, atol=5e-6)
+    q, k, _ = split_heads(qkv.double(), heads)
+    ref_lse = torch.logsumexp(q @ k.transpose(-2, -1) * scale, dim=-1)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=2e-6)
+    if keep_probs:
+        torch.testing.assert_close(probs.double(), torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1),
+                                   rtol=0, atol=1e-6)
+    if tiles:  # the autograd function runs the same operators
+        x = qkv.clone().requires_grad_()
+        _QKVAttention.apply(x, heads, scale, keep_probs).backward(grad)
+        assert torch.equal(x.grad, grad_qkv)
+
+
+@needs_operator
+def test_the_tiles_serve_head_widths_in_multiples_of_16_on_avx512_cpus():
+    """Where the CPU has AVX-512, head widths of 16 to 128 in steps of 16 run on the register tiles; other
+    widths, and other CPUs, on sgemm (both checked against float64 above)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to read the CPU's instruction sets from")
+    flags = cpuinfo.read_text()
+    avx512 = platform.machine() in ("x86_64", "AMD64") and " avx512f" in flags
+    for width in (16, 32, 48, 64, 80, 96, 112, 128):
+        assert torch.ops.vitkit.attention_tiles_apply(width) == avx512
+    for width in (8, 24, 72, 144, 256):
+        assert not torch.ops.vitkit.attention_tiles_apply(width)
 
 
 def test_the_softmax_is_kept_when_no_larger_than_the_mlp_activation():

@@ -4,8 +4,10 @@
 //
 // PyTorch's path splits the heads (views), runs its flash kernel, and in the backward stacks the three
 // gradients into one tensor (a copy). Here each (image, head) pair is one task: its q, k and v are strided
-// views of the projection (row stride 3C), multiplied by MKL's sgemm one block of query rows at a time, with
-// the block's scores (rows x T) staying in the cache. With keep_probs the forward writes the softmax P into a
+// views of the projection (row stride 3C), multiplied one block of query rows at a time, with the block's
+// scores (rows x T) staying in the cache. The products run on AVX-512 register tiles where the CPU has them and
+// the head width is a multiple of 16 up to 128 (all ViT presets: 64, and 80 for ViT-H); elsewhere, or with
+// tiles=false, on MKL's sgemm. With keep_probs the forward writes the softmax P into a
 // tensor kept for the backward; without, the backward recomputes it from q, k and the saved log-sum-exp (as
 // flash attention does), so memory stays linear in T:
 //
@@ -23,6 +25,10 @@
 #include <vector>
 
 #include "vector_math.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 // The Fortran BLAS entry point of the MKL that libtorch_cpu links in (the same sgemm as torch.mm).
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -108,6 +114,235 @@ int64_t block_rows(int64_t T) {
   return (T + blocks - 1) / blocks;
 }
 
+#if defined(__x86_64__)
+// The products on AVX-512 registers, for heads of 16 to 128 dims in multiples of 16. sgemm pays, per call, a
+// packing of both operands and a dispatch that these small products (a block of ~100 query rows against ~200
+// keys, 64 deep) feel; here a task packs one operand, transposed (and scaled), and runs two register tiles:
+//
+//   scores_tile  rows of A against vectors of 16 columns of B^T: each row's scalars broadcast, 6 x 4 vectors;
+//   values_tile  rows of coefficients against rows of V: each coefficient broadcast, up to 6 x 4 vectors.
+//
+// The forward computes S^T = K (scale Q)^T (keys down, 16 queries in each vector), so the softmax over the keys
+// is elementwise down the rows, with no tail, then O = P V / rowsum. The backward takes a whole pair at once:
+// dP = dO V^T in the first tile, dV, dQ and dK in the second, reading P and dS as stored or transposed. The rows
+// of Q, K and V are read in place from the projection. (Measured against sgemm: docs/speed.md, "Session 19".)
+#define VITKIT_AVX512 __attribute__((target("avx512f")))
+
+// Query vectors per block: blocks of whole vectors, as even as they come, each at most kMaxBlock rows.
+int64_t tiled_block_rows(int64_t T) {
+  const int64_t vectors = (T + kWidth - 1) / kWidth, blocks = (T + kMaxBlock - 1) / kMaxBlock;
+  return (vectors + blocks - 1) / blocks * kWidth;
+}
+
+// at[d * n + i] = scale * a[i * ld + d] for i < m, 0 for m <= i < n: m rows of D, transposed and scaled, their
+// columns padded to n.
+VITKIT_AVX512 void pack_transposed(const float* a, int64_t ld, int64_t m, int64_t n, int64_t D, float scale,
+                                   float* at) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t d = 0; d < D; ++d) at[d * n + i] = scale * a[i * ld + d];
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t i = m; i < n; ++i) at[d * n + i] = 0.f;
+}
+
+// st[r * ldst + 16 c + l] = sum_d k[r * ldk + d] qt[d * ldq + 16 c + l]: RJ keys by NQ vectors of queries.
+template <int RJ, int NQ>
+VITKIT_AVX512 VITKIT_INLINE void scores_tile(const float* k, int64_t ldk, const float* qt, int64_t ldq, int64_t D,
+                                             float* st, int64_t ldst) {
+  __m512 acc[RJ][NQ];
+  for (int r = 0; r < RJ; ++r)
+    for (int c = 0; c < NQ; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    __m512 qv[NQ];
+    for (int c = 0; c < NQ; ++c) qv[c] = _mm512_loadu_ps(qt + d * ldq + 16 * c);
+    for (int r = 0; r < RJ; ++r) {
+      const __m512 kb = _mm512_set1_ps(k[r * ldk + d]);
+      for (int c = 0; c < NQ; ++c) acc[r][c] = _mm512_fmadd_ps(kb, qv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RJ; ++r)
+    for (int c = 0; c < NQ; ++c) _mm512_storeu_ps(st + r * ldst + 16 * c, acc[r][c]);
+}
+
+// All T keys against NQ query vectors, six keys at a time.
+template <int NQ>
+VITKIT_AVX512 void scores_columns(const float* k, int64_t ldk, int64_t T, const float* qt, int64_t ldq, int64_t D,
+                                  float* st, int64_t ldst) {
+  int64_t j = 0;
+  for (; j + 6 <= T; j += 6) scores_tile<6, NQ>(k + j * ldk, ldk, qt, ldq, D, st + j * ldst, ldst);
+  const float* kj = k + j * ldk;
+  float* sj = st + j * ldst;
+  switch (T - j) {
+    case 5: scores_tile<5, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 4: scores_tile<4, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 3: scores_tile<3, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 2: scores_tile<2, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 1: scores_tile<1, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    default: break;
+  }
+}
+
+// st <- exp(st - max) down each column of one query vector; lse and 1 / sum of each query.
+VITKIT_AVX512 void softmax_columns(float* st, int64_t ldst, int64_t T, float* lse, float* inv) {
+  vfloat mx = load(st);
+  for (int64_t j = 1; j < T; ++j) {
+    const vfloat v = load(st + j * ldst);
+    mx = v > mx ? v : mx;
+  }
+  vfloat sum = {};
+  for (int64_t j = 0; j < T; ++j) {
+    const vfloat e = exp_nonpositive(load(st + j * ldst) - mx);
+    store(st + j * ldst, e);
+    sum += e;
+  }
+  for (int64_t l = 0; l < kWidth; ++l) {
+    lse[l] = mx[l] + std::log(sum[l]);
+    inv[l] = 1.f / sum[l];
+  }
+}
+
+// A matrix of coefficients c(r, j) = p[r * ldr + j * ldj]: the same products read the softmax, or its gradient,
+// as it is stored or transposed.
+struct Coefficients {
+  const float* p;
+  int64_t ldr, ldj;
+};
+
+// o[r * ldo + 16 c + l] = f_r sum_{j < J} c(r, j) v[j * ldv + 16 c + l], f_r = scale (times inv[r] given inv): RI
+// rows by DV vectors.
+template <int RI, int DV>
+VITKIT_AVX512 VITKIT_INLINE void values_tile(Coefficients cf, const float* v, int64_t ldv, int64_t J,
+                                             const float* inv, float scale, float* o, int64_t ldo) {
+  __m512 acc[RI][DV];
+  for (int r = 0; r < RI; ++r)
+    for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < J; ++j) {
+    __m512 vv[DV];
+    for (int c = 0; c < DV; ++c) vv[c] = _mm512_loadu_ps(v + j * ldv + 16 * c);
+    const float* cj = cf.p + j * cf.ldj;
+    for (int r = 0; r < RI; ++r) {
+      const __m512 pb = _mm512_set1_ps(cj[r * cf.ldr]);
+      for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RI; ++r) {
+    const __m512 f = _mm512_set1_ps(inv != nullptr ? scale * inv[r] : scale);
+    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(o + r * ldo + 16 * c, _mm512_mul_ps(acc[r][c], f));
+  }
+}
+
+// All `rows` rows, RI at a time (as many as keep RI x DV accumulators within 24 registers).
+template <int DV>
+VITKIT_AVX512 void values_rows(Coefficients cf, const float* v, int64_t ldv, int64_t J, int64_t rows,
+                               const float* inv, float scale, float* o, int64_t ldo) {
+  constexpr int RI = DV <= 4 ? 6 : DV <= 6 ? 4 : 3;
+  int64_t i = 0;
+  for (; i + RI <= rows; i += RI)
+    values_tile<RI, DV>({cf.p + i * cf.ldr, cf.ldr, cf.ldj}, v, ldv, J, inv ? inv + i : nullptr, scale,
+                        o + i * ldo, ldo);
+  const Coefficients ci{cf.p + i * cf.ldr, cf.ldr, cf.ldj};
+  const float* invi = inv ? inv + i : nullptr;
+  float* oi = o + i * ldo;
+  switch (rows - i) {
+    case 5: if constexpr (RI > 5) values_tile<5, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 4: if constexpr (RI > 4) values_tile<4, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 3: if constexpr (RI > 3) values_tile<3, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 2: values_tile<2, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 1: values_tile<1, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    default: break;
+  }
+}
+
+// o (rows x D) = f_r sum_j c(r, j) v_j (values_tile), for D = 16 to 128.
+VITKIT_AVX512 void values(Coefficients cf, const float* v, int64_t ldv, int64_t J, int64_t rows, int64_t D,
+                          const float* inv, float scale, float* o, int64_t ldo) {
+  switch (D / kWidth) {
+    case 1: values_rows<1>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 2: values_rows<2>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 3: values_rows<3>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 4: values_rows<4>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 5: values_rows<5>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 6: values_rows<6>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 7: values_rows<7>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    default: values_rows<8>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+  }
+}
+
+// st (rows x n, row stride ldst) = a bt: the rows of a (rows x D, row stride lda) against bt (D x n, row stride
+// ldb, n a multiple of 16), scores_tile four vectors of columns at a time.
+VITKIT_AVX512 void scores(const float* a, int64_t lda, int64_t rows, const float* bt, int64_t ldb, int64_t n,
+                          int64_t D, float* st, int64_t ldst) {
+  for (int64_t c = 0; c < n; c += 4 * kWidth) {
+    switch (std::min<int64_t>(4, (n - c) / kWidth)) {
+      case 4: scores_columns<4>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+      case 3: scores_columns<3>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+      case 2: scores_columns<2>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+      default: scores_columns<1>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+    }
+  }
+}
+
+// One block of m query rows of one (image, head) pair: o (m x D, row stride ldo), the block's lse and, given
+// probs, its softmax rows (m x T).
+VITKIT_AVX512 void attention_block_tiled(const float* q, const float* k, const float* v, int64_t ld, int64_t T,
+                                         int64_t m, int64_t D, float scale, float* o, int64_t ldo, float* lse,
+                                         float* probs, std::vector<float>& scratch) {
+  const int64_t n = (m + kWidth - 1) / kWidth * kWidth;  // queries, padded to whole vectors
+  scratch.resize(D * n + T * n + 2 * n);
+  float* qt = scratch.data();
+  float* st = qt + D * n;
+  float* lse_block = st + T * n;
+  float* inv = lse_block + n;
+  pack_transposed(q, ld, m, n, D, scale, qt);
+  scores(k, ld, T, qt, n, n, D, st, n);  // S^T: keys down, queries across
+  for (int64_t c = 0; c < n; c += kWidth) softmax_columns(st + c, n, T, lse_block + c, inv + c);
+  values({st, 1, n}, v, ld, T, m, D, inv, 1.f, o, ldo);
+  std::memcpy(lse, lse_block, m * sizeof(float));
+  if (probs != nullptr)  // kept for the backward as rows (m x T), the softmax normalised
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < T; ++j) probs[i * T + j] = st[j * n + i] * inv[i];
+}
+
+// The backward of one (image, head) pair, all T queries at once (dK and dV sum over them), in the same tiles;
+// p: the kept softmax (T x T) or nullptr to recompute it from q, k and lse.
+VITKIT_AVX512 void attention_backward_tiled(const float* q, const float* k, const float* v, int64_t ld,
+                                            const float* o, const float* go, int64_t ldo, const float* lse,
+                                            const float* p, int64_t T, int64_t D, float scale, float* dq, float* dk,
+                                            float* dv, std::vector<float>& scratch) {
+  const int64_t n = (T + kWidth - 1) / kWidth * kWidth;  // keys, padded to whole vectors
+  scratch.resize(2 * D * n + 2 * T * n + T);
+  float* vt = scratch.data();
+  float* kt = vt + D * n;
+  float* grad = kt + D * n;  // dP, then dS, rows of n
+  float* recomputed = grad + T * n;
+  float* d = recomputed + T * n;
+  int64_t ldp = T;
+  if (p == nullptr) {  // P = exp(scale q k^T - lse), rows of n (the columns past T are never read)
+    pack_transposed(k, ld, T, n, D, scale, kt);
+    scores(q, ld, T, kt, n, n, D, recomputed, n);
+    for (int64_t i = 0; i < T; ++i) softmax_again(recomputed + i * n, T, lse[i]);
+    p = recomputed;
+    ldp = n;
+  }
+  pack_transposed(v, ld, T, n, D, 1.f, vt);
+  scores(go, ldo, T, vt, n, n, D, grad, n);  // dP = dO V^T
+  for (int64_t i = 0; i < T; ++i) {
+    d[i] = dot(o + i * ldo, go + i * ldo, D);
+    softmax_backward_row(p + i * ldp, grad + i * n, T, d[i]);  // dS = P * (dP - rowsum(dO * O))
+  }
+  values({p, 1, ldp}, go, ldo, T, T, D, nullptr, 1.f, dv, ld);       // dV = P^T dO
+  values({grad, n, 1}, k, ld, T, T, D, nullptr, scale, dq, ld);      // dQ = scale dS K
+  values({grad, 1, n}, q, ld, T, T, D, nullptr, scale, dk, ld);      // dK = scale dS^T Q
+}
+
+// Whether the tiles serve this head width on this CPU.
+bool tiles_apply(int64_t D) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  return avx512 && D % kWidth == 0 && D / kWidth >= 1 && D / kWidth <= 8;
+}
+#else
+bool tiles_apply(int64_t) { return false; }
+#endif
+
 void check_qkv(const at::Tensor& qkv, int64_t heads) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.scalar_type() == at::kFloat && qkv.device().is_cpu() && qkv.is_contiguous(),
               "vitkit attention: expected the contiguous fp32 q;k;v projection (B, T, 3C) on the CPU, got ",
@@ -118,7 +353,7 @@ void check_qkv(const at::Tensor& qkv, int64_t heads) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv, int64_t heads, double scale,
-                                                                 bool keep_probs) {
+                                                                 bool keep_probs, bool tiles) {
   check_qkv(qkv, heads);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / heads;
   at::Tensor out = at::empty({B, T, C}, qkv.options());
@@ -128,8 +363,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   float* dst = out.mutable_data_ptr<float>();
   float* lse_all = lse.mutable_data_ptr<float>();
   float* probs_all = keep_probs ? probs.mutable_data_ptr<float>() : nullptr;
-  const int64_t bm = block_rows(T), blocks = (T + bm - 1) / bm;
   const float alpha = static_cast<float>(scale);
+#if defined(__x86_64__)
+  if (tiles && tiles_apply(D)) {
+    const int64_t bm = tiled_block_rows(T), blocks = (T + bm - 1) / bm;
+    at::parallel_for(0, B * heads * blocks, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scratch;
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t pair = task / blocks, r0 = task % blocks * bm, m = std::min(bm, T - r0);
+        const int64_t b = pair / heads, h = pair % heads;
+        const float* q = src + b * T * 3 * C + h * D;
+        attention_block_tiled(q + r0 * 3 * C, q + C, q + 2 * C, 3 * C, T, m, D, alpha,
+                              dst + (b * T + r0) * C + h * D, C, lse_all + pair * T + r0,
+                              keep_probs ? probs_all + (pair * T + r0) * T : nullptr, scratch);
+      }
+    });
+    return {out, lse, probs};
+  }
+#endif
+  const int64_t bm = block_rows(T), blocks = (T + bm - 1) / bm;
   // One task per (image, head, query block): nothing is summed across blocks here.
   at::parallel_for(0, B * heads * blocks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scratch(keep_probs ? 0 : bm * T);
@@ -149,7 +401,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
 }
 
 at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& qkv, const at::Tensor& out,
-                              const at::Tensor& lse, const at::Tensor& probs, int64_t heads, double scale) {
+                              const at::Tensor& lse, const at::Tensor& probs, int64_t heads, double scale,
+                              bool tiles) {
   check_qkv(qkv, heads);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / heads;
   TORCH_CHECK(out.is_contiguous() && out.sizes() == at::IntArrayRef({B, T, C}) && lse.is_contiguous() &&
@@ -168,8 +421,24 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
   const float* lse_all = lse.const_data_ptr<float>();
   const float* probs_all = kept ? probs.const_data_ptr<float>() : nullptr;
   float* g_all = grad_qkv.mutable_data_ptr<float>();
-  const int64_t bm = block_rows(T);
   const float alpha = static_cast<float>(scale);
+#if defined(__x86_64__)
+  if (tiles && tiles_apply(D)) {
+    at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> scratch;
+      for (int64_t pair = p0; pair < p1; ++pair) {
+        const int64_t b = pair / heads, h = pair % heads;
+        const float* q = src + b * T * 3 * C + h * D;
+        float* dq = g_all + b * T * 3 * C + h * D;
+        attention_backward_tiled(q, q + C, q + 2 * C, 3 * C, o_all + b * T * C + h * D, go_all + b * T * C + h * D,
+                                 C, lse_all + pair * T, kept ? probs_all + pair * T * T : nullptr, T, D, alpha, dq,
+                                 dq + C, dq + 2 * C, scratch);
+      }
+    });
+    return grad_qkv;
+  }
+#endif
+  const int64_t bm = block_rows(T);
   // One task per (image, head): dK and dV sum over the query blocks.
   at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> scratch(kept ? 0 : bm * T), grad_scores(bm * T), d(T);
@@ -207,10 +476,13 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(vitkit, m) {
-  m.def("attention_forward(Tensor qkv, int heads, float scale, bool keep_probs) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "attention_forward(Tensor qkv, int heads, float scale, bool keep_probs, bool tiles=True) -> (Tensor, Tensor, "
+      "Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor qkv, Tensor out, Tensor lse, Tensor probs, int heads, "
-      "float scale) -> Tensor");
+      "float scale, bool tiles=True) -> Tensor");
+  m.def("attention_tiles_apply(int head_dim) -> bool", [](int64_t head_dim) { return tiles_apply(head_dim); });
   m.impl("attention_forward", c10::DispatchKey::CPU, TORCH_FN(attention_forward));
   m.impl("attention_backward", c10::DispatchKey::CPU, TORCH_FN(attention_backward));
 }
