@@ -281,6 +281,50 @@ VITKIT_AVX512 void scores(const float* a, int64_t lda, int64_t rows, const float
   }
 }
 
+// r[l][k] <- r[k][l]: a 16 x 16 block transposed in registers, in three rounds of shuffles (pairs of floats,
+// of pairs, then of 128-bit lanes).
+VITKIT_AVX512 VITKIT_INLINE void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4 i + c], lane L: rows 4 i to 4 i + 3 of column 4 L + c.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+    r[4 + c] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+    r[8 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+  }
+}
+
+// probs[i * T + j] = st[j * n + i] * inv[i] for the block's m queries: the softmax kept as rows, 16 x 16 at a
+// time.
+VITKIT_AVX512 void write_probabilities(const float* st, int64_t n, int64_t T, int64_t m, const float* inv,
+                                       float* probs) {
+  for (int64_t c = 0; c < m; c += kWidth) {
+    const int64_t queries = std::min(kWidth, m - c);
+    for (int64_t j0 = 0; j0 < T; j0 += kWidth) {
+      const int64_t keys = std::min(kWidth, T - j0);
+      __m512 r[16];
+      for (int64_t k = 0; k < 16; ++k) r[k] = k < keys ? _mm512_loadu_ps(st + (j0 + k) * n + c) : _mm512_setzero_ps();
+      transpose16(r);
+      const __mmask16 mask = static_cast<__mmask16>((1u << keys) - 1);
+      for (int64_t l = 0; l < queries; ++l)
+        _mm512_mask_storeu_ps(probs + (c + l) * T + j0, mask, _mm512_mul_ps(r[l], _mm512_set1_ps(inv[c + l])));
+    }
+  }
+}
+
 // One block of m query rows of one (image, head) pair: o (m x D, row stride ldo), the block's lse and, given
 // probs, its softmax rows (m x T).
 VITKIT_AVX512 void attention_block_tiled(const float* q, const float* k, const float* v, int64_t ld, int64_t T,
@@ -297,9 +341,7 @@ VITKIT_AVX512 void attention_block_tiled(const float* q, const float* k, const f
   for (int64_t c = 0; c < n; c += kWidth) softmax_columns(st + c, n, T, lse_block + c, inv + c);
   values({st, 1, n}, v, ld, T, m, D, inv, 1.f, o, ldo);
   std::memcpy(lse, lse_block, m * sizeof(float));
-  if (probs != nullptr)  // kept for the backward as rows (m x T), the softmax normalised
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < T; ++j) probs[i * T + j] = st[j * n + i] * inv[i];
+  if (probs != nullptr) write_probabilities(st, n, T, m, inv, probs);
 }
 
 // The backward of one (image, head) pair, all T queries at once (dK and dV sum over them), in the same tiles;
