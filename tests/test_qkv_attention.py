@@ -2,6 +2,7 @@
 softmax(q k^T * scale) v in float64, in the shapes that exercise the query blocks and the vector tails; the
 model and optimize's blocks on it; the fallbacks where it does not apply."""
 
+import contextlib
 import platform
 import shutil
 from pathlib import Path
@@ -13,7 +14,13 @@ import vitkit
 from operator_helpers import operators_called, training_step_equals_the_fallback
 from vitkit import kernels
 from vitkit.model import merge_heads, split_heads
-from vitkit.qkv_attention import _QKVAttention, keeps_probabilities, qkv_attention, qkv_attention_applies
+from vitkit.qkv_attention import (
+    _QKVAttention,
+    keeps_probabilities,
+    qkv_attention,
+    qkv_attention_applies,
+    sgemm_products,
+)
 
 needs_operator = pytest.mark.skipif(
     (shutil.which("c++") is None and shutil.which("g++") is None) or not kernels.attention_available(),
@@ -187,3 +194,25 @@ def test_a_second_derivative_equals_pytorchs():
         (g,) = torch.autograd.grad((fn(inp) ** 2).sum(), inp, create_graph=True)
         (g ** 2).sum().backward()
     torch.testing.assert_close(qkv.grad.double(), ref_qkv.grad, rtol=1e-4, atol=1e-5)
+
+
+@needs_operator
+def test_sgemm_products_turns_the_tiles_off_in_the_model_path():
+    """Inside `sgemm_products()` the autograd function and the inference call pass tiles=False to the operators,
+    forward and backward; outside, the tiles (where they apply)."""
+    torch.manual_seed(4)
+    qkv = torch.randn(2, 50, 3 * 128)
+    grad = torch.randn(2, 50, 128)
+    ops = torch.ops.vitkit
+    for tiles in (True, False):
+        context = contextlib.nullcontext() if tiles else sgemm_products()
+        x = qkv.clone().requires_grad_()
+        with context:
+            out = qkv_attention(x, 4, 0.25)
+            out.backward(grad)
+            with torch.no_grad():
+                inference = qkv_attention(qkv, 4, 0.25)
+        expected = ops.attention_forward(qkv, 4, 0.25, keeps_probabilities(50, 32), tiles)
+        assert torch.equal(out.detach(), expected[0])
+        assert torch.equal(x.grad, ops.attention_backward(grad, qkv, *expected, 4, 0.25, tiles))
+        assert torch.equal(inference, ops.attention_forward(qkv, 4, 0.25, False, tiles)[0])

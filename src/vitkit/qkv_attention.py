@@ -4,7 +4,9 @@
 heads)))` does, softmax(q k^T * scale) v for every head, from the projection's output (B, T, 3C) to the merged
 heads (B, T, C), with its gradient. The operators (csrc/attention.cpp) read q, k and v in place and write the
 gradient of the whole projection at once, where PyTorch's path stacks the three head gradients into one (a
-copy); their products are MKL's sgemm on blocks of query rows that stay in the cache. In training the
+copy); they work on blocks of query rows that stay in the cache, and multiply on AVX-512 register tiles where
+the CPU has them and the head width is a multiple of 16 up to 128 (every ViT preset), else with MKL's sgemm
+(`sgemm_products()` forces sgemm, for comparison: benchmarks/bench_attention.py). In training the
 forward keeps the softmax for the backward when it is no larger than the MLP's hidden activation
 (`keeps_probabilities`: 197 tokens of 64-wide heads, ViT-S/16 at batch 8: 27.9 against 31.3 ms a layer,
 forward and backward); on longer sequences the backward recomputes it from q, k and the saved log-sum-exp, as
@@ -19,17 +21,35 @@ Results differ from PyTorch's only by float rounding (another summation order an
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from .kernels import attention_available, eager_fp32_on_cpu
+
+_sgemm_only = False
+
+
+@contextlib.contextmanager
+def sgemm_products() -> Iterator[None]:
+    """Within the block the attention operators multiply with MKL's sgemm, not on their AVX-512 register tiles:
+    the same function, another summation order; benchmarks/bench_attention.py times the two in one process."""
+    global _sgemm_only
+    previous, _sgemm_only = _sgemm_only, True
+    try:
+        yield
+    finally:
+        _sgemm_only = previous
 
 
 class _QKVAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, heads: int, scale: float, keep_probs: bool) -> torch.Tensor:
-        out, lse, probs = torch.ops.vitkit.attention_forward(qkv, heads, scale, keep_probs)
+        tiles = not _sgemm_only
+        out, lse, probs = torch.ops.vitkit.attention_forward(qkv, heads, scale, keep_probs, tiles)
         ctx.save_for_backward(qkv, out, lse, probs)
-        ctx.heads, ctx.scale = heads, scale
+        ctx.heads, ctx.scale, ctx.tiles = heads, scale, tiles
         return out
 
     @staticmethod
@@ -37,7 +57,7 @@ class _QKVAttention(torch.autograd.Function):
         qkv, out, lse, probs = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a gradient differentiable again, by PyTorch's operators
             return differentiable_gradient(qkv, grad_out, ctx.heads, ctx.scale), None, None, None
-        grad = torch.ops.vitkit.attention_backward(grad_out, qkv, out, lse, probs, ctx.heads, ctx.scale)
+        grad = torch.ops.vitkit.attention_backward(grad_out, qkv, out, lse, probs, ctx.heads, ctx.scale, ctx.tiles)
         return grad, None, None, None
 
 
@@ -71,4 +91,4 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     if torch.is_grad_enabled() and qkv.requires_grad:
         keep = keeps_probabilities(qkv.shape[1], qkv.shape[2] // (3 * heads))
         return _QKVAttention.apply(qkv, heads, scale, keep)
-    return torch.ops.vitkit.attention_forward(qkv, heads, scale, False)[0]
+    return torch.ops.vitkit.attention_forward(qkv, heads, scale, False, not _sgemm_only)[0]
