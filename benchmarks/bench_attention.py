@@ -55,10 +55,10 @@ def timed_pair(calls: dict[str, Callable[[], object]], repeats: int, warmup: int
             "tiles_speedup": paired_ratio(times["tiles"], [times["sgemm"]])}
 
 
-def operator_calls(batch: int, tokens: int, width: int, heads: int) -> dict[str, Callable[[bool], object]]:
+def operator_calls(batch: int, tokens: int, width: int, heads: int) -> tuple[int, dict[str, Callable[[bool], object]]]:
     """The operators of one cell, each a function of `tiles`: forward (inference: the softmax not kept), forward
-    keeping the softmax (training, where it is kept) and backward; each call repeated to ~20 images so that one
-    timing is not a few microseconds."""
+    keeping the softmax (training, where it is kept) and backward; each calls its operator `calls` times (the
+    first value), to ~20 images, so that one timing is not a few microseconds."""
     ops = torch.ops.vitkit
     torch.manual_seed(0)
     head_dim = width // heads
@@ -75,15 +75,15 @@ def operator_calls(batch: int, tokens: int, width: int, heads: int) -> dict[str,
     def backward(tiles: bool) -> object:
         return [ops.attention_backward(grad, qkv, *saved[tiles], heads, scale, tiles) for _ in range(calls)]
 
-    return {"forward": forward(False), **({"forward, softmax kept": forward(True)} if keep else {}),
-            "backward": backward}
+    return calls, {"forward": forward(False), **({"forward, softmax kept": forward(True)} if keep else {}),
+                   "backward": backward}
 
 
 def operator_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
     rows = []
     for name, batch, tokens, width, heads in OPERATOR_CELLS:
-        calls = max(1, 20 // batch)
-        for what, fn in operator_calls(batch, tokens, width, heads).items():
+        calls, measures = operator_calls(batch, tokens, width, heads)
+        for what, fn in measures.items():
             r = timed_pair({"tiles": lambda fn=fn: fn(True), "sgemm": lambda fn=fn: fn(False)}, repeats, warmup, rng)
             rows.append({"cell": name, "measure": what, "calls": calls, **r})
             print(f"{name:>20} {what:<22} tiles {r['ms_tiles'] / calls:8.3f} ms  sgemm {r['ms_sgemm'] / calls:8.3f} ms"

@@ -351,12 +351,11 @@ VITKIT_AVX512 void attention_backward_tiled(const float* q, const float* k, cons
                                             const float* p, int64_t T, int64_t D, float scale, float* dq, float* dk,
                                             float* dv, std::vector<float>& scratch) {
   const int64_t n = (T + kWidth - 1) / kWidth * kWidth;  // keys, padded to whole vectors
-  scratch.resize(2 * D * n + 2 * T * n + T);
+  scratch.resize(2 * D * n + 2 * T * n);
   float* vt = scratch.data();
   float* kt = vt + D * n;
   float* grad = kt + D * n;  // dP, then dS, rows of n
   float* recomputed = grad + T * n;
-  float* d = recomputed + T * n;
   int64_t ldp = T;
   if (p == nullptr) {  // P = exp(scale q k^T - lse), rows of n (the columns past T are never read)
     pack_transposed(k, ld, T, n, D, scale, kt);
@@ -367,10 +366,8 @@ VITKIT_AVX512 void attention_backward_tiled(const float* q, const float* k, cons
   }
   pack_transposed(v, ld, T, n, D, 1.f, vt);
   scores(go, ldo, T, vt, n, n, D, grad, n);  // dP = dO V^T
-  for (int64_t i = 0; i < T; ++i) {
-    d[i] = dot(o + i * ldo, go + i * ldo, D);
-    softmax_backward_row(p + i * ldp, grad + i * n, T, d[i]);  // dS = P * (dP - rowsum(dO * O))
-  }
+  for (int64_t i = 0; i < T; ++i)  // dS = P * (dP - rowsum(dO * O))
+    softmax_backward_row(p + i * ldp, grad + i * n, T, dot(o + i * ldo, go + i * ldo, D));
   values({p, 1, ldp}, go, ldo, T, T, D, nullptr, 1.f, dv, ld);       // dV = P^T dO
   values({grad, n, 1}, k, ld, T, T, D, nullptr, scale, dq, ld);      // dQ = scale dS K
   values({grad, 1, n}, q, ld, T, T, D, nullptr, scale, dk, ld);      // dK = scale dS^T Q
@@ -384,6 +381,43 @@ bool tiles_apply(int64_t D) {
 #else
 bool tiles_apply(int64_t) { return false; }
 #endif
+
+// The same block and pair on MKL's sgemm, for other head widths and CPUs (and tiles=false), with the tiled
+// functions' arguments. The backward works in blocks of block_rows(T) query rows, dK and dV summed over them.
+void attention_block_sgemm(const float* q, const float* k, const float* v, int64_t ld, int64_t T, int64_t m,
+                           int64_t D, float scale, float* o, int64_t ldo, float* lse, float* probs,
+                           std::vector<float>& scratch) {
+  if (probs == nullptr) scratch.resize(m * T);
+  float* scores = probs != nullptr ? probs : scratch.data();
+  gemm(false, true, m, T, D, scale, q, ld, k, ld, 0.f, scores, T);
+  for (int64_t i = 0; i < m; ++i) lse[i] = softmax_row(scores + i * T, T);
+  gemm(false, false, m, D, T, 1.f, scores, T, v, ld, 0.f, o, ldo);
+}
+
+void attention_backward_sgemm(const float* q, const float* k, const float* v, int64_t ld, const float* o,
+                              const float* go, int64_t ldo, const float* lse, const float* probs, int64_t T,
+                              int64_t D, float scale, float* dq, float* dk, float* dv, std::vector<float>& scratch) {
+  const int64_t bm = block_rows(T);
+  scratch.resize(bm * T + T + (probs != nullptr ? 0 : bm * T));
+  float* grad_scores = scratch.data();
+  float* d = grad_scores + bm * T;
+  float* recomputed = d + T;
+  for (int64_t t = 0; t < T; ++t) d[t] = dot(o + t * ldo, go + t * ldo, D);
+  for (int64_t r0 = 0; r0 < T; r0 += bm) {
+    const int64_t m = std::min(bm, T - r0);
+    const float accumulate = r0 == 0 ? 0.f : 1.f;
+    const float* p = probs != nullptr ? probs + r0 * T : recomputed;
+    if (probs == nullptr) {  // the softmax again, from the scores and the saved log-sum-exp
+      gemm(false, true, m, T, D, scale, q + r0 * ld, ld, k, ld, 0.f, recomputed, T);
+      for (int64_t i = 0; i < m; ++i) softmax_again(recomputed + i * T, T, lse[r0 + i]);
+    }
+    gemm(true, false, T, D, m, 1.f, p, T, go + r0 * ldo, ldo, accumulate, dv, ld);  // dV += P^T dO
+    gemm(false, true, m, T, D, 1.f, go + r0 * ldo, ldo, v, ld, 0.f, grad_scores, T);  // dP = dO V^T
+    for (int64_t i = 0; i < m; ++i) softmax_backward_row(p + i * T, grad_scores + i * T, T, d[r0 + i]);
+    gemm(false, false, m, D, T, scale, grad_scores, T, k, ld, 0.f, dq + r0 * ld, ld);
+    gemm(true, false, T, D, m, scale, grad_scores, T, q + r0 * ld, ld, accumulate, dk, ld);
+  }
+}
 
 void check_qkv(const at::Tensor& qkv, int64_t heads) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.scalar_type() == at::kFloat && qkv.device().is_cpu() && qkv.is_contiguous(),
@@ -406,37 +440,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   float* lse_all = lse.mutable_data_ptr<float>();
   float* probs_all = keep_probs ? probs.mutable_data_ptr<float>() : nullptr;
   const float alpha = static_cast<float>(scale);
+  auto block = attention_block_sgemm;
+  int64_t bm = block_rows(T);
 #if defined(__x86_64__)
   if (tiles && tiles_apply(D)) {
-    const int64_t bm = tiled_block_rows(T), blocks = (T + bm - 1) / bm;
-    at::parallel_for(0, B * heads * blocks, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scratch;
-      for (int64_t task = t0; task < t1; ++task) {
-        const int64_t pair = task / blocks, r0 = task % blocks * bm, m = std::min(bm, T - r0);
-        const int64_t b = pair / heads, h = pair % heads;
-        const float* q = src + b * T * 3 * C + h * D;
-        attention_block_tiled(q + r0 * 3 * C, q + C, q + 2 * C, 3 * C, T, m, D, alpha,
-                              dst + (b * T + r0) * C + h * D, C, lse_all + pair * T + r0,
-                              keep_probs ? probs_all + (pair * T + r0) * T : nullptr, scratch);
-      }
-    });
-    return {out, lse, probs};
+    block = attention_block_tiled;
+    bm = tiled_block_rows(T);
   }
 #endif
-  const int64_t bm = block_rows(T), blocks = (T + bm - 1) / bm;
+  const int64_t blocks = (T + bm - 1) / bm;
   // One task per (image, head, query block): nothing is summed across blocks here.
   at::parallel_for(0, B * heads * blocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(keep_probs ? 0 : bm * T);
+    std::vector<float> scratch;
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t pair = task / blocks, r0 = task % blocks * bm, m = std::min(bm, T - r0);
       const int64_t b = pair / heads, h = pair % heads;
       const float* q = src + b * T * 3 * C + h * D;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* scores = keep_probs ? probs_all + (pair * T + r0) * T : scratch.data();
-      gemm(false, true, m, T, D, alpha, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.f, scores, T);
-      for (int64_t i = 0; i < m; ++i) lse_all[pair * T + r0 + i] = softmax_row(scores + i * T, T);
-      gemm(false, false, m, D, T, 1.f, scores, T, v, 3 * C, 0.f, dst + (b * T + r0) * C + h * D, C);
+      block(q + r0 * 3 * C, q + C, q + 2 * C, 3 * C, T, m, D, alpha, dst + (b * T + r0) * C + h * D, C,
+            lse_all + pair * T + r0, keep_probs ? probs_all + (pair * T + r0) * T : nullptr, scratch);
     }
   });
   return {out, lse, probs};
@@ -464,52 +485,20 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
   const float* probs_all = kept ? probs.const_data_ptr<float>() : nullptr;
   float* g_all = grad_qkv.mutable_data_ptr<float>();
   const float alpha = static_cast<float>(scale);
+  auto pair_backward = attention_backward_sgemm;
 #if defined(__x86_64__)
-  if (tiles && tiles_apply(D)) {
-    at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
-      std::vector<float> scratch;
-      for (int64_t pair = p0; pair < p1; ++pair) {
-        const int64_t b = pair / heads, h = pair % heads;
-        const float* q = src + b * T * 3 * C + h * D;
-        float* dq = g_all + b * T * 3 * C + h * D;
-        attention_backward_tiled(q, q + C, q + 2 * C, 3 * C, o_all + b * T * C + h * D, go_all + b * T * C + h * D,
-                                 C, lse_all + pair * T, kept ? probs_all + pair * T * T : nullptr, T, D, alpha, dq,
-                                 dq + C, dq + 2 * C, scratch);
-      }
-    });
-    return grad_qkv;
-  }
+  if (tiles && tiles_apply(D)) pair_backward = attention_backward_tiled;
 #endif
-  const int64_t bm = block_rows(T);
-  // One task per (image, head): dK and dV sum over the query blocks.
+  // One task per (image, head): dK and dV sum over the queries.
   at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> scratch(kept ? 0 : bm * T), grad_scores(bm * T), d(T);
+    std::vector<float> scratch;
     for (int64_t pair = p0; pair < p1; ++pair) {
       const int64_t b = pair / heads, h = pair % heads;
       const float* q = src + b * T * 3 * C + h * D;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
       float* dq = g_all + b * T * 3 * C + h * D;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* o = o_all + b * T * C + h * D;
-      const float* go = go_all + b * T * C + h * D;
-      for (int64_t t = 0; t < T; ++t) d[t] = dot(o + t * C, go + t * C, D);
-      for (int64_t r0 = 0; r0 < T; r0 += bm) {
-        const int64_t m = std::min(bm, T - r0);
-        const float accumulate = r0 == 0 ? 0.f : 1.f;
-        const float* p = kept ? probs_all + (pair * T + r0) * T : scratch.data();
-        if (!kept) {  // the softmax again, from the scores and the saved log-sum-exp
-          gemm(false, true, m, T, D, alpha, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.f, scratch.data(), T);
-          for (int64_t i = 0; i < m; ++i) softmax_again(scratch.data() + i * T, T, lse_all[pair * T + r0 + i]);
-        }
-        gemm(true, false, T, D, m, 1.f, p, T, go + r0 * C, C, accumulate, dv, 3 * C);  // dV += P^T dO
-        gemm(false, true, m, T, D, 1.f, go + r0 * C, C, v, 3 * C, 0.f, grad_scores.data(), T);    // dP = dO V^T
-        for (int64_t i = 0; i < m; ++i)
-          softmax_backward_row(p + i * T, grad_scores.data() + i * T, T, d[r0 + i]);
-        gemm(false, false, m, D, T, alpha, grad_scores.data(), T, k, 3 * C, 0.f, dq + r0 * 3 * C, 3 * C);
-        gemm(true, false, T, D, m, alpha, grad_scores.data(), T, q + r0 * 3 * C, 3 * C, accumulate, dk, 3 * C);
-      }
+      pair_backward(q, q + C, q + 2 * C, 3 * C, o_all + b * T * C + h * D, go_all + b * T * C + h * D, C,
+                    lse_all + pair * T, kept ? probs_all + pair * T * T : nullptr, T, D, alpha, dq, dq + C,
+                    dq + 2 * C, scratch);
     }
   });
   return grad_qkv;
