@@ -8,12 +8,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit.linear as linear_module
+from operator_helpers import operators_called
 from vitkit.linear import (
+    MKL_FROM_ROWS,
     MKL_MAX_ROWS,
     TRAINING_ENGINE_ENV,
     TRAINING_ENGINES,
     Linear,
+    forced_inference_engine,
     forced_training_engine,
+    inference_engine,
     machine_training_engine,
     onednn_available,
     rows,
@@ -176,3 +180,46 @@ def test_few_rows_are_f_linear_exactly(shape):
         assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
     else:
         torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD", ""])
+def test_the_inference_engine_by_rows_and_vendor(monkeypatch, vendor):
+    monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
+    intel = vendor == "GenuineIntel"
+    expected = {1: "mkl", MKL_MAX_ROWS: "mkl", MKL_MAX_ROWS + 1: "onednn", 197: "onednn",
+                MKL_FROM_ROWS - 1: "onednn", MKL_FROM_ROWS: "mkl" if intel else "onednn",
+                16 * 197: "mkl" if intel else "onednn"}
+    assert {n: inference_engine(n) for n in expected} == expected
+    with forced_inference_engine("onednn"):
+        assert [inference_engine(n) for n in (1, MKL_MAX_ROWS + 1, 16 * 197)] == ["mkl", "onednn", "onednn"]
+        with forced_inference_engine("mkl"):
+            assert [inference_engine(n) for n in (1, MKL_MAX_ROWS + 1, 16 * 197)] == ["mkl"] * 3
+        with forced_inference_engine("auto"):
+            assert {n: inference_engine(n) for n in expected} == expected
+        assert inference_engine(16 * 197) == "onednn"
+    assert {n: inference_engine(n) for n in expected} == expected
+    with pytest.raises(ValueError, match="inference engine='cuda'.*auto, onednn, mkl"), forced_inference_engine("cuda"):
+        pass
+
+
+@needs_onednn
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+@pytest.mark.parametrize("n", [MKL_MAX_ROWS + 1, MKL_FROM_ROWS - 1, MKL_FROM_ROWS, 1000])
+def test_inference_runs_the_products_on_the_inference_engine(monkeypatch, vendor, n):
+    """Without a gradient, Linear multiplies on `inference_engine`'s engine: MKL is F.linear bit for bit, oneDNN
+    the same function up to rounding; the profiler shows which kernel ran."""
+    monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
+    torch.manual_seed(0)
+    layer = Linear(64, 48)
+    x = torch.randn(n, 64)
+    ref = F.linear(x, layer.weight, layer.bias)
+    with torch.inference_mode():
+        out = layer(x)
+        ops = operators_called(lambda: layer(x), "")
+    through_mkl = inference_engine(n) == "mkl"
+    assert through_mkl is (vendor == "GenuineIntel" and n >= MKL_FROM_ROWS)
+    assert ("mkldnn::_linear_pointwise" in ops) is not through_mkl
+    if through_mkl:
+        assert torch.equal(out, ref)
+    else:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

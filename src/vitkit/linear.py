@@ -8,8 +8,10 @@ through oneDNN's linear kernel (`torch.ops.mkldnn._linear_pointwise`) instead of
 kernels are 1.2-2x faster than oneDNN's there.
 
 Which engine is faster depends on the CPU, and differently for inference and training (docs/speed.md):
-- inference: oneDNN on every CPU we measured (on the AMD EPYC 10-20 % faster than MKL on ViT shapes; on the
-  Intel Xeon without VNNI even or ahead at batch 1, within the noise at batch 16);
+- inference (`inference_engine`): oneDNN on the AMD EPYC (10-20 % faster than MKL on ViT shapes). On Intel
+  CPUs oneDNN only below `MKL_FROM_ROWS` rows: on our Intel Xeon, at four images of 197 tokens and more, MKL
+  made the whole ViT-B/16 1.01-1.09x faster and ViT-S/16 0.95-1.12x (mostly 1.01-1.05x), while at one image
+  oneDNN was 1.03-1.06x ahead and at two the two were even (benchmarks/bench_inference_engine.py);
 - training (a product whose result needs a gradient): `training_engine()`. On the AMD EPYC oneDNN made the
   ViT-S/16 training step 1.09-1.18x timm's (MKL); on the Intel Xeon MKL's own kernels are the faster ones
   (ViT-S/16 step 1.06-1.12x timm through MKL against 0.98-1.06x through oneDNN, in ten interleaved sets), as
@@ -47,6 +49,9 @@ _ONEDNN = onednn_available()
 # Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (interleaved, 2 threads, AVX-512:
 # ViT-S/16's fc1 at one row 150 against 222-230 us, its classifier 133 against 221; from 4 rows on oneDNN leads).
 MKL_MAX_ROWS = 2
+# On Intel CPUs, from this many rows on (four images of 197 tokens make 788) MKL's F.linear beats oneDNN's linear
+# again in inference (the module docstring).
+MKL_FROM_ROWS = 768
 
 
 TRAINING_ENGINES = ("onednn", "mkl")
@@ -88,6 +93,37 @@ def forced_training_engine(name: str) -> Iterator[None]:
         yield
     finally:
         _forced_engine = previous
+
+
+INFERENCE_ENGINES = ("auto", "onednn", "mkl")
+_forced_inference_engine = "auto"
+
+
+def inference_engine(n: int) -> str:
+    """The engine, "onednn" or "mkl", of a product of `n` rows that needs no gradient (module docstring): MKL
+    up to MKL_MAX_ROWS rows and, on Intel CPUs, from MKL_FROM_ROWS rows on; oneDNN otherwise. Within
+    `forced_inference_engine("onednn")` every product of more than MKL_MAX_ROWS rows goes to oneDNN, within
+    `forced_inference_engine("mkl")` every product to MKL."""
+    if n <= MKL_MAX_ROWS or _forced_inference_engine == "mkl":
+        return "mkl"
+    if _forced_inference_engine == "onednn":
+        return "onednn"
+    return "mkl" if n >= MKL_FROM_ROWS and cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+@contextlib.contextmanager
+def forced_inference_engine(name: str) -> Iterator[None]:
+    """Within the block, the products that need no gradient run on `name`: "onednn" (every product of more than
+    MKL_MAX_ROWS rows), "mkl" (every product) or "auto" (`inference_engine`'s rule);
+    benchmarks/bench_inference_engine.py times them in one process."""
+    global _forced_inference_engine
+    if name not in INFERENCE_ENGINES:
+        raise ValueError(f"inference engine={name!r}: expected one of {', '.join(INFERENCE_ENGINES)}")
+    previous, _forced_inference_engine = _forced_inference_engine, name
+    try:
+        yield
+    finally:
+        _forced_inference_engine = previous
 
 
 def rows(x: torch.Tensor) -> int:
@@ -135,8 +171,8 @@ def _differentiable_gradients(ctx, x: torch.Tensor, weight: torch.Tensor, grad_o
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` takes the oneDNN path for this input (fp32 on the CPU, more than MKL_MAX_ROWS rows, no
-    autocast, not compiling)."""
+    """Whether `Linear` may take oneDNN for this input (fp32 on the CPU, more than MKL_MAX_ROWS rows, no
+    autocast, not compiling); which engine it takes is then `training_engine` or `inference_engine`'s."""
     return (
         _ONEDNN
         and eager_fp32_on_cpu(x)
@@ -156,6 +192,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if training_engine() == "mkl":
             return F.linear(x, weight, bias)
         return _OneDNNLinearFunction.apply(x, weight, bias)
+    if inference_engine(rows(x)) == "mkl":
+        return F.linear(x, weight, bias)
     return _onednn_linear(x, weight, bias)
 
 
