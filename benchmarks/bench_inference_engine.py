@@ -84,7 +84,7 @@ def layer_rows(names: list[str], batches: list[int], repeats: int, rng: random.R
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--model", action="append", help="preset (repeat; default ViT-S/16 and ViT-B/16)")
     parser.add_argument("-b", "--batch", action="append", type=int, help="batch size (repeat; default 1 2 4 16)")
@@ -96,26 +96,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    vitkit.retain_freed_memory()  # as `vitkit bench` runs every contender
     names = args.model or ["ViT-S/16", "ViT-B/16"]
     batches = args.batch or [1, 2, 4, 16]
     if min(batches) < 1:
         parser.error(f"--batch must be at least 1, got {min(batches)}")
     for name in names:
-        get_config(name)  # an unknown preset fails here, before any timing
-    info = machine_info()
-    print(f"{describe_cpu(info)}; {torch.get_num_threads()} thread(s); {args.repeats} rounds", flush=True)
-    rng = random.Random(args.seed)
-    report = {"machine": info, "threads": torch.get_num_threads(), "repeats": args.repeats,
-              "models": model_rows(names, batches, args.repeats, rng)}
-    if args.layers:
-        report["layers"] = layer_rows(names, batches, args.repeats, rng)
+        try:
+            get_config(name)  # an unknown preset fails here, before any timing
+        except KeyError as e:
+            parser.error(e.args[0])
+    previous_threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        vitkit.retain_freed_memory()  # as `vitkit bench` runs every contender
+        info = machine_info()
+        print(f"{describe_cpu(info)}; {torch.get_num_threads()} thread(s); {args.repeats} rounds", flush=True)
+        rng = random.Random(args.seed)
+        report = {"machine": info, "threads": torch.get_num_threads(), "repeats": args.repeats,
+                  "models": model_rows(names, batches, args.repeats, rng)}
+        if args.layers:
+            report["layers"] = layer_rows(names, batches, args.repeats, rng)
+    finally:
+        torch.set_num_threads(previous_threads)
     if args.json:
         write_json(report, args.json)
-    return 0
+    return report
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -248,6 +248,42 @@ def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch):
+    """benchmarks/bench_inference_engine.py runs for real on a small preset: the plain model once per engine at
+    each batch (the engine each forward runs under recorded), and with --layers each layer shape on both."""
+    import vitkit.linear as linear_module
+
+    script, threads = load_benchmark("bench_inference_engine"), torch.get_num_threads()
+    seen = []
+    real = linear_module._onednn_linear
+    monkeypatch.setattr(linear_module, "_onednn_linear", lambda *a: seen.append("onednn") or real(*a))
+    out = tmp_path / "engine.json"
+    report = script.main(["-m", "ViT-Ti/32", "-b", "1", "-b", "16", "--repeats", "2", "--layers", "--json", str(out)])
+    assert json.loads(out.read_text())["models"] == report["models"]
+    rows = [(r["batch"], r["rows"]) for r in report["models"]]
+    assert rows == [(1, 50), (16, 800)]  # 49 patches and the class token per image
+    for r in report["models"]:
+        assert r["auto_engine"] == linear_module.inference_engine(r["rows"])
+        assert all(r[f"ms_{e}"] > 0 for e in script.ENGINES) and r["mkl_speedup"] > 0 and r["auto_speedup"] > 0
+    assert seen  # the "onednn" rounds ran oneDNN's kernel
+    cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
+    model, x = vitkit.create_model(cfg).eval(), torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        for engine, calls_onednn in (("mkl", False), ("onednn", True)):
+            seen.clear()
+            script.on_engine(model, x, engine)()
+            assert bool(seen) is calls_onednn, engine
+    shapes = {(r["rows"], r["in"], r["out"]) for r in report["layers"]}
+    assert shapes == {(n, a, b) for n in (50, 800) for a, b in ((192, 576), (192, 192), (192, 768), (768, 192))}
+    assert all(r["ms_onednn"] > 0 and r["ms_mkl"] > 0 for r in report["layers"])
+    assert "oneDNN's" in capsys.readouterr().out
+    assert torch.get_num_threads() == threads
+    with pytest.raises(SystemExit):
+        script.main(["--model", "ViT-Q/16"])
+    assert "ViT-Q/16" in capsys.readouterr().err
+
+
 def test_training_benchmark_times_each_engine(capsys):
     """benchmarks/bench_training.py with --engines: vitkit once per training engine beside timm, each step run
     under its engine, and the headline ratio that of this machine's own engine."""
