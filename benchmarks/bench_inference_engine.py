@@ -41,6 +41,7 @@ def on_engine(model: torch.nn.Module, x: torch.Tensor, engine: str):
 
 
 def model_rows(names: list[str], batches: list[int], repeats: int, rng: random.Random) -> list[dict]:
+    """Each plain model at each batch size, the three ways (ENGINES) interleaved: medians and paired speed-ups."""
     out = []
     with torch.inference_mode():
         for name in names:
@@ -62,6 +63,7 @@ def model_rows(names: list[str], batches: list[int], repeats: int, rng: random.R
 
 
 def layer_rows(names: list[str], batches: list[int], repeats: int, rng: random.Random) -> list[dict]:
+    """Each layer shape of the models at the smallest and largest batch's rows, oneDNN and MKL interleaved."""
     out = []
     with torch.inference_mode():
         for name in names:
