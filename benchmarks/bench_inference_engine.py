@@ -40,6 +40,15 @@ def on_engine(model: torch.nn.Module, x: torch.Tensor, engine: str):
     return call
 
 
+def timed_engines(calls: dict, repeats: int, warmup: int, rng: random.Random) -> dict[str, float]:
+    """The calls (one per engine, "onednn" among them) interleaved: each one's median ms (`ms_<engine>`) and,
+    for the others, its paired speed-up over oneDNN (`<engine>_speedup`)."""
+    times = interleaved_times(calls, repeats, warmup, rng)
+    out = {f"ms_{e}": 1e3 * statistics.median(t) for e, t in times.items()}
+    out.update({f"{e}_speedup": paired_ratio(t, [times["onednn"]]) for e, t in times.items() if e != "onednn"})
+    return out
+
+
 def model_rows(names: list[str], batches: list[int], repeats: int, rng: random.Random) -> list[dict]:
     """Each plain model at each batch size, the three ways (ENGINES) interleaved: medians and paired speed-ups."""
     out = []
@@ -48,13 +57,9 @@ def model_rows(names: list[str], batches: list[int], repeats: int, rng: random.R
             cfg = get_config(name)
             model = build_vitkit(cfg).eval()
             for batch in batches:
-                x = torch.randn(batch, 3, *cfg.image_size)
-                tokens = cfg.num_tokens
-                times = interleaved_times({e: on_engine(model, x, e) for e in ENGINES}, repeats, 1, rng)
-                row = {"model": name, "batch": batch, "rows": batch * tokens,
-                       "auto_engine": inference_engine(batch * tokens)}
-                row.update({f"ms_{e}": 1e3 * statistics.median(times[e]) for e in ENGINES})
-                row.update({f"{e}_speedup": paired_ratio(times[e], [times["onednn"]]) for e in ENGINES[1:]})
+                x, n_rows = torch.randn(batch, 3, *cfg.image_size), batch * cfg.num_tokens
+                row = {"model": name, "batch": batch, "rows": n_rows, "auto_engine": inference_engine(n_rows)}
+                row.update(timed_engines({e: on_engine(model, x, e) for e in ENGINES}, repeats, 1, rng))
                 out.append(row)
                 print(f"{name:<9} batch {batch:>3} ({row['rows']:>5} rows, auto = {row['auto_engine']:<6}): "
                       + "  ".join(f"{e} {row[f'ms_{e}']:8.1f} ms" for e in ENGINES)
@@ -75,11 +80,8 @@ def layer_rows(names: list[str], batches: list[int], repeats: int, rng: random.R
                     x, w, b = torch.randn(n_rows, fan_in), torch.randn(fan_out, fan_in), torch.randn(fan_out)
                     calls = {"onednn": lambda x=x, w=w, b=b: onednn_linear(x, w, b),
                              "mkl": lambda x=x, w=w, b=b: F.linear(x, w, b)}
-                    times = interleaved_times(calls, repeats, 2, rng)
-                    row = {"model": name, "rows": n_rows, "in": fan_in, "out": fan_out,
-                           "ms_onednn": 1e3 * statistics.median(times["onednn"]),
-                           "ms_mkl": 1e3 * statistics.median(times["mkl"]),
-                           "mkl_speedup": paired_ratio(times["mkl"], [times["onednn"]])}
+                    row = {"model": name, "rows": n_rows, "in": fan_in, "out": fan_out}
+                    row.update(timed_engines(calls, repeats, 2, rng))
                     out.append(row)
                     print(f"{name:<9} {n_rows:>5} rows {fan_in:>5} -> {fan_out:<5}: oneDNN {row['ms_onednn']:8.2f} ms, "
                           f"MKL {row['ms_mkl']:8.2f} ms, MKL {row['mkl_speedup']:.3f}x", flush=True)

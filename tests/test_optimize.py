@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
+from operator_helpers import operators_called
 from vitkit import inference
 from vitkit.hardware import cpu_has_vnni
 from vitkit.inference import (
@@ -258,12 +259,6 @@ def test_bad_arguments_are_named():
         optimize(tiny_model(), "int8", compile=True)
 
 
-def profiled_ops(fn) -> set[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return {e.key for e in prof.key_averages()}
-
-
 @pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
 @pytest.mark.parametrize("activation", ["none", "gelu"])
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -278,7 +273,7 @@ def test_few_rows_go_through_mkl_with_the_same_result(activation, n):
         torch.testing.assert_close(layer(x), ref, rtol=0, atol=1e-5)
         if activation == "none":
             torch.testing.assert_close(layer.add(x, residual), ref + residual, rtol=0, atol=1e-5)
-        ops = profiled_ops(lambda: layer(x))
+        ops = operators_called(lambda: layer(x), "")
     through_mkl = n <= inference.MKL_MAX_ROWS
     assert ("mkldnn::_linear_pointwise" in ops) is not through_mkl
     assert ("aten::linear" in ops) is through_mkl

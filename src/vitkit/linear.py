@@ -58,9 +58,9 @@ TRAINING_ENGINES = ("onednn", "mkl")
 TRAINING_ENGINE_ENV = "VITKIT_TRAINING_ENGINE"
 
 
-def _check_engine(name: str, source: str) -> str:
-    if name not in TRAINING_ENGINES:
-        raise ValueError(f"{source}={name!r}: expected one of {', '.join(TRAINING_ENGINES)}")
+def _check_engine(name: str, source: str, engines: tuple[str, ...] = TRAINING_ENGINES) -> str:
+    if name not in engines:
+        raise ValueError(f"{source}={name!r}: expected one of {', '.join(engines)}")
     return name
 
 
@@ -117,9 +117,8 @@ def forced_inference_engine(name: str) -> Iterator[None]:
     MKL_MAX_ROWS rows), "mkl" (every product) or "auto" (`inference_engine`'s rule);
     benchmarks/bench_inference_engine.py times them in one process."""
     global _forced_inference_engine
-    if name not in INFERENCE_ENGINES:
-        raise ValueError(f"inference engine={name!r}: expected one of {', '.join(INFERENCE_ENGINES)}")
-    previous, _forced_inference_engine = _forced_inference_engine, name
+    previous, _forced_inference_engine = (_forced_inference_engine,
+                                          _check_engine(name, "inference engine", INFERENCE_ENGINES))
     try:
         yield
     finally:
