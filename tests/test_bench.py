@@ -284,6 +284,25 @@ def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch
     assert "ViT-Q/16" in capsys.readouterr().err
 
 
+def test_training_benchmark_steps_with_the_trainers_optimizer():
+    """benchmarks/bench_training.py gives both contenders the optimizer of vitkit's trainer (fused AdamW, weight
+    decay on the weights only) by default, torch's default AdamW with --optimizer torch-default, and says which."""
+    bench_training = load_benchmark("bench_training")
+    cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
+    for model in (vitkit.create_model(cfg), bench_training.build_timm(cfg)):
+        trainer = bench_training.step_optimizer(model, "trainer")
+        assert isinstance(trainer, torch.optim.AdamW) and trainer.defaults["fused"]
+        decays = {g["weight_decay"]: len(g["params"]) for g in trainer.param_groups}
+        assert decays[0.05] > 0 and decays[0.0] > 0  # biases, norms, class token, position embedding undecayed
+        default = bench_training.step_optimizer(model, "torch-default")
+        assert not default.defaults["fused"] and [g["weight_decay"] for g in default.param_groups] == [0.05]
+    with pytest.raises(ValueError, match="'sgd'"):
+        bench_training.step_optimizer(model, "sgd")
+    r = bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0, optimizer="torch-default")
+    assert r["optimizer"] == "torch-default"
+    assert bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0)["optimizer"] == "trainer"
+
+
 def test_training_benchmark_times_each_engine(capsys):
     """benchmarks/bench_training.py with --engines: vitkit once per training engine beside timm, each step run
     under its engine, and the headline ratio that of this machine's own engine."""
