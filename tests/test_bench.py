@@ -1,6 +1,7 @@
 """The benchmark harness: every contender builds the same architecture, the timing loop interleaves in random
 order, and the whole harness runs end to end on tiny configs (table, JSON, CLI) in seconds."""
 
+import dataclasses
 import json
 import random
 import statistics
@@ -158,6 +159,37 @@ def test_cli_bench_help_and_errors(capsys):
         main(["bench", "-c", "tensorflow"])
     assert e.value.code != 0
     assert "unknown contenders" in capsys.readouterr().err
+
+
+def test_cli_bench_quick_keeps_what_the_command_line_chooses(monkeypatch, capsys):
+    """`vitkit bench --quick` fills in ViT-S/16, batch 1, 3 repeats and 1 warm-up only where -m, -b, -r and
+    --warmup say nothing; without --quick the full run's defaults; an unknown preset fails either way."""
+    from vitkit.cli.speed import FULL_RUN, QUICK_RUN
+
+    configs, real_run = [], bench.run
+
+    def fake_run(config, on_progress=None):  # note the configuration; measure nothing
+        configs.append(config)
+        return real_run(dataclasses.replace(config, models=("ViT-Ti/16",), batch_sizes=(1,), contenders=("vitkit",),
+                                            repeats=1, warmup=0, threads=1, sgemm_size=64))
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    for argv in (["--quick"], ["--quick", "-m", "ViT-B/32", "-r", "5"], ["-b", "4", "--warmup", "0"], []):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", *argv])
+        assert e.value.code == 0, capsys.readouterr()
+    got = [(c.models, c.batch_sizes, c.repeats, c.warmup) for c in configs]
+    assert got == [
+        (tuple(QUICK_RUN["models"]), tuple(QUICK_RUN["batch_sizes"]), QUICK_RUN["repeats"], QUICK_RUN["warmup"]),
+        (("ViT-B/32",), tuple(QUICK_RUN["batch_sizes"]), 5, QUICK_RUN["warmup"]),
+        (tuple(FULL_RUN["models"]), (4,), FULL_RUN["repeats"], 0),
+        (tuple(FULL_RUN["models"]), tuple(FULL_RUN["batch_sizes"]), FULL_RUN["repeats"], FULL_RUN["warmup"]),
+    ]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--quick", "-m", "ViT-Q/99"])  # was measured as ViT-S/16 before session 21
+    assert e.value.code != 0 and "ViT-Q/99" in capsys.readouterr().err
+    assert len(configs) == 4
 
 
 def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):

@@ -6,21 +6,39 @@ from pathlib import Path
 
 import typer
 
+# What a run measures when the command line does not say: the full run, and `--quick`'s look.
+FULL_RUN = {"models": ["ViT-S/16", "ViT-B/16"], "batch_sizes": [1, 16], "repeats": 10, "warmup": 2}
+QUICK_RUN = {"models": ["ViT-S/16"], "batch_sizes": [1], "repeats": 3, "warmup": 1}
+
+
+def run_settings(quick: bool, models: list[str], batch_sizes: list[int], repeats: int | None,
+                 warmup: int | None) -> dict:
+    """The models, batch sizes, repeats and warm-up of a run: those given on the command line, the rest from
+    QUICK_RUN with --quick, else from FULL_RUN."""
+    given = {"models": models or None, "batch_sizes": batch_sizes or None, "repeats": repeats, "warmup": warmup}
+    defaults = QUICK_RUN if quick else FULL_RUN
+    return {key: defaults[key] if value is None else value for key, value in given.items()}
+
 
 def bench(
     model: list[str] = typer.Option(
-        ["ViT-S/16", "ViT-B/16"], "--model", "-m", help="Preset to measure; repeat for several."),
-    batch: list[int] = typer.Option([1, 16], "--batch", "-b", help="Batch size; repeat for several."),
+        [], "--model", "-m", help="Preset to measure; repeat for several. Default: ViT-S/16 and ViT-B/16 "
+                                  "(ViT-S/16 with --quick)."),
+    batch: list[int] = typer.Option(
+        [], "--batch", "-b", help="Batch size; repeat for several. Default: 1 and 16 (1 with --quick)."),
     contender: list[str] = typer.Option(
         [], "--contender", "-c",
         help="Implementation to time; repeat for several. Default: all of vitkit, vitkit-fp32-opt, "
              "vitkit-int8, timm, hf-eager, hf-sdpa, torchvision; vitkit-bf16 on request (GPU or a CPU "
              "with native bf16)."),
-    repeats: int = typer.Option(10, "--repeats", "-r", help="Timed calls per contender and cell (median kept)."),
-    warmup: int = typer.Option(2, "--warmup", help="Untimed calls per contender before timing."),
+    repeats: int = typer.Option(None, "--repeats", "-r", show_default=False,
+                                help="Timed calls per contender and cell (median kept). Default: 10 (3 with --quick)."),
+    warmup: int = typer.Option(None, "--warmup", show_default=False,
+                               help="Untimed calls per contender before timing. Default: 2 (1 with --quick)."),
     threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: torch's default, all cores)."),
     quick: bool = typer.Option(False, "--quick", "-q",
-                               help="A quick look: ViT-S/16, batch 1, 3 repeats, 1 warm-up (about a minute)."),
+                               help="A quick look: ViT-S/16, batch 1, 3 repeats, 1 warm-up (about a minute); "
+                                    "-m, -b, -r and --warmup still choose."),
     json_path: Path = typer.Option(None, "--json", help="Also write the full results (every time) as JSON here."),
 ) -> None:
     """Inference speed of vitkit against timm, Hugging Face and torchvision, in one process.
@@ -38,9 +56,9 @@ def bench(
     from ..config import get_preset
     from .main import UsageError
 
-    if quick:
-        model, batch, repeats, warmup = ["ViT-S/16"], [1], 3, 1
-    config = B.BenchConfig(models=tuple(model), batch_sizes=tuple(batch), repeats=repeats, warmup=warmup,
+    run = run_settings(quick, model, batch, repeats, warmup)
+    config = B.BenchConfig(models=tuple(run["models"]), batch_sizes=tuple(run["batch_sizes"]),
+                           repeats=run["repeats"], warmup=run["warmup"],
                            contenders=tuple(contender) or B.CONTENDERS, threads=threads or None)
 
     for name in config.models:
