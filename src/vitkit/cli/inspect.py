@@ -11,7 +11,7 @@ from rich.table import Table
 
 def models(
     filter: str = typer.Argument("", help="Show only presets whose name contains this text (e.g. 'B/16')."),
-    classes: int = typer.Option(1000, "--classes", help="Head size used for the parameter count."),
+    classes: int = typer.Option(1000, "--classes", min=0, help="Head size used for the parameter count."),
 ) -> None:
     """Table of the presets: parameters, GFLOPs per image and tokens."""
     from ..config import PRESETS

@@ -31,11 +31,11 @@ def bench(
         help="Implementation to time; repeat for several. Default: all of vitkit, vitkit-fp32-opt, "
              "vitkit-int8, timm, hf-eager, hf-sdpa, torchvision; vitkit-bf16 on request (GPU or a CPU "
              "with native bf16)."),
-    repeats: int = typer.Option(None, "--repeats", "-r", show_default=False,
+    repeats: int = typer.Option(None, "--repeats", "-r", min=1, show_default=False,
                                 help="Timed calls per contender and cell (median kept). Default: 10 (3 with --quick)."),
-    warmup: int = typer.Option(None, "--warmup", show_default=False,
+    warmup: int = typer.Option(None, "--warmup", min=0, show_default=False,
                                help="Untimed calls per contender before timing. Default: 2 (1 with --quick)."),
-    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: torch's default, all cores)."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads (0: torch's default, all cores)."),
     quick: bool = typer.Option(False, "--quick", "-q",
                                help="A quick look: ViT-S/16, batch 1, 3 repeats, 1 warm-up (about a minute); "
                                     "-m, -b, -r and --warmup still choose."),
@@ -84,7 +84,7 @@ def export(
     check: bool = typer.Option(True, "--check/--no-check",
                                help="Run the file with onnxruntime and compare it with PyTorch."),
     atol: float = typer.Option(1e-4, "--atol", help="Largest absolute difference of the logits allowed."),
-    opset: int = typer.Option(0, "--opset", help="ONNX opset (0: the exporter's default)."),
+    opset: int = typer.Option(0, "--opset", min=0, help="ONNX opset (0: the exporter's default)."),
 ) -> None:
     """Export a checkpoint to ONNX (dynamo exporter, dynamic batch axis) and check it with onnxruntime.
 

@@ -104,8 +104,8 @@ def eval(
     data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or a folder."),
     split: str = typer.Option("test", "--split", help="Split: test, val or train."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
-    batch_size: int = typer.Option(256, "--batch-size", "-b"),
-    limit: int = typer.Option(0, "--limit", help="Evaluate only the first N images (0: all)."),
+    batch_size: int = typer.Option(256, "--batch-size", "-b", min=1),
+    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N images (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
                              help="Folder for metrics.json and confusion.png (default: CHECKPOINT/eval-DATA)."),
     skip_bad_images: bool = typer.Option(False, "--skip-bad-images", help="Skip unreadable images in a folder."),
@@ -157,7 +157,7 @@ def _default_eval_dir(checkpoint: str, data: str) -> Path:
 def predict(
     checkpoint: str = typer.Argument(..., help="A checkpoint folder or file (anything `vitkit.load` reads)."),
     paths: list[Path] = typer.Argument(..., help="Image files and folders (searched recursively)."),
-    top_k: int = typer.Option(5, "--top-k", "-k", help="Labels per image."),
+    top_k: int = typer.Option(5, "--top-k", "-k", min=1, help="Labels per image."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per image instead of text."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
 ) -> None:
