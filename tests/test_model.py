@@ -105,8 +105,13 @@ def test_tiny_shapes(overrides, tokens):
 
 def test_wrong_input_size_names_both_shapes():
     model = VisionTransformer(tiny())
-    with pytest.raises(ValueError, match=r"\(B, 3, 32, 32\).*\(1, 3, 48, 32\)"):
+    with pytest.raises(ValueError, match=r"\(B, 3, 32, 32\).*\(1, 3, 48, 32\); resize the images to 32x32"):
         model(torch.randn(1, 3, 48, 32))
+    with pytest.raises(ValueError, match=r"\(1, 1, 32, 32\): 1 channels where the model takes 3"):
+        model(torch.randn(1, 1, 32, 32))
+    for shape in ((3, 32, 32), (32,)):  # one image without its batch axis; not an image at all
+        with pytest.raises(ValueError, match=r"a batch of images \(B, 3, 32, 32\).*unsqueeze"):
+            model(torch.randn(*shape))
 
 
 # --- gradients ----------------------------------------------------------------------------------------

@@ -177,6 +177,21 @@ class Attention(nn.Module):
         return x, attn
 
 
+def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[int, int]) -> None:
+    """A ValueError that says what is wrong unless `shape` is a batch (B, in_chans, *image_size) of images."""
+    want = f"(B, {in_chans}, {image_size[0]}, {image_size[1]})"
+    if len(shape) != 4:
+        raise ValueError(f"expected a batch of images {want}, got a tensor of shape {shape}; a single image "
+                         f"needs a batch axis (x.unsqueeze(0))")
+    if shape[1] != in_chans:
+        raise ValueError(f"expected images of shape {want}, got {shape}: {shape[1]} channels where the model "
+                         f"takes {in_chans} (convert the images, e.g. grey to RGB, or build it with in_chans=...)")
+    if tuple(shape[-2:]) != tuple(image_size):
+        raise ValueError(f"expected images of shape {want}, got {shape}; resize the images to "
+                         f"{image_size[0]}x{image_size[1]}, or build the model at this size with image_size=... "
+                         f"(vitkit.transfer.prepare_finetune resamples a trained model's position embedding)")
+
+
 class Mlp(nn.Module):
     """The MLP of eq. 3: D -> mlp_dim -> D with a GELU between."""
 
@@ -330,12 +345,7 @@ class VisionTransformer(nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: patches, class token, position embedding. (B, C, H, W) -> (B, T, D); in training with
         PatchDropout (rate `self.patch_drop_rate`, from cfg.patch_dropout), fewer patch tokens."""
-        expected = self.cfg.image_size
-        if tuple(x.shape[-2:]) != expected or x.shape[1] != self.cfg.in_chans:
-            raise ValueError(
-                f"expected images of shape (B, {self.cfg.in_chans}, {expected[0]}, {expected[1]}), "
-                f"got {tuple(x.shape)}; build the model at this size with image_size=..."
-            )
+        check_image_batch(tuple(x.shape), self.cfg.in_chans, self.cfg.image_size)
         x = self.patch_embed(x)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N+1, D)
