@@ -168,7 +168,7 @@ def test_cli_bench_quick_keeps_what_the_command_line_chooses(monkeypatch, capsys
 
     configs, real_run = [], bench.run
 
-    def fake_run(config, on_progress=None):  # note the configuration; measure nothing
+    def fake_run(config, on_progress=None):  # note the configuration, then measure a tiny one instead
         configs.append(config)
         return real_run(dataclasses.replace(config, models=("ViT-Ti/16",), batch_sizes=(1,), contenders=("vitkit",),
                                             repeats=1, warmup=0, threads=1, sgemm_size=64))
