@@ -31,9 +31,9 @@ def bench(
         help="Implementation to time; repeat for several. Default: all of vitkit, vitkit-fp32-opt, "
              "vitkit-int8, timm, hf-eager, hf-sdpa, torchvision; vitkit-bf16 on request (GPU or a CPU "
              "with native bf16)."),
-    repeats: int = typer.Option(None, "--repeats", "-r", min=1, show_default=False,
+    repeats: int | None = typer.Option(None, "--repeats", "-r", min=1, show_default=False,
                                 help="Timed calls per contender and cell (median kept). Default: 10 (3 with --quick)."),
-    warmup: int = typer.Option(None, "--warmup", min=0, show_default=False,
+    warmup: int | None = typer.Option(None, "--warmup", min=0, show_default=False,
                                help="Untimed calls per contender before timing. Default: 2 (1 with --quick)."),
     threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads (0: torch's default, all cores)."),
     quick: bool = typer.Option(False, "--quick", "-q",
