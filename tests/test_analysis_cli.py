@@ -64,6 +64,21 @@ def test_attention_filters_posemb_write_figures(setup, tmp_path):
         assert _is_small_png(tmp_path / f"{name}.png"), name
 
 
+def test_filters_refuse_a_hybrid_whose_projection_maps_resnet_channels(tmp_path, capsys):
+    cfg = vitkit.get_config("R26+ViT-S/32", image_size=64, dim=32, depth=1, num_heads=2, mlp_dim=64,
+                            num_classes=2, hybrid_width=32)
+    vitkit.save(vitkit.create_model(cfg), tmp_path / "hybrid")
+    assert run("analyze", "filters", tmp_path / "hybrid", "--out", tmp_path / "f.png") == 1
+    assert "a hybrid model has no patch filters" in capsys.readouterr().err
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_a_figure_path_without_a_suffix_is_written_and_reported_as_png(setup, tmp_path, capsys):
+    assert run("analyze", "posemb", setup / "ckpt", "--out", tmp_path / "noext") == 0
+    assert f"wrote {tmp_path / 'noext.png'}" in capsys.readouterr().out
+    assert _is_small_png(tmp_path / "noext.png")
+
+
 def test_errors_are_one_line_with_a_hint(setup, tmp_path, capsys):
     ckpt = setup / "ckpt"
     assert run("analyze", "attention", ckpt, tmp_path / "missing.png", "--out", tmp_path / "x.png") == 1

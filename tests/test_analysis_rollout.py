@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit import create_model
+from vitkit import ViTConfig, create_model
 from vitkit.analysis.rollout import (
     attention_rollout,
     discard_lowest,
@@ -101,3 +101,19 @@ def test_on_a_model_layer_attention_picks_the_right_rows(pool):
         layer_attention(attns, 2, p)
     with pytest.raises(ValueError, match="out of range"):
         layer_attention(attns, 0, p, head=2)
+
+
+def test_a_gap_model_with_a_class_token_is_read_from_its_patch_rows():
+    # timm's global_pool="avg" keeps the class token: the representation is still the mean of the patch tokens.
+    cfg = ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3,
+                    pool="gap", class_token=True)
+    model = create_model(cfg).eval()
+    with torch.no_grad():
+        _, attns = model.forward_features(torch.randn(2, 3, 32, 32), return_attention=True)
+    one = layer_attention(attns, 0, 1, pool="gap")
+    torch.testing.assert_close(one, attns[0].mean(1)[:, 1:, 1:].mean(1).double())
+    roll = attention_rollout(attns, 1, pool="gap")
+    torch.testing.assert_close(roll, rollout_matrix(attns)[:, 1:, 1:].mean(1))
+    assert not torch.allclose(roll, attention_rollout(attns, 1))  # the class token's row differs
+    with pytest.raises(ValueError, match="needs a class token"):
+        layer_attention(attns, 0, 0, pool="token")

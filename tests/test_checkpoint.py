@@ -218,3 +218,23 @@ def test_weights_of_another_architecture_are_refused(tmp_path):
 
 def test_checkpoint_errors_are_value_errors():
     assert issubclass(CheckpointError, ValueError)
+
+
+def test_save_writes_a_compiled_model_as_the_model_it_wraps(tmp_path):
+    model = VisionTransformer(ViTConfig(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32,
+                                        num_classes=2))
+    vitkit.save(torch.compile(model), tmp_path / "ckpt")  # compiles nothing until called
+    back = vitkit.load(tmp_path / "ckpt")
+    assert back.state_dict().keys() == model.state_dict().keys()
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_save_refuses_what_it_could_not_load_again(tmp_path):
+    with pytest.raises(TypeError, match="vitkit.save takes a vitkit VisionTransformer, got Linear"):
+        vitkit.save(torch.nn.Linear(2, 2), tmp_path / "a")
+    model = VisionTransformer(ViTConfig(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32,
+                                        num_classes=2))
+    model.extra = torch.nn.Linear(2, 2)  # a tensor the config does not describe
+    with pytest.raises(CheckpointError, match=r"unexpected keys \['extra.bias', 'extra.weight'\]"):
+        vitkit.save(model, tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -15,7 +15,7 @@ import vitkit
 from vitkit import ViTConfig, count_parameters
 from vitkit.checkpoint import WEIGHTS_NAME
 from vitkit.cli.main import main
-from vitkit.config import PRESETS
+from vitkit.config import PRESETS, get_preset
 from vitkit.model import VisionTransformer
 
 
@@ -127,9 +127,17 @@ def test_models_filter_and_head_size(capsys):
     assert list(table_rows(out)) == ["ViT-S/16", "ViT-S/16@384"]
 
 
-def test_models_with_a_filter_that_matches_nothing_prints_an_empty_table(capsys):
-    code, out, _ = run(capsys, "models", "nothing-like-this")
-    assert code == 0 and table_rows(out) == {}
+def test_models_with_a_filter_that_matches_nothing_says_so(capsys):
+    code, out, err = run(capsys, "models", "nothing-like-this")
+    assert code == 1 and table_rows(out) == {} and "no preset matches 'nothing-like-this'" in err
+
+
+def test_models_filter_takes_any_name_the_presets_answer_to(capsys):
+    # "R50+B/16" is no substring of "R50+ViT-B/16", but get_preset knows it, as create_model does.
+    for name in ("R50+B/16", "r26+vit-s/32@384", "vit_base_patch16_224.augreg2_in21k_ft_in1k"):
+        code, out, _ = run(capsys, "models", name)
+        assert code == 0, name
+        assert get_preset(name).name in table_rows(out), name
 
 
 def test_models_rejects_a_bad_option_without_a_traceback(capsys):
@@ -145,6 +153,27 @@ def test_info_describes_a_checkpoint(capsys, checkpoint):
     for fragment in ("tiny-test", "32x32, 3 channel(s)", "grid 4x4, 17 tokens", "32 / 2 / 4 / 64",
                      "token / learned-2d", "exact / 1e-06", f"{n_params:,}", "3: cat, dog, emu", "crop_pct"):
         assert fragment in out, fragment
+
+
+def test_info_says_how_a_model_differs_from_the_preset_it_is_named_after(capsys, tmp_path):
+    vitkit.save(vitkit.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=2), tmp_path / "ck")
+    code, out, _ = run(capsys, "info", str(tmp_path / "ck"))
+    assert code == 0
+    assert "vit_tiny_patch16_224 (the preset with image_size=(32, 32), depth=2)" in " ".join(out.split())
+
+
+def test_info_on_a_config_with_a_wrong_type_names_the_field(capsys, checkpoint, tmp_path):
+    import json
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint, bad)
+    meta = json.loads((bad / "config.json").read_text())
+    meta["model"]["depth"] = float(meta["model"]["depth"])  # 2.0: a hand edit
+    (bad / "config.json").write_text(json.dumps(meta))
+    code, out, err = run(capsys, "info", str(bad))
+    assert code == 1 and "Traceback" not in out + err
+    assert f"depth={meta['model']['depth']} must be an integer" in err and "config.json" in err
 
 
 def test_info_on_a_missing_path_is_one_line_and_a_hint(capsys):

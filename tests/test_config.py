@@ -34,6 +34,31 @@ from vitkit.config import PRESETS, get_preset
         (dict(drop_path=-0.1), "drop_path=-0.1 must be in [0, 1)"),
         (dict(ln_eps=0.0), "ln_eps=0.0 must be positive"),
         (dict(representation_size=0), "representation_size=0 must be positive or None"),
+        # Wrong types are named too, before any arithmetic trips over them (a hand-edited config.json).
+        (dict(depth=2.0), "depth=2.0 must be an integer"),
+        (dict(num_classes=2.5), "num_classes=2.5 must be an integer"),
+        (dict(depth=True), "depth=True must be an integer"),
+        (dict(dim="192"), "dim='192' must be an integer"),
+        (dict(num_classes=None), "num_classes=None must be an integer"),
+        (dict(patch_size=16.0), "patch_size=16.0 must be an integer"),
+        (dict(dropout="0.1"), "dropout='0.1' must be a finite number"),
+        (dict(ln_eps=float("nan")), "ln_eps=nan must be a finite number"),
+        (dict(qkv_bias="no"), "qkv_bias='no' must be true or false"),
+        (dict(image_size=224.0), "image_size=224.0 must be an int or a (height, width) pair of ints"),
+        (dict(image_size="224"), "image_size='224' must be an int or a (height, width) pair of ints"),
+        (dict(image_size=(32, 32, 3)), "image_size=(32, 32, 3) must be an int or a (height, width) pair"),
+        (dict(mean="abc"), "mean='abc' must be a list of finite numbers, one per channel"),
+        (dict(hybrid_layers="3,4"), "hybrid_layers='3,4' must be a list of unit counts per stage, or None"),
+        # and values no model can have
+        (dict(image_size=0), "image_size=(0, 0) must be positive"),
+        (dict(image_size=-32), "image_size=(-32, -32) must be positive"),
+        (dict(hybrid_layers=()), "hybrid_layers=() must be one or more positive unit counts per stage"),
+        (dict(hybrid_layers=(0, 0), patch_size=1), "hybrid_layers=(0, 0) must be one or more positive unit"),
+        (dict(hybrid_width=0), "hybrid_width=0 must be a positive multiple of the 32 GroupNorm groups"),
+        (dict(hybrid_width=48), "hybrid_width=48 must be a positive multiple of the 32 GroupNorm groups"),
+        (dict(std=(0, 0, 0)), "std=(0.0, 0.0, 0.0) must be positive"),
+        (dict(crop_pct=-1), "crop_pct=-1.0 must be in (0, 1]"),
+        (dict(interpolation="foo"), "interpolation='foo' (choose from bicubic, bilinear, nearest)"),
     ],
 )
 def test_invalid_configs_name_the_bad_value(overrides, message):
@@ -56,6 +81,23 @@ def test_config_is_frozen_and_normalises_its_types():
     # A constant per-channel value fits any channel count.
     assert ViTConfig(in_chans=1).mean == (0.5,)
     assert ViTConfig(in_chans=4, mean=(0.2,), std=(0.3,)).std == (0.3,) * 4
+
+
+def test_types_that_lose_nothing_are_converted():
+    np = pytest.importorskip("numpy")
+    cfg = ViTConfig(depth=np.int64(3), image_size=[np.int64(32), 64], patch_size=16, dropout=0,
+                    mean=np.array([0.1, 0.2, 0.3]), hybrid_layers=None)
+    assert type(cfg.depth) is int and cfg.depth == 3
+    assert cfg.image_size == (32, 64) and all(type(v) is int for v in cfg.image_size)
+    assert type(cfg.dropout) is float and cfg.mean == (0.1, 0.2, 0.3)
+
+
+def test_interpolations_are_the_ones_the_transforms_know():
+    from vitkit.config import INTERPOLATIONS
+    from vitkit.data.transforms import interpolation_mode
+
+    for name in INTERPOLATIONS:
+        interpolation_mode(name)
 
 
 def test_derived_sizes():
@@ -104,6 +146,9 @@ def test_unknown_keys_are_rejected_with_the_valid_ones_listed():
         ("ViT-S/32@384", "ViT-S/32@384"),
         ("R50+ViT-B/16", "R50+ViT-B/16"),
         ("vit_base_r50_s16_384", "R50+ViT-B/16@384"),
+        ("R50+B/16", "R50+ViT-B/16"),  # the hybrids' short names, as for the plain models
+        ("r26+s/32@384", "R26+ViT-S/32@384"),
+        ("r26+vit-s/32@384", "R26+ViT-S/32@384"),
     ],
 )
 def test_preset_names_resolve(name, canonical):
@@ -118,6 +163,21 @@ def test_unknown_names_raise_keyerror_with_a_hint(name):
         get_preset(name)
     message = err.value.args[0]
     assert repr(name) in message and "`vitkit models`" in message and "'ViT-B/16'" in message
+
+
+@pytest.mark.parametrize("name", [16, None, ("ViT-B/16",)])
+def test_a_name_that_is_not_a_string_is_a_type_error_naming_it(name):
+    with pytest.raises(TypeError, match=r"a model name must be a string such as 'ViT-B/16', got "):
+        get_preset(name)
+
+
+def test_changes_from_preset_name_the_overridden_architecture_fields():
+    from vitkit.config import changes_from_preset
+
+    assert changes_from_preset(get_config("ViT-B/16", num_classes=10, dropout=0.1)) == []
+    assert changes_from_preset(get_config("ViT-B/16", image_size=384, depth=6)) == ["image_size=(384, 384)",
+                                                                                     "depth=6"]
+    assert changes_from_preset(ViTConfig(name="my-own-vit")) == []
 
 
 def test_list_models_and_timm_names_are_unique_and_consistent():

@@ -91,3 +91,22 @@ def test_output_must_be_onnx(tiny, tmp_path):
     model, _, _ = tiny
     with pytest.raises(ValueError, match=r"\.onnx"):
         export_onnx(model, tmp_path / "model.bin")
+
+
+@pytest.mark.parametrize("opset", [7, 16, 99])
+def test_an_opset_the_exporter_cannot_write_is_refused_before_anything_is_written(tiny, tmp_path, opset):
+    model, _, _ = tiny
+    with pytest.raises(ValueError, match=f"opset {opset}: a ViT needs opset 17 or newer"):
+        export_onnx(model, tmp_path / "m.onnx", opset=opset)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_the_check_scales_with_the_logits(tiny):
+    from vitkit.export import ExportCheck
+
+    assert ExportCheck({1: 5e-4}, 1e-4, max_abs_logit=10.0).ok  # 5e-5 of the largest logit
+    assert not ExportCheck({1: 5e-4}, 1e-4, max_abs_logit=2.0).ok
+    assert not ExportCheck({1: 2e-4}, 1e-4, max_abs_logit=0.5).ok  # absolute below 1
+    model, _, path = tiny
+    check = check_onnx(model, path)
+    assert check.max_abs_logit > 0 and check.tolerance == 1e-4 * max(1.0, check.max_abs_logit)

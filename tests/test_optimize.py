@@ -250,6 +250,35 @@ def test_bf16_on_a_cpu_with_native_bf16_is_close():
     torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
 
 
+def test_bf16_keeps_the_fp32_interface_of_every_entry_point():
+    # The casts optimize(model, "bf16") adds, run on any CPU (emulated bf16 is slow, not wrong).
+    model = tiny_model()
+    fast = inference._cast_bf16(optimize_copy(model))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        ref_tokens, ref_attn = model.forward_features(x, return_attention=True)
+        tokens, attn = fast.forward_features(x, return_attention=True)
+        assert tokens.dtype == torch.float32 and all(a.dtype == torch.float32 for a in attn)
+        torch.testing.assert_close(tokens, ref_tokens, rtol=0, atol=0.1)
+        torch.testing.assert_close(fast.forward_features(x), ref_tokens, rtol=0, atol=0.1)
+        for out in (fast(x), fast.forward_head(ref_tokens)):
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out, model(x), rtol=0, atol=0.05 * model(x).abs().max().item())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_an_optimized_model_is_neither_saved_nor_optimized_again(precision, tmp_path):
+    fast = optimize(tiny_model(), precision)
+    with pytest.raises(ValueError, match=f"comes from vitkit.optimize\\(precision='{precision}'\\)"):
+        vitkit.save(fast, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+    with pytest.raises(ValueError, match="already comes from vitkit.optimize"):
+        optimize(fast)
+    if onednn_linear_available():
+        with pytest.raises(TypeError, match="cannot be copied"):
+            copy.deepcopy(fast)
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="precision='fp16'"):
         optimize(tiny_model(), "fp16")

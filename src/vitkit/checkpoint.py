@@ -52,13 +52,26 @@ def _atomic_write(path: Path, write) -> None:
 
 def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[str] | None = None,
          extra: dict[str, Any] | None = None) -> Path:
-    """Write `model` to the folder `path` (created if needed). Returns the folder."""
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = model.cfg
+    """Write `model` to the folder `path` (created if needed). Returns the folder.
+
+    The model must be a VisionTransformer whose tensors fit its config, so that every folder written loads
+    again: a torch.compile'd model is saved as the model it wraps, the output of `vitkit.optimize` is refused
+    (save the model that went in)."""
+    optimized = getattr(model, "vitkit_optimized", None)  # vitkit.inference.OPTIMIZED
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the same tensors
+    if optimized is not None:
+        raise ValueError(f"this model comes from vitkit.optimize(precision={optimized!r}), whose layers are packed "
+                         "for inference on this machine: save the model you passed to vitkit.optimize")
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(cfg, ViTConfig):
+        raise TypeError(f"vitkit.save takes a vitkit VisionTransformer, got {type(model).__name__}")
     if class_names is not None and len(class_names) != cfg.num_classes:
         raise ValueError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with torch.device("meta"):  # the same check load runs, before anything is written
+        check_state_dict(VisionTransformer(cfg), state, f"the model to save to {path}")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

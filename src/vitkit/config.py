@@ -8,6 +8,8 @@ A preset is addressed either as in the paper ("ViT-B/16", with "@384" for anothe
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,13 +23,32 @@ POS_EMBEDS: tuple[str, ...] = ("learned", "learned-2d", "sincos-2d", "none")
 GELUS: tuple[str, ...] = ("exact", "tanh")
 AttnInit = Literal["xavier", "mimetic"]
 ATTN_INITS: tuple[str, ...] = ("xavier", "mimetic")
+INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")  # vitkit.data.transforms maps each
+HYBRID_GROUPS = 32  # GroupNorm groups in the hybrid's ResNet, as BiT: its width must be a multiple
 
 
-def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    if isinstance(x, int):
-        return (x, x)
-    h, w = x
-    return (int(h), int(w))
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _sequence(x: Any) -> tuple | None:
+    """The items of a list, tuple or other iterable (not a string), or None."""
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+        return None
+    return tuple(x)
+
+
+def _pair(x: Any) -> tuple[int, int]:
+    """An int or an (height, width) pair of ints as (height, width); ValueError for anything else."""
+    if _is_int(x):
+        return (int(x), int(x))
+    if isinstance(x, (tuple, list)) and len(x) == 2 and all(_is_int(v) for v in x):
+        return (int(x[0]), int(x[1]))
+    raise ValueError(f"image_size={x!r} must be an int or a (height, width) pair of ints")
 
 
 # Rates that act only in training (regularisers, each in [0, 1)): a fine-tuning run takes them from its recipe,
@@ -79,12 +100,11 @@ class ViTConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        # Normalise the types a JSON round trip or a user may hand us.
-        object.__setattr__(self, "image_size", _pair(self.image_size))
-        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
-        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
-        if self.hybrid_layers is not None:
-            object.__setattr__(self, "hybrid_layers", tuple(int(n) for n in self.hybrid_layers))
+        # Normalise the types a JSON round trip or a user may hand us, and refuse the ones that cannot be meant
+        # (2.5 layers, a string for a width, NaN for an epsilon) before any arithmetic trips over them.
+        type_errors = self._normalise_types()
+        if type_errors:
+            raise ValueError("invalid ViTConfig: " + "; ".join(type_errors))
         errors = []
         if self.pool not in POOLS:
             errors.append(f"pool={self.pool!r} (choose from {', '.join(POOLS)})")
@@ -106,6 +126,19 @@ class ViTConfig:
                 errors.append(f"{key}={getattr(self, key)} must be in [0, 1)")
         if self.ln_eps <= 0:
             errors.append(f"ln_eps={self.ln_eps} must be positive")
+        if min(self.image_size) < 1:
+            errors.append(f"image_size={self.image_size} must be positive")
+        if self.hybrid_layers is not None and (not self.hybrid_layers or min(self.hybrid_layers) < 1):
+            errors.append(f"hybrid_layers={self.hybrid_layers} must be one or more positive unit counts per stage")
+        if self.hybrid_width < 1 or self.hybrid_width % HYBRID_GROUPS:
+            errors.append(f"hybrid_width={self.hybrid_width} must be a positive multiple of the "
+                          f"{HYBRID_GROUPS} GroupNorm groups")
+        if self.interpolation not in INTERPOLATIONS:
+            errors.append(f"interpolation={self.interpolation!r} (choose from {', '.join(INTERPOLATIONS)})")
+        if not 0 < self.crop_pct <= 1:
+            errors.append(f"crop_pct={self.crop_pct} must be in (0, 1]")
+        if min(self.std) <= 0:
+            errors.append(f"std={self.std} must be positive")
         if errors:  # the checks below divide by these
             raise ValueError("invalid ViTConfig: " + "; ".join(errors))
         if self.pool == "token" and not self.class_token:
@@ -129,6 +162,56 @@ class ViTConfig:
                     errors.append(f"{key}={values} must have in_chans={self.in_chans} entries")
         if errors:
             raise ValueError("invalid ViTConfig: " + "; ".join(errors))
+
+    def _normalise_types(self) -> list[str]:
+        """Coerce each field to its declared type where that loses nothing (numpy ints, lists for tuples, an
+        int where a float is asked); return a message for each field whose value has the wrong type."""
+        errors: list[str] = []
+
+        def put(key: str, value: Any) -> None:
+            object.__setattr__(self, key, value)
+
+        try:
+            put("image_size", _pair(self.image_size))
+        except ValueError as e:
+            errors.append(str(e))
+        for key in ("patch_size", "in_chans", "num_classes", "dim", "depth", "num_heads", "mlp_dim", "hybrid_width"):
+            value = getattr(self, key)
+            if _is_int(value):
+                put(key, int(value))
+            else:
+                errors.append(f"{key}={value!r} must be an integer")
+        if self.representation_size is not None:
+            if _is_int(self.representation_size):
+                put("representation_size", int(self.representation_size))
+            else:
+                errors.append(f"representation_size={self.representation_size!r} must be an integer or None")
+        for key in (*TRAINING_RATES, "ln_eps", "crop_pct"):
+            value = getattr(self, key)
+            if _is_real(value):
+                put(key, float(value))
+            else:
+                errors.append(f"{key}={value!r} must be a finite number")
+        for key in ("class_token", "qkv_bias"):
+            if not isinstance(getattr(self, key), bool):
+                errors.append(f"{key}={getattr(self, key)!r} must be true or false")
+        for key in ("pool", "pos_embed", "gelu", "attn_init", "interpolation", "name"):
+            if not isinstance(getattr(self, key), str):
+                errors.append(f"{key}={getattr(self, key)!r} must be a string")
+        for key in ("mean", "std"):
+            value = getattr(self, key)
+            values = _sequence(value)
+            if values and all(_is_real(v) for v in values):
+                put(key, tuple(float(v) for v in values))
+            else:
+                errors.append(f"{key}={value!r} must be a list of finite numbers, one per channel")
+        if self.hybrid_layers is not None:
+            layers = _sequence(self.hybrid_layers)
+            if layers is not None and all(_is_int(n) for n in layers):
+                put("hybrid_layers", tuple(int(n) for n in layers))
+            else:
+                errors.append(f"hybrid_layers={self.hybrid_layers!r} must be a list of unit counts per stage, or None")
+        return errors
 
     # --- derived quantities -------------------------------------------------------------------------
     @property
@@ -246,7 +329,7 @@ def _build_presets() -> dict[str, Preset]:
 
 PRESETS: dict[str, Preset] = _build_presets()
 _BY_TIMM = {p.timm_name: p for p in PRESETS.values()}
-_PAPER_NAME = re.compile(r"^(?:(R\d+)\+)?ViT-(Ti|S|B|L|H)/(\d+)(?:@(\d+))?$", re.IGNORECASE)
+_PAPER_NAME = re.compile(r"^(?:(R\d+)\+)?(?:ViT-)?(Ti|S|B|L|H)/(\d+)(?:@(\d+))?$", re.IGNORECASE)
 
 
 def list_models() -> list[str]:
@@ -255,7 +338,9 @@ def list_models() -> list[str]:
 
 
 def get_preset(name: str) -> Preset:
-    """Resolve "ViT-B/16", "ViT-B/16@384", "B/16" or "vit_base_patch16_384" to a preset."""
+    """Resolve "ViT-B/16", "ViT-B/16@384", "B/16", "R50+B/16" or "vit_base_patch16_384" to a preset."""
+    if not isinstance(name, str):
+        raise TypeError(f"a model name must be a string such as 'ViT-B/16', got {name!r}")
     key = name.strip()
     if key in PRESETS:
         return PRESETS[key]
@@ -266,8 +351,7 @@ def get_preset(name: str) -> Preset:
     base = key.split(".", 1)[0]
     if base in _BY_TIMM:
         return _BY_TIMM[base]
-    short = key if key.lower().startswith(("vit-", "r")) else f"ViT-{key}"
-    m = _PAPER_NAME.match(short)
+    m = _PAPER_NAME.match(key)
     if m:
         resnet, variant, patch, res = m.groups()
         variant = {v.lower(): v for v in VARIANTS}[variant.lower()]
@@ -277,6 +361,21 @@ def get_preset(name: str) -> Preset:
         if canon in PRESETS:
             return PRESETS[canon]
     raise KeyError(f"unknown model {name!r}; `vitkit models` lists the presets (e.g. 'ViT-B/16', 'vit_base_patch16_224')")
+
+
+# The fields that shape the network (not its preprocessing, training rates or class count).
+ARCHITECTURE_FIELDS = ("image_size", "patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "pool",
+                       "class_token", "pos_embed", "qkv_bias", "representation_size", "hybrid_layers", "hybrid_width")
+
+
+def changes_from_preset(cfg: ViTConfig) -> list[str]:
+    """"field=value" for each architecture field in which `cfg` differs from the preset named by `cfg.name`
+    (e.g. a ViT-B/16 built at 384 px keeps the name vit_base_patch16_224); [] if it has no preset's name."""
+    try:
+        preset = get_preset(cfg.name).config
+    except KeyError:
+        return []
+    return [f"{k}={getattr(cfg, k)}" for k in ARCHITECTURE_FIELDS if getattr(cfg, k) != getattr(preset, k)]
 
 
 def get_config(name: str, **overrides: Any) -> ViTConfig:

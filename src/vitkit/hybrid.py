@@ -19,13 +19,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ViTConfig
+from .config import HYBRID_GROUPS, ViTConfig
 
 # timm builds these hybrids' convolutions with `StdConv2dSame(eps=1e-8)`, w / sqrt(var + 1e-8); Google's
 # Flax code divides by (std + 1e-5). For trained kernels (std ~ 1e-2) the two differ by ~1e-3 relative in the
 # kernels; we follow timm, whose outputs the tests match.
 STD_CONV_EPS = 1e-8
-GROUPS = 32  # GroupNorm groups, as BiT
+GROUPS = HYBRID_GROUPS  # GroupNorm groups, as BiT
 GN_EPS = 1e-5  # torch's and timm's GroupNorm default (Flax's GroupNorm uses 1e-6)
 
 

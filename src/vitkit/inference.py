@@ -65,6 +65,8 @@ from .qkv_attention import qkv_attention, qkv_attention_applies
 Precision = Literal["fp32", "int8", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
 CompileMode = bool | Literal["auto"]
+# The attribute that marks optimize's output, with its precision as the value: vitkit.save refuses such models.
+OPTIMIZED = "vitkit_optimized"
 
 
 def onednn_linear_available() -> bool:
@@ -117,6 +119,10 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.plain_weight, self.bias).add_(residual)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), self.packed_weight, self.bias,
                                                          "add")
+
+    def __deepcopy__(self, memo):
+        raise TypeError("a model from vitkit.optimize cannot be copied (its oneDNN-packed weights are opaque): "
+                        "call vitkit.optimize again on the original model")
 
     def extra_repr(self) -> str:
         act = f", activation=gelu({self.approximate})" if self.activation == "gelu" else ""
@@ -424,19 +430,43 @@ def quantize_linears_int8(model: nn.Module) -> nn.Module:
 
 
 def _cast_bf16(model: nn.Module) -> nn.Module:
-    """Weights in bf16; inputs are cast on the way in, the output back to fp32."""
+    """Weights in bf16; inputs are cast on the way in, outputs back to fp32. On a VisionTransformer, every
+    entry point keeps its fp32 interface: forward, forward_features (tokens and attention maps) and
+    forward_head."""
     model.to(torch.bfloat16)
+    if not isinstance(model, VisionTransformer):
+        def cast_inputs(_module, args, kwargs):
+            return tuple(_to_bf16(a) for a in args), kwargs
 
-    def cast_inputs(_module, args, kwargs):
-        args = tuple(a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
-        return args, kwargs
+        def cast_output(_module, _args, output):
+            return output.float() if torch.is_tensor(output) else output
 
-    def cast_output(_module, _args, output):
-        return output.float() if torch.is_tensor(output) else output
+        model.register_forward_pre_hook(cast_inputs, with_kwargs=True)
+        model.register_forward_hook(cast_output)
+        return model
+    # Instance attributes in front of the class's methods: forward reaches the images through embed and the
+    # logits through forward_head, so these three cover every path in.
+    embed, forward_features, forward_head = model.embed, model.forward_features, model.forward_head
 
-    model.register_forward_pre_hook(cast_inputs, with_kwargs=True)
-    model.register_forward_hook(cast_output)
+    def embed_bf16(x: torch.Tensor) -> torch.Tensor:
+        return embed(_to_bf16(x))
+
+    def forward_features_fp32(x: torch.Tensor, return_attention: bool = False):
+        out = forward_features(x, return_attention)
+        if return_attention:
+            tokens, attentions = out
+            return tokens.float(), [a.float() for a in attentions]
+        return out.float()
+
+    def forward_head_fp32(features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return forward_head(_to_bf16(features), pre_logits).float()
+
+    model.embed, model.forward_features, model.forward_head = embed_bf16, forward_features_fp32, forward_head_fp32
     return model
+
+
+def _to_bf16(x):
+    return x.to(torch.bfloat16) if torch.is_tensor(x) and x.is_floating_point() else x
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -459,6 +489,10 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose from {', '.join(PRECISIONS)}")
+    done = getattr(model, OPTIMIZED, None)
+    if done is not None:
+        raise ValueError(f"this model already comes from vitkit.optimize(precision={done!r}): "
+                         "optimize the original model instead")
     if compile not in (True, False, "auto"):
         raise ValueError(f"compile={compile!r}: choose True, False or 'auto'")
     device = _model_device(model)
@@ -489,4 +523,5 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
             out = copy.deepcopy(model).eval()
             out.requires_grad_(False)
         out = _compile(out, device)
+    setattr(out, OPTIMIZED, precision)
     return out

@@ -24,8 +24,11 @@ DPI = 100
 
 
 def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = DPI) -> Path:
-    """Write `fig` as a PNG (folders created) and close it."""
+    """Write `fig` (folders created) and close it; returns the path written. The format follows the suffix
+    (.png, .pdf, .svg, ...); a path without one that matplotlib knows gets .png appended."""
     p = Path(path)
+    if p.suffix.lower().lstrip(".") not in fig.canvas.get_supported_filetypes():
+        p = p.with_name(p.name + ".png")
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(p, dpi=dpi, bbox_inches="tight")
     plt.close(fig)

@@ -7,8 +7,8 @@ re-normalised, and multiplies these through the layers:
     R = Â_L Â_{L-1} ... Â_1,      Â_l = norm_rows(mean_heads(A_l) + I)
 
 Row i of R says how much each input token contributes to token i at the output. The class token's row,
-restricted to the patches, is the attention map of Fig. 6; a GAP model (no class token) uses the mean of
-the patch tokens' rows, since its representation is their mean.
+restricted to the patches, is the attention map of Fig. 6; a GAP model uses the mean of the patch tokens'
+rows, since its representation is their mean (whether or not it also carries a class token).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
+
+from ..config import Pool
 
 HeadFusion = Literal["mean", "max", "min"]
 
@@ -69,29 +71,37 @@ def rollout_matrix(attentions: Sequence[torch.Tensor], fusion: HeadFusion = "mea
     return result
 
 
-def _from_queries(matrix: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """(B, T, T) -> (B, N): the class token's row over the patch columns, or with no class token the mean
-    of the patch rows (the representation of a GAP model is the mean of the patch tokens)."""
+def _from_queries(matrix: torch.Tensor, num_prefix_tokens: int, pool: Pool | None = None) -> torch.Tensor:
+    """(B, T, T) -> (B, N): the rows of the tokens the representation is read from, over the patch columns.
+    pool="token": the class token's row; "gap": the mean of the patch rows (a GAP model's representation is
+    the mean of the patch tokens). None: "token" if there is a prefix token, else "gap"."""
     p = num_prefix_tokens
-    if p > 0:
+    if pool is None:
+        pool = "token" if p > 0 else "gap"
+    if pool == "token":
+        if p == 0:
+            raise ValueError("pool='token' needs a class token, and these attention maps have no prefix token")
         return matrix[:, 0, p:]
+    if pool != "gap":
+        raise ValueError(f"pool={pool!r}: choose token or gap")
     return matrix[:, p:, p:].mean(dim=1)
 
 
 def attention_rollout(attentions: Sequence[torch.Tensor], num_prefix_tokens: int, fusion: HeadFusion = "mean",
-                      discard_ratio: float = 0.0) -> torch.Tensor:
-    """Rollout from the class token (or, with no prefix token, the mean patch token) to each patch.
+                      discard_ratio: float = 0.0, pool: Pool | None = None) -> torch.Tensor:
+    """Rollout from the class token (or, for a GAP model, the mean patch token) to each patch; `pool` is the
+    model's (ViTConfig.pool), by default "token" when there is a prefix token.
 
     Returns (B, N) in patch raster order; the values are the share of the output that flows from each
     patch (the rest flows from the class token itself), float64.
     """
-    return _from_queries(rollout_matrix(attentions, fusion, discard_ratio), num_prefix_tokens)
+    return _from_queries(rollout_matrix(attentions, fusion, discard_ratio), num_prefix_tokens, pool)
 
 
 def layer_attention(attentions: Sequence[torch.Tensor], layer: int, num_prefix_tokens: int,
-                    head: int | None = None) -> torch.Tensor:
+                    head: int | None = None, pool: Pool | None = None) -> torch.Tensor:
     """One layer's raw attention to each patch, (B, N): from the class token (or the mean patch query of a
-    GAP model), averaged over the heads or from a single `head`. Negative indices count from the end."""
+    GAP model; `pool` as in attention_rollout), averaged over the heads or from a single `head`. Negative indices count from the end."""
     L = len(attentions)
     if not -L <= layer < L:
         raise ValueError(f"layer {layer} out of range: the model has {L} layers (0..{L - 1})")
@@ -103,4 +113,4 @@ def layer_attention(attentions: Sequence[torch.Tensor], layer: int, num_prefix_t
         if not -H <= head < H:
             raise ValueError(f"head {head} out of range: layer {layer} has {H} heads (0..{H - 1})")
         a = attn[:, head]
-    return _from_queries(a, num_prefix_tokens)
+    return _from_queries(a, num_prefix_tokens, pool)

@@ -89,7 +89,7 @@ def attention(
     """Attention maps from the class token to the patches, overlaid on the images (Fig. 6).
 
     By default, attention rollout: the heads' mean plus the identity (the residual path), rows re-normalised,
-    multiplied through all layers. A GAP model (no class token) uses the mean over the patch tokens instead.
+    multiplied through all layers. A GAP model uses the mean over the patch tokens instead (its representation).
     """
     import torch
 
@@ -126,12 +126,12 @@ def attention(
         _, attns = model.forward_features(x.to(dev), return_attention=True)
     attns = [a.cpu() for a in attns]
     if layer is None:
-        maps = attention_rollout(attns, cfg.num_prefix_tokens, discard_ratio=discard)
+        maps = attention_rollout(attns, cfg.num_prefix_tokens, discard_ratio=discard, pool=cfg.pool)
         method = "rollout"
     else:
-        maps = layer_attention(attns, layer, cfg.num_prefix_tokens, head)
+        maps = layer_attention(attns, layer, cfg.num_prefix_tokens, head, pool=cfg.pool)
         method = f"layer {layer}" + (f", head {head}" if head is not None else ", mean of heads")
-    query = "class token" if cfg.num_prefix_tokens else "mean patch token (GAP)"
+    query = "class token" if cfg.pool == "token" else "mean patch token (GAP)"
     fig = plot_attention([to_display(xi, cfg) for xi in x], list(maps), cfg.grid_size,
                          titles=titles, method=method,
                          suptitle=f"Attention from the {query}: {_label(ckpt, model)}")
@@ -152,7 +152,7 @@ def filters(
 
     model = _load(ckpt)
     proj = getattr(model.patch_embed, "proj", None)
-    if proj is None:
+    if model.cfg.hybrid_layers is not None or proj is None:  # a hybrid's proj is a 1x1 map of ResNet channels
         raise UsageError(f"{ckpt}: a hybrid model has no patch filters (its patches are ResNet features)",
                          "use a plain ViT checkpoint")
     pcs = filter_principal_components(proj.weight, components)

@@ -14,20 +14,31 @@ def models(
     classes: int = typer.Option(1000, "--classes", min=0, help="Head size used for the parameter count."),
 ) -> None:
     """Table of the presets: parameters, GFLOPs per image and tokens."""
-    from ..config import PRESETS
+    from ..config import PRESETS, get_preset
     from ..model import count_flops, count_parameters
+    from .main import UsageError
+
+    try:
+        named = get_preset(filter).name if filter else None  # "R50+B/16", "vit_base_patch16_224.augreg"
+    except KeyError:
+        named = None
 
     table = Table(title=f"vitkit presets (parameters with a {classes}-class head)")
     for col, justify in (("name", "left"), ("timm name", "left"), ("image", "right"), ("params", "right"),
                          ("GFLOPs", "right"), ("tokens", "right")):
         table.add_column(col, justify=justify)
+    shown = 0
     for preset in PRESETS.values():
-        if filter and filter.lower() not in preset.name.lower() and filter.lower() not in preset.timm_name:
+        matches = filter.lower() in preset.name.lower() or filter.lower() in preset.timm_name
+        if filter and not matches and preset.name != named:
             continue
+        shown += 1
         cfg = preset.config.replace(num_classes=classes)
         h, w = cfg.image_size
         table.add_row(preset.name, preset.timm_name, f"{h}x{w}", f"{count_parameters(cfg):,}",
                       f"{count_flops(cfg) / 1e9:.2f}", str(cfg.num_tokens))
+    if not shown:
+        raise UsageError(f"no preset matches {filter!r}", "`vitkit models` lists them all; e.g. `vitkit models B/16`")
     Console(width=120).print(table)
 
 
@@ -35,15 +46,17 @@ def info(path: Path = typer.Argument(..., help="A checkpoint folder or file.")) 
     """What a checkpoint holds: architecture, parameters, classes and preprocessing."""
     from .. import load
     from ..checkpoint import preprocessing
+    from ..config import changes_from_preset
     from ..model import count_flops
 
     model = load(path)
     cfg = model.cfg
+    changes = changes_from_preset(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     names = getattr(model, "class_names", None)
     rows = [
         ("path", str(path)),
-        ("name", cfg.name or "-"),
+        ("name", (cfg.name or "-") + (f" (the preset with {', '.join(changes)})" if changes else "")),
         ("image size", f"{cfg.image_size[0]}x{cfg.image_size[1]}, {cfg.in_chans} channel(s)"),
         ("patch", f"{cfg.patch_size} (grid {cfg.grid_size[0]}x{cfg.grid_size[1]}, {cfg.num_tokens} tokens)"),
         ("width / depth / heads / MLP", f"{cfg.dim} / {cfg.depth} / {cfg.num_heads} / {cfg.mlp_dim}"),
