@@ -75,7 +75,7 @@ def test_config_json_records_model_classes_and_preprocessing(checkpoint):
     assert meta["class_names"] == list("abcde")
     assert meta["preprocessing"] == {
         "input_size": [3, 32, 32], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
-        "interpolation": "bicubic", "crop_pct": 0.875,
+        "interpolation": "bicubic", "crop_pct": 0.875, "crop_mode": "center",
     }
     assert vitkit.load(folder).class_names == list("abcde")
 
@@ -238,3 +238,34 @@ def test_save_refuses_what_it_could_not_load_again(tmp_path):
     with pytest.raises(CheckpointError, match=r"unexpected keys \['extra.bias', 'extra.weight'\]"):
         vitkit.save(model, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_files_and_folders_get_the_mode_of_an_ordinary_file(tmp_path):
+    # mkstemp's private 0600 would leave a checkpoint in a shared folder unreadable to everyone else.
+    import os
+    import stat
+
+    from vitkit.train.checkpoints import save_model_atomically
+
+    old = os.umask(0o022)
+    try:
+        model = VisionTransformer(ViTConfig(image_size=16, patch_size=8, dim=16, depth=1, num_heads=2,
+                                            mlp_dim=32, num_classes=2))
+        vitkit.save(model, tmp_path / "ckpt")
+        save_model_atomically(model, tmp_path / "run" / "last", None)
+    finally:
+        os.umask(old)
+    last = tmp_path / "run" / "last"
+    for f in (tmp_path / "ckpt" / WEIGHTS_NAME, tmp_path / "ckpt" / CONFIG_NAME, last / WEIGHTS_NAME):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+    assert stat.S_IMODE((tmp_path / "run" / "last").stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("names", [["a", "b"], "abc"])
+def test_class_names_that_do_not_fit_the_head_are_refused_at_load(checkpoint, names):
+    folder, _ = checkpoint
+    meta = json.loads((folder / CONFIG_NAME).read_text())
+    meta["class_names"] = names  # the model has five classes
+    (folder / CONFIG_NAME).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"config.json: .* for a model with 5 classes"):
+        vitkit.load(folder)

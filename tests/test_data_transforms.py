@@ -82,6 +82,22 @@ def test_eval_transform_resize_then_centre_crop_matches_v2_reference():
     torch.testing.assert_close(build_eval_transform(cfg)(image), ref(image))
 
 
+def test_eval_transform_squash_resizes_as_hugging_face_does():
+    # ViTImageProcessor stretches every image to the model's size; crop_mode="squash" does the same.
+    transformers = pytest.importorskip("transformers")
+    rng = np.random.default_rng(0)
+    pil = Image.fromarray((rng.random((50, 90, 3)) * 255).astype(np.uint8))
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32}, resample=2,
+                                               image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    ref = torch.from_numpy(processor(pil, return_tensors="np")["pixel_values"][0])
+    squash = build_eval_transform(tiny_cfg((32, 32), 3, interpolation="bilinear", crop_pct=1.0,
+                                           crop_mode="squash"))(pil)
+    centre = build_eval_transform(tiny_cfg((32, 32), 3, interpolation="bilinear", crop_pct=1.0))(pil)
+    assert squash.shape == ref.shape == (3, 32, 32)
+    torch.testing.assert_close(squash, ref, rtol=0, atol=1e-5)
+    assert (centre - ref).abs().max() > 0.5  # cropping instead would see another part of the image
+
+
 def test_eval_transform_colour_to_grey_normalised_with_config():
     cfg = tiny_cfg((28, 28), 1, mean=(0.25,), std=(0.5,))
     pil = Image.new("RGB", (28, 28), (255, 255, 255))

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ViTConfig
+from .files import permit_as_created
 from .model import VisionTransformer
 
 WEIGHTS_NAME = "model.safetensors"
@@ -34,6 +35,7 @@ def preprocessing(cfg: ViTConfig) -> dict[str, Any]:
         "std": list(cfg.std),
         "interpolation": cfg.interpolation,
         "crop_pct": cfg.crop_pct,
+        "crop_mode": cfg.crop_mode,
     }
 
 
@@ -43,6 +45,7 @@ def _atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        permit_as_created(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -158,12 +161,17 @@ def load_vitkit(path: str | os.PathLike, map_location: str | torch.device = "cpu
         cfg = ViTConfig.from_dict(meta["model"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{folder / CONFIG_NAME}: bad model config ({e})") from None
+    names = meta.get("class_names")
+    if names is not None and (not isinstance(names, list) or len(names) != cfg.num_classes):
+        count = f"{len(names)} class names" if isinstance(names, list) else f"class_names {names!r}"
+        raise CheckpointError(f"{folder / CONFIG_NAME}: {count} for a model with {cfg.num_classes} classes "
+                              "(class_names must be a list with one name per class, or null)")
     state = read_tensors(folder / WEIGHTS_NAME)
     with torch.device("meta"):  # shapes only, nothing allocated: check before anything is loaded
         check_state_dict(VisionTransformer(cfg), state, str(folder / WEIGHTS_NAME))
     model = VisionTransformer(cfg)
     model.load_state_dict(state)
-    model.class_names = meta.get("class_names")
+    model.class_names = [str(n) for n in names] if names is not None else None
     return model.to(map_location).eval()
 
 

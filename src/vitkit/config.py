@@ -24,6 +24,10 @@ GELUS: tuple[str, ...] = ("exact", "tanh")
 AttnInit = Literal["xavier", "mimetic"]
 ATTN_INITS: tuple[str, ...] = ("xavier", "mimetic")
 INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")  # vitkit.data.transforms maps each
+# How evaluation fits an image to image_size: "center" keeps the aspect ratio, resizes to cover
+# image_size / crop_pct and centre-crops (timm's default); "squash" resizes straight to image_size, ignoring the
+# aspect ratio (Hugging Face's ViTImageProcessor, timm's crop_mode="squash").
+CROP_MODES: tuple[str, ...] = ("center", "squash")
 HYBRID_GROUPS = 32  # GroupNorm groups in the hybrid's ResNet, as BiT: its width must be a multiple
 
 
@@ -97,6 +101,7 @@ class ViTConfig:
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     interpolation: str = "bicubic"
     crop_pct: float = 0.875
+    crop_mode: str = "center"
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -135,6 +140,8 @@ class ViTConfig:
                           f"{HYBRID_GROUPS} GroupNorm groups")
         if self.interpolation not in INTERPOLATIONS:
             errors.append(f"interpolation={self.interpolation!r} (choose from {', '.join(INTERPOLATIONS)})")
+        if self.crop_mode not in CROP_MODES:
+            errors.append(f"crop_mode={self.crop_mode!r} (choose from {', '.join(CROP_MODES)})")
         if not 0 < self.crop_pct <= 1:
             errors.append(f"crop_pct={self.crop_pct} must be in (0, 1]")
         if min(self.std) <= 0:
@@ -195,7 +202,7 @@ class ViTConfig:
         for key in ("class_token", "qkv_bias"):
             if not isinstance(getattr(self, key), bool):
                 errors.append(f"{key}={getattr(self, key)!r} must be true or false")
-        for key in ("pool", "pos_embed", "gelu", "attn_init", "interpolation", "name"):
+        for key in ("pool", "pos_embed", "gelu", "attn_init", "interpolation", "crop_mode", "name"):
             if not isinstance(getattr(self, key), str):
                 errors.append(f"{key}={getattr(self, key)!r} must be a string")
         for key in ("mean", "std"):

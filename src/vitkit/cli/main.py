@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     except CheckpointError as e:
         fail(str(e), "vitkit loads its own folders (config.json + model.safetensors), Google .npz, timm, "
                      "Hugging Face and torchvision files, and hub names; `vitkit info PATH` tells what one holds")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+    except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path")
     except KeyError as e:
         fail(str(e.args[0]) if e.args else str(e), "`vitkit models` lists the presets")

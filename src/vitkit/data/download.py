@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..files import permit_as_created
+
 CHUNK_BYTES = 1 << 20  # read 1 MiB at a time
 TIMEOUT_S = 60.0  # per socket operation, not for the whole file
 
@@ -42,6 +44,7 @@ def download_file(url: str, dest: str | os.PathLike[str], md5: str | None = None
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
+    permit_as_created(tmp)  # a dataset cache is shared like any file
     try:
         digest = hashlib.md5()
         with os.fdopen(fd, "wb") as out:

@@ -8,7 +8,7 @@
   `normalize_batch` (resize, scale, normalise, channel count) and `random_erase_batch`; `train_batch` chains
   the three.
 
-Normalisation uses the model's preprocessing config (`ViTConfig.mean`, `.std`, `.interpolation`, `.crop_pct`);
+Normalisation uses the preprocessing config (`ViTConfig.mean`, `.std`, `.interpolation`, `.crop_pct`, `.crop_mode`);
 grey images become the model's channel count (1 -> 3 by repeating, 3 -> 1 by ITU-R 601 luma).
 """
 
@@ -174,13 +174,14 @@ def build_train_transform(cfg: ViTConfig, aug: AugmentConfig) -> v2.Compose:
 
 
 def build_eval_transform(cfg: ViTConfig) -> v2.Compose:
-    """Per-sample evaluation transform: resize and centre crop (see ResizeCenterCrop), normalise."""
-    return v2.Compose([
-        v2.ToImage(),
-        _channel_transform(cfg.in_chans),
-        ResizeCenterCrop(cfg.image_size, cfg.crop_pct, interpolation_mode(cfg.interpolation)),
-        *_to_float_normalized(cfg),
-    ])
+    """Per-sample evaluation transform: resize and centre crop (see ResizeCenterCrop) or, with
+    cfg.crop_mode="squash", resize straight to the model's size; then normalise."""
+    interpolation = interpolation_mode(cfg.interpolation)
+    if cfg.crop_mode == "squash":
+        fit: nn.Module = v2.Resize(list(cfg.image_size), interpolation=interpolation, antialias=True)
+    else:
+        fit = ResizeCenterCrop(cfg.image_size, cfg.crop_pct, interpolation)
+    return v2.Compose([v2.ToImage(), _channel_transform(cfg.in_chans), fit, *_to_float_normalized(cfg)])
 
 
 def build_batch_transform(

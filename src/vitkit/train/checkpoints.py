@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..checkpoint import CheckpointError, save
+from ..files import permit_as_created
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_NAME = "state.json"
@@ -113,6 +114,7 @@ def save_train_state(
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    permit_as_created(tmp, directory=True)
     try:
         save(model, tmp / "model", class_names=class_names)
         opt_tensors, opt_meta = optimizer_to_flat(optimizer)
@@ -204,6 +206,7 @@ def save_model_atomically(model: torch.nn.Module, folder: Path, class_names: lis
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
+    permit_as_created(tmp, directory=True)
     try:
         save(model, tmp, class_names=class_names, extra=extra)
         _fsync_tree(tmp)

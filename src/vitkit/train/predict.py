@@ -55,7 +55,12 @@ def predict(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None
             device: torch.device | str = "cpu") -> tuple[list[Prediction], list[Failure]]:
     """Top-k predictions for every image in `paths` (files and folders), in order, and the failures."""
     cfg = cfg or model.cfg
+    if cfg.num_classes == 0:
+        raise ValueError("this model has no classifier (num_classes=0): it gives features, not labels; give it a "
+                         "head first (vitkit train finetune, or vitkit.transfer.prepare_finetune)")
     names = class_names or getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
+    if len(names) != cfg.num_classes:
+        raise ValueError(f"{len(names)} class names for a model with {cfg.num_classes} classes")
     transform = build_eval_transform(cfg)
     files, failures = expand_paths(paths)
     mode = "L" if cfg.in_chans == 1 else "RGB"
