@@ -4,6 +4,10 @@ GPUs, each process needs its own."""
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +98,30 @@ def test_vitkit_train_nproc_refuses_more_processes_than_gpus(monkeypatch, tmp_pa
     err = capsys.readouterr().err
     assert exit_info.value.code == 1 and "this machine has 1" in err and "--set device=cpu" in err
     assert not (tmp_path / "run").exists()
+
+
+def _state(pid: int) -> str | None:
+    """The /proc state letter of `pid` (Z: ended, waiting to be reaped), or None when it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_worker_ends_when_its_parent_is_killed():
+    # torchrun's workers live in sessions of their own: without this they would train on after a SIGKILL.
+    code = ("import time; from vitkit.train.distributed import end_with_parent; "
+            "print(end_with_parent(), flush=True); time.sleep(120)")
+    parent = subprocess.Popen(["bash", "-c", f'"{sys.executable}" -c "{code}" & echo $!; wait'],
+                              stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert parent.stdout.readline().strip() == "True"
+    assert _state(child) in ("S", "R")
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _state(child) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(child) in (None, "Z")

@@ -3,7 +3,10 @@ gloo on CPUs, nccl on GPUs). torchrun tells each process its place through RANK,
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -48,11 +51,34 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send this process `sig` when its parent ends, however it ends (SIGKILL included).
+
+    torchrun starts each worker in a session of its own, so killing torchrun, or the process group of a
+    `vitkit train --nproc N`, would leave the workers training on, unseen, into the same run folder. Returns
+    whether the request was made (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os.kill(os.getpid(), sig)
+    return True
+
+
 def setup(device: str = "auto") -> Context:
-    """Join the process group when started by torchrun (WORLD_SIZE > 1), else a single process."""
+    """Join the process group when started by torchrun (WORLD_SIZE > 1), else a single process. A torchrun
+    worker ends with torchrun (end_with_parent)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        end_with_parent()
     dev = pick_device(device, local_rank)
     if world > 1 and not dist.is_initialized():
         if dev.type == "cuda":
