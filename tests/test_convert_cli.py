@@ -80,3 +80,16 @@ def test_errors_are_one_line_with_a_hint(tmp_path, capsys):
         assert exit_info.value.code != 0
         err = capsys.readouterr().err
         assert message in err and "hint:" in err and "Traceback" not in err, err
+
+
+def test_to_timm_refuses_pre_logits_and_writes_nothing(tmp_path, capsys):
+    """A Google .npz with pre_logits (here a vitkit folder with the same layer) cannot become a timm folder."""
+    model = vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=96,
+                                num_classes=3, representation_size=32)
+    vitkit.save(model, tmp_path / "src")
+    with pytest.raises(SystemExit) as exit_info:
+        run(tmp_path / "src", tmp_path / "out", "--to", "timm")
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert "error: cannot write this model for timm: timm's VisionTransformer has no pre-logits layer" in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

@@ -111,3 +111,56 @@ def test_a_config_without_weights_and_a_sharded_folder(tmp_path):
     with pytest.raises(CheckpointError, match=r"config.json: not a vitkit checkpoint config but a Hugging Face one, "
                                               r"and .*empty holds no weights"):
         vitkit.load(tmp_path / "empty")
+
+
+def test_a_refused_pickle_names_the_global_in_one_plain_line(tmp_path):
+    """torch's message has ANSI bold codes and advice over many lines; ours names what the pickle imports
+    (a training checkpoint's argparse.Namespace, or a function that would run)."""
+    import argparse
+
+    torch.save({"patch_embed.proj.weight": torch.zeros(1), "payload": RunsCode(str(tmp_path / "m"))},
+               tmp_path / "evil.pth")
+    torch.save({"model": {"patch_embed.proj.weight": torch.zeros(1)}, "args": argparse.Namespace(lr=0.1)},
+               tmp_path / "train.pth")
+    for name, refused in (("evil.pth", "os.makedirs"), ("train.pth", "argparse.Namespace")):
+        with pytest.raises(CheckpointError) as err:
+            vitkit.load(tmp_path / name)
+        message = str(err.value)
+        assert f"it imports {refused}, which torch.load(weights_only=True) does not allow" in message, message
+        assert "\x1b" not in message and "\n" not in message, repr(message)
+
+
+def test_sharded_pytorch_model_bin_folder(tmp_path):
+    """pytorch_model.bin.index.json and pytorch_model-0000i-of-0000N.bin shards (transformers' layout with
+    safe_serialization=False), each shard read through torch.load(weights_only=True)."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=1, intermediate_size=96,
+                                 image_size=32, patch_size=8, num_labels=3)
+    ref = randomize_(transformers.ViTForImageClassification(cfg)).eval()
+    folder = tmp_path / "sharded"
+    ref.save_pretrained(folder, max_shard_size="50KB")  # transformers 5 writes safetensors shards only:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())  # made into .bin shards here
+    shards = sorted(set(index["weight_map"].values()))
+    renamed = {s: s.replace("model-", "pytorch_model-").replace(".safetensors", ".bin") for s in shards}
+    for s in shards:
+        torch.save(load_file(str(folder / s)), folder / renamed[s])
+        (folder / s).unlink()
+    (folder / "model.safetensors.index.json").unlink()
+    index["weight_map"] = {k: renamed[v] for k, v in index["weight_map"].items()}
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    assert len(shards) > 1
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load(folder)(x), ref(x).logits, rtol=0, atol=1e-5)
+    # a shard that would run code is refused like a single .bin file
+    torch.save({"payload": RunsCode(str(tmp_path / "code-ran"))}, folder / renamed[shards[0]])
+    with pytest.raises(CheckpointError, match=r"pytorch_model-00001-of-.*\.bin: refused: this pickle"):
+        vitkit.load(folder)
+    assert not (tmp_path / "code-ran").exists()
+    # an index that points outside its folder is refused
+    index["weight_map"]["classifier.bias"] = "../elsewhere.bin"
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"shards must be files next to the index, not \['../elsewhere.bin'\]"):
+        vitkit.load(folder)

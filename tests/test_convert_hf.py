@@ -98,3 +98,29 @@ def test_a_non_vit_config_is_refused(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="a Hugging Face 'deit' model, not a plain ViT"):
         vitkit.load(tmp_path / "hf")
+
+
+def test_preprocessing_is_vit_image_processors_squash(tmp_path):
+    """ViTImageProcessor resizes straight to the model's size (no aspect kept, no crop): crop_mode="squash",
+    and vitkit's eval transform then gives its inputs on a non-square image."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.data.transforms import build_eval_transform
+
+    ref = transformers.ViTForImageClassification(hf_config(num_labels=3))
+    ref.save_pretrained(tmp_path / "hf")
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32}, resample=2,
+                                               image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    processor.save_pretrained(tmp_path / "hf")
+    cfg = vitkit.load(tmp_path / "hf").cfg
+    assert (cfg.crop_mode, cfg.crop_pct, cfg.interpolation) == ("squash", 1.0, "bilinear")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 90, 3), dtype=np.uint8))
+    theirs = transformers.ViTImageProcessor.from_pretrained(tmp_path / "hf")(image, return_tensors="pt")
+    ours = build_eval_transform(cfg)(image)
+    torch.testing.assert_close(ours, theirs["pixel_values"][0], rtol=0, atol=1e-5)
+    # A folder vitkit wrote before crop_mode existed: its model centre-cropped, as its vitkit_config says.
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["vitkit_config"] = {"crop_pct": 0.9}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert (vitkit.load(tmp_path / "hf").cfg.crop_mode, vitkit.load(tmp_path / "hf").cfg.crop_pct) == ("center", 0.9)

@@ -156,3 +156,44 @@ def test_no_embed_class_with_a_non_square_size_from_config(tmp_path):
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
         assert_same(vitkit.load(folder)(x), ref(x), "timm no_embed_class, non-square, vs timm")
+
+
+def test_write_timm_refuses_a_pre_logits_layer(tmp_path):
+    """timm has no pre-logits layer: its checkpoint filter drops pre_logits.fc.*, so timm would compute
+    another function. Refused, like --to hf, and nothing is written."""
+    for num_classes in (3, 0):  # a classifier behind the pre-logits, or the pre-logits output itself (ViTModel)
+        model = vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
+                                    mlp_dim=96, num_classes=num_classes, representation_size=64)
+        with pytest.raises(ValueError, match=r"cannot write this model for timm: .*no pre-logits layer"):
+            write(model, tmp_path / "out", to="timm")
+        assert not (tmp_path / "out").exists()
+
+
+def test_crop_mode_is_read_and_written(tmp_path):
+    """timm's pretrained_cfg crop_mode: "squash" (resize to the size, aspect not kept) and "center" both ways;
+    timm's eval transform of the written folder is vitkit's."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.data.transforms import build_eval_transform
+
+    ref = tiny_timm()
+    folder = timm_folder(tmp_path / "t", ref, "vit_base_patch16_224",
+                         {"img_size": 32, "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 2})
+    config = json.loads((tmp_path / "t" / "config.json").read_text())
+    config["pretrained_cfg"].update(crop_mode="squash", crop_pct=1.0)
+    (tmp_path / "t" / "config.json").write_text(json.dumps(config))
+    ours = vitkit.load(folder)
+    assert (ours.cfg.crop_mode, ours.cfg.crop_pct) == ("squash", 1.0)
+    out = write(ours, tmp_path / "out", to="timm")
+    pcfg = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert (pcfg["crop_mode"], pcfg["crop_pct"]) == ("squash", 1.0)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 90, 3), dtype=np.uint8))
+    data_cfg = timm.data.resolve_data_config(pretrained_cfg=pcfg)
+    theirs = timm.data.create_transform(**data_cfg)(image)
+    # one uint8 level apart at most (bicubic on a tensor vs PIL's); centre-cropping instead differs by ~1
+    torch.testing.assert_close(build_eval_transform(ours.cfg)(image), theirs, rtol=0, atol=2 / 255 + 1e-6)
+    centre = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
+                                            mlp_dim=96, num_classes=3, crop_pct=0.9))
+    out = write(centre, tmp_path / "centre", to="timm")
+    assert json.loads((out / "config.json").read_text())["pretrained_cfg"]["crop_mode"] == "center"

@@ -98,6 +98,18 @@ def test_eval_transform_squash_resizes_as_hugging_face_does():
     assert (centre - ref).abs().max() > 0.5  # cropping instead would see another part of the image
 
 
+@pytest.mark.parametrize("crop_pct", [1.0, 0.95, 0.9])
+def test_eval_transform_squash_matches_timms_squash_at_any_crop(crop_pct):
+    timm_data = pytest.importorskip("timm.data")
+    rng = np.random.default_rng(1)
+    pil = Image.fromarray((rng.random((50, 90, 3)) * 255).astype(np.uint8))
+    ref = timm_data.create_transform(input_size=(3, 32, 32), interpolation="bilinear", mean=(0.5,) * 3,
+                                     std=(0.5,) * 3, crop_pct=crop_pct, crop_mode="squash")(pil)
+    out = build_eval_transform(tiny_cfg((32, 32), 3, interpolation="bilinear", crop_pct=crop_pct,
+                                        crop_mode="squash"))(pil)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1.01 * 2 / 255)  # one uint8 level (PIL's resize rounds)
+
+
 def test_eval_transform_colour_to_grey_normalised_with_config():
     cfg = tiny_cfg((28, 28), 1, mean=(0.25,), std=(0.5,))
     pil = Image.new("RGB", (28, 28), (255, 255, 255))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,125 @@ def test_predict_with_a_hub_cached_timm_model(offline_cache, tmp_path):
     line = result.output.strip().splitlines()[-1]
     labels = [part.rsplit(" ", 2)[0].strip() for part in line.split(": ", 1)[1].split(", ")]
     assert len(labels) == 5 and all(label in imagenet_classes() for label in labels), line
+
+
+@pytest.fixture
+def no_network(tmp_path, monkeypatch):
+    """A hub cache in tmp_path, HF_HUB_OFFLINE unset, and no network: requests go to a closed local port
+    (refused at once), and a file the cache lacks fails as hf_hub_download fails without network
+    (LocalEntryNotFoundError), without its back-off of retries. Yields (cache, files asked of the hub)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = tmp_path / "hf-home" / "hub"
+    cache.mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", "http://127.0.0.1:9/{repo_id}/resolve/{revision}/"
+                                                                  "{filename}")
+    real = huggingface_hub.hf_hub_download
+    asked = []
+
+    def download(repo_id, filename, **kw):
+        asked.append(filename)
+        try:
+            real(repo_id, filename, **{**kw, "local_files_only": True})
+        except LocalEntryNotFoundError:
+            raise LocalEntryNotFoundError(f"no network and {filename} is not cached") from None
+        return real(repo_id, filename, **kw)  # the refused request, then the cached file
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    return cache, asked
+
+
+def test_a_cached_model_loads_without_network(no_network):
+    """Without network (and without HF_HUB_OFFLINE): what the cache holds, or records as absent (.no_exist),
+    is not asked of the hub; an optional file it lacks counts as absent."""
+    cache, asked = no_network
+    ref = put_timm_model(cache)  # a timm repo: config.json and model.safetensors, no preprocessor_config.json
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load(TIMM_NAME)(x), ref(x), rtol=0, atol=1e-5)
+    assert asked == ["config.json"]
+    # a transformers repo with only pytorch_model.bin, its preprocessor_config.json recorded as absent
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=96,
+                                 image_size=32, patch_size=16, num_labels=3)
+    hf = randomize_(transformers.ViTForImageClassification(cfg)).eval()
+    snapshot = cache_snapshot(cache, "google/vit-bin-only")
+    hf.save_pretrained(snapshot)
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(snapshot / "model.safetensors")), snapshot / "pytorch_model.bin")
+    (snapshot / "model.safetensors").unlink()
+    no_exist = cache / "models--google--vit-bin-only" / ".no_exist" / COMMIT
+    no_exist.mkdir(parents=True)
+    (no_exist / "preprocessor_config.json").touch()
+    asked.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load("hf-hub:google/vit-bin-only")(x), hf(x).logits, rtol=0, atol=1e-5)
+    assert asked == ["config.json"]
+    # not recorded as absent: asked of the hub, unreachable, so absent
+    (no_exist / "preprocessor_config.json").unlink()
+    asked.clear()
+    assert vitkit.load("hf-hub:google/vit-bin-only").cfg.interpolation == "bilinear"
+    assert asked == ["config.json", "preprocessor_config.json"]
+
+
+def test_without_network_a_required_file_is_still_a_clear_error(no_network):
+    cache, _ = no_network
+    snapshot = cache_snapshot(cache, "timm/vit_small_patch16_224.augreg_in21k")
+    (snapshot / "config.json").write_text(json.dumps({"architecture": "vit_small_patch16_224"}))
+    with pytest.raises(CheckpointError, match=r"cannot download model.safetensors or pytorch_model.bin from the hub "
+                                              r"repository timm/vit_small_patch16_224.augreg_in21k and it is not in "
+                                              r"the cache .* \(no network\?\)"):
+        vitkit.load("vit_small_patch16_224.augreg_in21k")
+    with pytest.raises(CheckpointError, match=r"hf-hub:org/absent: cannot download config.json from the hub "
+                                              r"repository org/absent"):
+        vitkit.load("hf-hub:org/absent")
+
+
+def test_a_sharded_hub_repo_from_the_cache(offline_cache):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=96,
+                                 image_size=32, patch_size=16, num_labels=3)
+    ref = randomize_(transformers.ViTForImageClassification(cfg)).eval()
+    snapshot = cache_snapshot(offline_cache, "google/vit-sharded")
+    ref.save_pretrained(snapshot, max_shard_size="50KB")
+    assert (snapshot / "model.safetensors.index.json").is_file()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load("hf-hub:google/vit-sharded")(x), ref(x).logits, rtol=0, atol=1e-5)
+    shard = sorted(snapshot.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=rf"{shard.name} \(a shard model.safetensors.index.json lists\) of "
+                                              r"google/vit-sharded is not in the Hugging Face cache"):
+        vitkit.load("hf-hub:google/vit-sharded")
+
+
+def test_a_missing_local_name_says_there_is_no_such_file(offline_cache, tmp_path, monkeypatch, capsys):
+    """A name that could be a local path: the error says that no such file or folder exists; one with a
+    checkpoint file's extension (or a near miss) is never looked up on the hub."""
+    from vitkit.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"^checkpoint: no such file or folder, and as a hub name: timm knows "
+                                              r"no pretrained weights on the hub under this name$"):
+        vitkit.load("checkpoint")
+
+    def no_hub(name):
+        raise AssertionError(f"{name} was looked up on the hub")
+
+    monkeypatch.setattr(hub, "fetch", no_hub)
+    for name in ("model.safetensor", "model.safetensors", "vit.pht", "weights.np"):
+        assert not hub.is_hub_name(name)
+        with pytest.raises(CheckpointError, match=rf"^{re.escape(name)}: no such file or folder$"):
+            vitkit.load(name)
+    assert hub.is_hub_name("vit_small_patch16_224.dino") and hub.is_hub_name(TIMM_NAME)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info", "model.safetensor"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code != 0 and err.startswith("error: model.safetensor: no such file or folder\n"), err

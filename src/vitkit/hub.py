@@ -7,20 +7,22 @@ Two kinds of name:
   the repository "timm/ARCH.TAG". A bare "ARCH" takes timm's default tag, which needs timm installed.
 
 Files land in the hub cache (HF_HUB_CACHE, or HF_HOME/hub, read when called) and are not fetched again.
-With HF_HUB_OFFLINE=1 nothing is downloaded: a name that is not cached is an error that says so.
+With HF_HUB_OFFLINE=1 nothing is downloaded: a name that is not cached is an error that says so. Without
+network a fully cached model loads too: optional files the cache lacks count as absent.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
 
 from .checkpoint import CheckpointError
+from .convert.detect import SHARD_INDEXES, WEIGHT_FILES, read_json, shard_names
 
 PREFIX = "hf-hub:"
 CONFIG_FILES = ("config.json", "preprocessor_config.json")  # the second is optional
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _TIMM_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)?")
 _TRUE = ("1", "true", "yes", "on")
 _FILE_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".json")
@@ -28,10 +30,23 @@ _FILE_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".json
 
 def is_hub_name(text: str) -> bool:
     """True for "hf-hub:..." and for timm-style names ("vit_base_patch16_224[.tag]"): no path separators,
-    no checkpoint file extension."""
+    no checkpoint file extension (nor a near miss of one)."""
     if text.startswith(PREFIX):
         return True
-    return _TIMM_NAME.fullmatch(text) is not None and Path(text).suffix.lower() not in _FILE_SUFFIXES
+    return _TIMM_NAME.fullmatch(text) is not None and not looks_like_a_file(text)
+
+
+def looks_like_a_file(text: str) -> bool:
+    """Whether a name ends in a checkpoint file's extension or a near miss of one ("model.safetensor",
+    "vit.pht"): such a name means a local file, and a missing one is reported as such, not sent to the hub.
+    (No timm tag is that close: the nearest, beit3's ".pt", is a file extension itself.)"""
+    suffix = Path(text).suffix.lower().lstrip(".")
+    if not suffix:
+        return False
+    for ext in (s.lstrip(".") for s in _FILE_SUFFIXES):
+        if suffix.startswith(ext) or (len(suffix) >= 2 and ext.startswith(suffix)):
+            return True
+    return bool(difflib.get_close_matches(suffix, [s.lstrip(".") for s in _FILE_SUFFIXES], n=1, cutoff=0.75))
 
 
 def offline() -> bool:
@@ -78,8 +93,14 @@ def display_name(name: str) -> str:
 
 def fetch(name: str) -> Path:
     """The local folder (a hub-cache snapshot) with the config and weights of `name`, downloading what is
-    missing unless HF_HUB_OFFLINE is set."""
-    from huggingface_hub import hf_hub_download
+    missing unless HF_HUB_OFFLINE is set.
+
+    config.json is asked for first (online, that also finds the repository's newest revision); every other
+    file comes from the same snapshot, from the cache when it is there (or when the cache records that the
+    repository lacks it), else downloaded. Optional and alternative files that cannot be reached (no network)
+    count as absent, so a fully cached model loads without network; a required one is an error.
+    """
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -91,16 +112,25 @@ def fetch(name: str) -> Path:
     repo, revision = repo_for(name)
     local_only = offline()
     cache = cache_dir()
+    unreachable: list[str] = []  # files the hub could not be asked for: after the first, stop trying
 
-    def get(filename: str) -> Path | None:
+    def get(filename: str, commit: str | None = None) -> Path | None:
+        """The file's path, or None when it is absent (or cannot be had from here)."""
+        if commit is not None:
+            hit = try_to_load_from_cache(repo, filename, cache_dir=str(cache), revision=commit)
+            if isinstance(hit, str):
+                return Path(hit)
+            if hit is not None:  # the cache records that this snapshot has no such file
+                return None
+            if local_only or unreachable:
+                return None
         try:
-            return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=str(cache),
+            return Path(hf_hub_download(repo, filename, revision=commit or revision, cache_dir=str(cache),
                                         local_files_only=local_only))
         except LocalEntryNotFoundError:  # before its base class EntryNotFoundError: not cached, not fetched
-            if local_only:
-                return None
-            raise CheckpointError(f"{name}: cannot download {filename} from the hub repository {repo} and it is "
-                                  f"not in the cache {cache} (no network?)") from None
+            if not local_only:
+                unreachable.append(filename)
+            return None
         except EntryNotFoundError:  # the repository has no such file (checked online)
             return None
         except GatedRepoError:
@@ -111,26 +141,39 @@ def fetch(name: str) -> Path:
         except RevisionNotFoundError:
             raise CheckpointError(f"{name}: the repository {repo} has no revision {revision!r}") from None
 
-    def not_cached(what: str) -> CheckpointError:
-        return CheckpointError(
-            f"{name}: {what} of {repo} is not in the Hugging Face cache {cache}, and HF_HUB_OFFLINE=1 forbids "
-            "downloading it; run once with network access (unset HF_HUB_OFFLINE) or point HF_HUB_CACHE at a "
-            "cache that holds it")
+    def missing(what: str) -> CheckpointError:
+        if local_only:
+            return CheckpointError(
+                f"{name}: {what} of {repo} is not in the Hugging Face cache {cache}, and HF_HUB_OFFLINE=1 forbids "
+                "downloading it; run once with network access (unset HF_HUB_OFFLINE) or point HF_HUB_CACHE at a "
+                "cache that holds it")
+        if unreachable:
+            return CheckpointError(f"{name}: cannot download {what} from the hub repository {repo} and it is not "
+                                   f"in the cache {cache} (no network?)")
+        return CheckpointError(f"{name}: the repository {repo} has no {what}")
 
     config = get("config.json")
     if config is None:
-        if local_only:
-            raise not_cached("config.json")
+        if local_only or unreachable:
+            raise missing("config.json")
         raise CheckpointError(f"{name}: the repository {repo} has no config.json, so it is not a timm or "
                               "transformers model folder")
-    get("preprocessor_config.json")  # optional: transformers' preprocessing, next to config.json
-    for weights in WEIGHT_FILES:
-        path = get(weights)
-        if path is not None:
-            if path.parent != config.parent:
-                raise CheckpointError(f"{name}: config and weights resolved to different snapshots "
-                                      f"({config.parent}, {path.parent})")
-            return config.parent
-    if local_only:
-        raise not_cached(" or ".join(WEIGHT_FILES))
-    raise CheckpointError(f"{name}: the repository {repo} has none of {', '.join(WEIGHT_FILES)}")
+    commit = config.parent.name  # the snapshot folder is named by the commit
+    if "model_type" in read_json(config):
+        get("preprocessor_config.json", commit)  # optional: transformers' preprocessing, next to config.json
+    # Weights already in the snapshot first (the same model as any other file of it), else the preferred one.
+    candidates = (*WEIGHT_FILES, *SHARD_INDEXES)
+    cached = [f for f in candidates
+              if isinstance(try_to_load_from_cache(repo, f, cache_dir=str(cache), revision=commit), str)]
+    for weights in cached or candidates:
+        path = get(weights, commit)
+        if path is None:
+            continue
+        for shard in shard_names(path) if weights in SHARD_INDEXES else ():
+            if get(shard, commit) is None:
+                raise missing(f"{shard} (a shard {weights} lists)")
+        return config.parent
+    if local_only or unreachable:
+        raise missing(" or ".join(WEIGHT_FILES))
+    raise CheckpointError(f"{name}: the repository {repo} has none of {', '.join(WEIGHT_FILES)} or a shard index "
+                          f"({' / '.join(SHARD_INDEXES)})")

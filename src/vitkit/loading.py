@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -77,8 +78,15 @@ def _resolve(path_or_name: str | os.PathLike, hints: Hints) -> Path:
     p = Path(path_or_name)
     text = os.fspath(path_or_name)  # a CLI may hand over a hub name as a Path
     if not p.exists() and hub.is_hub_name(text):
-        p = hub.fetch(text)
-        hints.name = hub.display_name(text)
+        try:
+            p = hub.fetch(text)
+            hints.name = hub.display_name(text)
+        except CheckpointError as e:
+            if text.startswith(hub.PREFIX):
+                raise
+            # "checkpoint" or "vit_small.bad_tag" may be meant as a local path just as well as a hub name.
+            reason = str(e).removeprefix(f"{text}: ")
+            raise CheckpointError(f"{text}: no such file or folder, and as a hub name: {reason}") from None
     if not p.exists():
         hint = " (hub names look like 'hf-hub:org/repo' or 'vit_base_patch16_224.augreg2_in21k_ft_in1k')" \
             if "/" in str(path_or_name) and not str(path_or_name).startswith((".", "/")) else ""
@@ -184,13 +192,29 @@ def torch_load(path: Path):
     try:
         return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
-            f"{path}: refused: this pickle holds more than tensors and would run code when unpickled ({first}). "
-            "vitkit reads only state dicts of tensors; re-save with torch.save(model.state_dict(), ...) "
-            "or safetensors") from None
+            f"{path}: refused: this pickle holds more than tensors and would run code when unpickled "
+            f"({_refusal_reason(e)}). vitkit reads only state dicts of tensors; re-save with "
+            "torch.save(model.state_dict(), ...) or safetensors") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable PyTorch file ({str(e).splitlines()[0] if str(e) else e})") from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _refusal_reason(e: Exception) -> str:
+    """What torch's weights-only unpickler refused, in one line: the global the pickle would import
+    (torch names it "GLOBAL module.name"), else torch's own reason without its advice, ANSI codes or newlines."""
+    text = _ANSI.sub("", str(e))
+    found = re.search(r"GLOBAL (\S+)", text)
+    if found:
+        return f"it imports {found.group(1)}, which torch.load(weights_only=True) does not allow"
+    reason = text.rpartition("WeightsUnpickler error:")[2] if "WeightsUnpickler error:" in text else text
+    lines = [line.strip() for line in reason.splitlines()]
+    advice = ("Weights only load failed", "Check the documentation")
+    kept = [line for line in lines if line and not line.startswith(advice)]
+    return " ".join(kept) or type(e).__name__
 
 
 def unwrap_state_dict(obj, source: str) -> dict[str, torch.Tensor]:

@@ -19,9 +19,11 @@ from ..checkpoint import CheckpointError
 SAFETENSORS, NPZ, TORCH = "safetensors", "npz", "torch"
 EXTENSIONS = {".safetensors": SAFETENSORS, ".npz": NPZ, ".pth": TORCH, ".pt": TORCH, ".bin": TORCH,
               ".ckpt": TORCH}
-# Weight files of a model folder, in the order they are preferred.
+# Weight files of a model folder, in the order they are preferred, then the indexes of sharded ones
+# (transformers' save_pretrained with max_shard_size: model-00001-of-00002.safetensors, or
+# pytorch_model-00001-of-00002.bin from older versions and safe_serialization=False).
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-SHARD_INDEX = "model.safetensors.index.json"
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def sniff_file(path: str | Path) -> str:
@@ -91,25 +93,39 @@ def folder_format(folder: Path) -> tuple[str, dict[str, Any]]:
     if not weight_files(folder, required=False):
         name = "timm" if fmt == "timm" else "Hugging Face"
         raise CheckpointError(f"{cfg_path}: not a vitkit checkpoint config but a {name} one, and {folder} holds "
-                              f"no weights ({', '.join(WEIGHT_FILES)} or {SHARD_INDEX})")
+                              f"no weights ({', '.join(WEIGHT_FILES)} or {' / '.join(SHARD_INDEXES)})")
     return fmt, config
 
 
 def weight_files(folder: Path, required: bool = True) -> list[Path]:
-    """The weight file(s) of a folder: the first of WEIGHT_FILES, or every shard of a sharded safetensors."""
+    """The weight file(s) of a folder: the first of WEIGHT_FILES, or every shard the first of SHARD_INDEXES
+    lists (each read as its content says, .bin shards through the same safe torch.load as a .bin file)."""
     for name in WEIGHT_FILES:
         if (folder / name).is_file():
             return [folder / name]
-    index = folder / SHARD_INDEX
-    if index.is_file():
-        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
-        missing = [s for s in shards if not (folder / s).is_file()]
-        if missing:
-            raise CheckpointError(f"{folder}: shards listed in {SHARD_INDEX} are missing: {missing}")
-        return [folder / s for s in shards]
+    for name in SHARD_INDEXES:
+        if (folder / name).is_file():
+            shards = shard_names(folder / name)
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                raise CheckpointError(f"{folder}: shards listed in {name} are missing: {missing}")
+            return [folder / s for s in shards]
     if required:
-        raise CheckpointError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)} or {SHARD_INDEX})")
+        raise CheckpointError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)} or {' / '.join(SHARD_INDEXES)})")
     return []
+
+
+def shard_names(index: Path) -> list[str]:
+    """The shard files a shard index's weight_map names, each checked to be a plain name (a file next to the
+    index, never a path that leads elsewhere)."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: no \"weight_map\" from tensor names to shard files")
+    shards = sorted(set(map(str, weight_map.values())))
+    elsewhere = [s for s in shards if Path(s).name != s or s in (".", "..")]
+    if elsewhere:
+        raise CheckpointError(f"{index}: shards must be files next to the index, not {elsewhere}")
+    return shards
 
 
 def state_format(keys: set[str]) -> str:

@@ -1,10 +1,12 @@
 """Hugging Face transformers' `ViTModel` and `ViTForImageClassification`.
 
 A saved model is a folder: `config.json` (model_type "vit": hidden_size, num_attention_heads, layer_norm_eps,
-hidden_act, image_size, id2label, ...), `model.safetensors` or `pytorch_model.bin`, and usually
-`preprocessor_config.json` (image_mean, image_std, resample). Files use the names below (transformers 4 and
-what transformers 5 still writes); transformers 5's in-memory names (`layers.{i}.attention.q_proj`, ...)
-are read too. The separate query, key and value projections are stacked into vitkit's fused q;k;v.
+hidden_act, image_size, id2label, ...), `model.safetensors` or `pytorch_model.bin` (or their shards), and
+usually `preprocessor_config.json` (image_mean, image_std, resample; ViTImageProcessor resizes straight to the
+model's size, ignoring the aspect ratio: vitkit's crop_mode="squash"). Files use the names below
+(transformers 4 and what transformers 5 still writes); transformers 5's in-memory names
+(`layers.{i}.attention.q_proj`, ...) are read too. The separate query, key and value projections are stacked
+into vitkit's fused q;k;v.
 
 `ViTModel`'s pooler (dense + tanh on the class token) is the paper's pre-training head, so it maps to
 vitkit's `pre_logits`; a `ViTModel` has no classifier, so it becomes a vitkit model with
@@ -72,7 +74,8 @@ def hints_from_config(config: dict[str, Any], preprocessor: dict[str, Any] | Non
     cfg: dict[str, Any] = {
         "gelu": "exact" if act == "gelu" else "tanh",
         "ln_eps": float(config.get("layer_norm_eps", HF_LAYER_NORM_EPS)),
-        "crop_pct": 1.0,  # ViTImageProcessor resizes to the model's size, no crop
+        # ViTImageProcessor resizes straight to the model's size (aspect ratio not kept), no crop
+        "crop_mode": "squash", "crop_pct": 1.0,
         "interpolation": "bilinear",  # ViTImageProcessor's default resample
     }
     if config.get("pooler_act", "tanh") != "tanh":
@@ -83,7 +86,9 @@ def hints_from_config(config: dict[str, Any], preprocessor: dict[str, Any] | Non
             cfg["std"] = preprocessor["image_std"]
         if preprocessor.get("resample") in RESAMPLE:
             cfg["interpolation"] = RESAMPLE[preprocessor["resample"]]
-    cfg.update(config.get("vitkit_config") or {})  # a folder vitkit wrote: the fields HF cannot hold
+    written = config.get("vitkit_config") or {}  # a folder vitkit wrote: the fields HF cannot hold
+    # (written before ViTConfig had crop_mode: the model's own preprocessing then always centre-cropped)
+    cfg.update({"crop_mode": "center", **written} if written else {})
     if "image_size" in cfg:
         hints.image_size = tuple(cfg["image_size"])
     hints.config = cfg

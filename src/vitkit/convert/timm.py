@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import CheckpointError, _atomic_write
-from ..config import ViTConfig, get_preset
+from ..config import CROP_MODES, ViTConfig, get_preset
 from ..model import VisionTransformer
 from .common import (
     IMAGENET_MEAN,
@@ -72,6 +72,8 @@ def hints_from_config(config: dict[str, Any], source: str) -> Hints:
                          ("crop_pct", "crop_pct")):
         if pcfg.get(theirs) is not None:
             cfg[ours] = pcfg[theirs]
+    if pcfg.get("crop_mode") in CROP_MODES:  # timm's third, "border" (pad to fit), vitkit does not have
+        cfg["crop_mode"] = pcfg["crop_mode"]
     act = args.get("act_layer")
     if act is not None:
         if act not in ("gelu", TIMM_GELU_TANH):
@@ -136,15 +138,19 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
             ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """timm's state dict and config.json for `model`."""
     cfg = model.cfg
+    problems = []
     if cfg.pos_embed != "learned":
-        raise ValueError(f"timm's VisionTransformer has no {cfg.pos_embed!r} position embedding; "
-                         "write this model as vitkit instead")
+        problems.append(f"timm's VisionTransformer has no {cfg.pos_embed!r} position embedding")
     if cfg.hybrid_width != 64 and cfg.hybrid_layers is not None:
-        raise ValueError(f"timm's hybrids have a ResNet of width 64, this one {cfg.hybrid_width}")
-    state = {}
-    for key, value in model.state_dict().items():
-        key = key.replace("pre_logits.", "pre_logits.fc.") if key.startswith("pre_logits.") else key
-        state[key] = value.detach().cpu().contiguous()
+        problems.append(f"timm's hybrids have a ResNet of width 64, this one {cfg.hybrid_width}")
+    if cfg.representation_size:
+        # timm >= 0.9 has no pre-logits layer: its checkpoint_filter_fn drops pre_logits.fc.*, so timm would
+        # compute another function (or refuse the head's width).
+        problems.append("timm's VisionTransformer has no pre-logits layer (it drops pre_logits.fc.* on loading)")
+    if problems:
+        raise ValueError("cannot write this model for timm: " + "; ".join(problems)
+                         + "; write it as vitkit instead")
+    state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
     args: dict[str, Any] = {
         "img_size": list(cfg.image_size), "patch_size": cfg.patch_size, "in_chans": cfg.in_chans,
         "embed_dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
@@ -164,7 +170,7 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
         "model_args": args,
         "pretrained_cfg": {
             "input_size": [cfg.in_chans, *cfg.image_size], "fixed_input_size": True,
-            "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": "center",
+            "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": cfg.crop_mode,
             "mean": list(cfg.mean), "std": list(cfg.std), "num_classes": cfg.num_classes,
             "classifier": "head",
         },

@@ -175,10 +175,14 @@ def build_train_transform(cfg: ViTConfig, aug: AugmentConfig) -> v2.Compose:
 
 def build_eval_transform(cfg: ViTConfig) -> v2.Compose:
     """Per-sample evaluation transform: resize and centre crop (see ResizeCenterCrop) or, with
-    cfg.crop_mode="squash", resize straight to the model's size; then normalise."""
+    cfg.crop_mode="squash", resize to the model's size / crop_pct ignoring the aspect ratio and centre-crop
+    (at crop_pct 1, straight to the model's size); then normalise."""
     interpolation = interpolation_mode(cfg.interpolation)
-    if cfg.crop_mode == "squash":
-        fit: nn.Module = v2.Resize(list(cfg.image_size), interpolation=interpolation, antialias=True)
+    if cfg.crop_mode == "squash":  # as timm: stretch to image_size / crop_pct, then the centre image_size
+        h, w = cfg.image_size
+        outer = [math.floor(h / cfg.crop_pct), math.floor(w / cfg.crop_pct)]
+        fit: nn.Module = v2.Compose([v2.Resize(outer, interpolation=interpolation, antialias=True),
+                                     v2.CenterCrop(list(cfg.image_size))])
     else:
         fit = ResizeCenterCrop(cfg.image_size, cfg.crop_pct, interpolation)
     return v2.Compose([v2.ToImage(), _channel_transform(cfg.in_chans), fit, *_to_float_normalized(cfg)])
