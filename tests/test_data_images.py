@@ -220,3 +220,51 @@ def test_resolve_folder_and_its_splits(tmp_path):
         resolve(tmp_path / "empty")
     skipping = resolve(make_folder(tmp_path / "bad", bad=True), skip_bad_images=True)
     assert skipping.skip_bad_images
+
+
+def test_read_gives_each_item_itself_or_none(tmp_path):
+    """Training takes the next good file for a bad one; `read` (evaluation's way) never substitutes."""
+    from vitkit.data.datasets import read_item
+
+    ds = ImageFolderDataset(make_folder(tmp_path / "pets", bad=True), skip_bad_images=True)
+    names = [p.name for p, _ in ds.samples]
+    assert ds.read(names.index("b_empty.png")) is None and ds.num_skipped == 1
+    assert read_item(torch.utils.data.Subset(ds, [names.index("b_notes.jpg")]), 0) is None
+    image, label = read_item(torch.utils.data.Subset(ds, [names.index("d0.jpg")]), 0)
+    assert isinstance(image, Image.Image) and label == 1
+    readable = [ds.read(i) for i in range(len(ds))]
+    assert sum(item is None for item in readable) == 6 and ds.num_skipped == 6
+    strict = ImageFolderDataset(tmp_path / "pets")
+    with pytest.raises(BadImageError, match="b_corrupt.png"):
+        strict.read(names.index("b_corrupt.png"))
+
+
+def test_with_classes_matches_labels_by_name(tmp_path):
+    """A val folder lacking one of the training classes keeps each class's index; an unknown class is refused."""
+    from vitkit.data import TensorImageDataset
+    from vitkit.data.datasets import LabelMapped, with_classes
+
+    for name in ("a", "c"):
+        (tmp_path / "val" / name).mkdir(parents=True)
+        noise_image().save(tmp_path / "val" / name / "x.png")
+    val = ImageFolderDataset(tmp_path / "val")
+    assert val.targets.tolist() == [0, 1]
+    mapped = with_classes(val, ["a", "b", "c"])
+    assert mapped.classes == ["a", "b", "c"] and mapped.targets.tolist() == [0, 2] and mapped[1][1] == 2
+    assert val.targets.tolist() == [0, 1]  # the original is left as it was
+    assert with_classes(val, ["a", "c"]) is val
+    with pytest.raises(ValueError, match=r"the val split has classes that the training split lacks: c \("):
+        with_classes(val, ["a", "b"], "the val split", "the training split")
+    memory = TensorImageDataset(torch.zeros(3, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, 1]), ["a", "c"])
+    assert with_classes(memory, ["c", "b", "a"]).targets.tolist() == [2, 0, 0]
+    other = torch.utils.data.Subset(memory, [0, 1])
+    other.classes = ["a", "c"]
+    wrapped = with_classes(other, ["a", "b", "c"])
+    assert isinstance(wrapped, LabelMapped) and [wrapped[i][1] for i in range(2)] == [0, 2]
+
+
+def test_split_name_is_the_split_read():
+    from vitkit.data.datasets import split_name
+
+    assert split_name("fashion-mnist", "val") == "test" and split_name("cifar10", "test") == "test"
+    assert split_name("/no/such/folder", "val") == "val"

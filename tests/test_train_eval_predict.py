@@ -108,3 +108,75 @@ def test_cli_eval_and_predict(tmp_path):
     ok = run_cli("predict", tmp_path / "ckpt", imgs[0], "--json")
     assert ok.returncode == 0, ok.stderr
     assert len(json.loads(ok.stdout)["labels"]) == 5
+
+
+def test_evaluation_scores_each_readable_image_once(tmp_path):
+    """With skip_bad_images, 20 readable + 2 bad files are 20 images scored and 2 skipped, not 22 (training
+    takes a good file in a bad one's place; evaluation must not count it twice)."""
+    from vitkit.data import ImageFolderDataset
+
+    write_pngs(tmp_path / "data" / "class0", 12, seed=50)
+    write_pngs(tmp_path / "data" / "class1", 8, seed=51)
+    (tmp_path / "data" / "class0" / "bad.png").write_bytes(b"not an image")
+    (tmp_path / "data" / "class1" / "empty.png").write_bytes(b"")
+    cfg = CFG.replace(num_classes=2)
+    model = vitkit.create_model(cfg).eval()
+    ds = ImageFolderDataset(tmp_path / "data", mode="L", skip_bad_images=True)
+    r = evaluate(model, ds, cfg, batch_size=5)
+    assert (r.count, r.skipped) == (20, 2)
+    assert r.confusion.sum(dim=1).tolist() == [12, 8]
+    assert r.to_dict()["skipped"] == 2
+    twice = evaluate(model, ds, cfg, batch_size=5, world=1)  # the bad files are known now: still skipped
+    assert (twice.count, twice.skipped) == (20, 2)
+
+
+def strict_json(text):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name(tmp_path):
+    model = vitkit.create_model(CFG.replace(num_classes=3))
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    vitkit.save(model, tmp_path / "ckpt", class_names=["a", "b", "c"])
+    # The folder lacks class b: its c must still be class 2, and b's accuracy is null (no images), not NaN.
+    write_pngs(tmp_path / "data" / "a", 3, seed=60)
+    write_pngs(tmp_path / "data" / "c", 3, seed=61)
+    (tmp_path / "data" / "c" / "zz.png").write_bytes(b"broken")
+    r = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev", "--no-fast",
+                "--skip-bad-images")
+    assert r.returncode == 0, r.stderr
+    metrics = strict_json((tmp_path / "ev" / "metrics.json").read_text())
+    assert (metrics["count"], metrics["skipped"]) == (6, 1)
+    assert metrics["per_class"]["b"] is None
+    assert [sum(row) for row in metrics["confusion"]] == [3, 0, 3]
+    # A class the checkpoint does not know is refused, named, in one line.
+    write_pngs(tmp_path / "data" / "d", 1, seed=62)
+    bad = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--no-fast")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith(f"error: {tmp_path / 'data'} has classes that {tmp_path / 'ckpt'} lacks: d (")
+
+
+def test_match_classes_of_eval():
+    from vitkit.cli.train import match_classes
+    from vitkit.data import TensorImageDataset
+
+    def data(*names):
+        return TensorImageDataset(torch.zeros(len(names), 1, 2, 2, dtype=torch.uint8),
+                                  torch.arange(len(names)), list(names))
+
+    same, note = match_classes(data("a", "b"), ["a", "b"], 2, "D", "C")
+    assert note is None and same.targets.tolist() == [0, 1]
+    subset, note = match_classes(data("b"), ["a", "b"], 2, "D", "C")
+    assert note is None and subset.targets.tolist() == [1] and subset.classes == ["a", "b"]
+    with pytest.raises(ValueError, match="D has classes that C lacks: x"):
+        match_classes(data("a", "x"), ["a", "b"], 2, "D", "C")
+    # Other names for the same number of classes (WordNet ids for ImageNet names): by position, with a note.
+    wnids, note = match_classes(data("n01", "n02"), ["tench", "goldfish"], 2, "D", "C")
+    assert wnids.targets.tolist() == [0, 1] and "sorted order" in note
+    with pytest.raises(ValueError, match="D has 3 classes but C predicts 2"):
+        match_classes(data("n01", "n02", "n03"), ["tench", "goldfish"], 2, "D", "C")
+    unnamed, note = match_classes(data("x", "y"), None, 2, "D", "C")
+    assert note is None

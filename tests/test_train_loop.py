@@ -248,3 +248,52 @@ def test_bf16_native_trains_under_autocast_where_the_cpu_has_it(tmp_path, monkey
     losses = one_batch_losses(tmp_path, "eval_every=100", "precision=bf16-native")
     assert dtypes and all(d == torch.bfloat16 for d in dtypes), set(dtypes)
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def write_class_folders(root, classes, per_class=2, seed=0):
+    images, _ = synthetic_images(per_class * len(classes), seed)
+    for i, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for j in range(per_class):
+            Image.fromarray(images[i * per_class + j, 0].numpy()).save(root / name / f"{j}.png")
+
+
+def test_val_folder_labels_follow_the_training_classes_by_name(tmp_path):
+    """train/{a,b,c} with val/{a,c}: val's c is class 2 (by name), not 1 (its position in val/); a val class
+    the training split lacks is refused, named, before any training."""
+    write_class_folders(tmp_path / "data" / "train", ["a", "b", "c"])
+    write_class_folders(tmp_path / "data" / "val", ["a", "c"])
+    cfg = plain("demo-tiny", f"data.name={tmp_path / 'data'}", "data.val_split=val", "model.in_chans=1")
+    _, val, classes = loop.load_data(cfg)
+    assert classes == ["a", "b", "c"] and loop.evaluated_split(cfg) == "val"
+    assert loop.evaluated_split(plain("demo-tiny", "data.val_split=val")) == "test"  # Fashion-MNIST's val is test
+    assert val.classes == classes and [val[i][1] for i in range(len(val))] == [0, 0, 2, 2]
+    write_class_folders(tmp_path / "data" / "val", ["d"])
+    with pytest.raises(ValueError, match=r"the val split has classes that the training split lacks: d \("):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_out_that_is_a_file_is_refused_before_loading_data(tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    cfg = plain("demo-tiny", f"data.name={tmp_path / 'no-such-data'}")  # loading it would fail differently
+    with pytest.raises(ValueError, match=f"--out {tmp_path / 'taken'}: not a folder"):
+        train(cfg, tmp_path / "taken", progress=False)
+    with pytest.raises(ValueError, match=r"not a folder \(.*taken is a file\)"):
+        train(cfg, tmp_path / "taken" / "run", progress=False)
+    assert loop.device_unavailable("cpu") is None
+    assert "GPU" in loop.device_unavailable(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_result_json_is_valid_json_and_names_the_split(tmp_path):
+    """A class with no validation image has accuracy null in result.json (bare NaN is not JSON), and the run
+    reports the split it evaluated."""
+    data = synthetic_dataset(64, seed=13)
+    keep = data.targets != 3
+    val = type(data)(data.images[keep], data.targets[keep], data.classes)
+    r = train(plain("demo-tiny", "steps=2", "batch_size=32"), tmp_path / "run", train_set=data, val_set=val,
+              progress=False)
+    text = (tmp_path / "run" / "result.json").read_text()
+    summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in result.json"))
+    assert summary["per_class"][FASHION_MNIST_CLASSES[3]] is None and summary["skipped"] == 0
+    assert r.split == "val"

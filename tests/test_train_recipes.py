@@ -1,6 +1,7 @@
 """Recipes are typed configs; --set overrides are parsed for their field's type and unknown keys rejected."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -8,7 +9,15 @@ import pytest
 
 from vitkit.config import ViTConfig
 from vitkit.model import count_parameters
-from vitkit.train.recipes import RECIPES, TrainConfig, apply_overrides, get_recipe, parse_value, valid_keys
+from vitkit.train.recipes import (
+    RECIPES,
+    TrainConfig,
+    apply_overrides,
+    device_error,
+    get_recipe,
+    parse_value,
+    valid_keys,
+)
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -115,3 +124,73 @@ def test_finetune_takes_the_init_checkpoints_architecture_and_short_keys(tmp_pat
     assert (model.cfg.patch_dropout, model.cfg.drop_path) == (0.25, 0.1)
     with pytest.raises(ValueError, match="multiple of the patch stride 7"):
         get_recipe("finetune", [f"init={tmp_path / 'src'}", "image_size=50"])
+
+
+@pytest.mark.parametrize("items", [
+    ["model.class_token=false", "model.pool=gap"],
+    ["model.num_heads=3", "model.dim=48"],
+    ["optim.min_lr=0.01", "optim.lr=0.1"],
+])
+def test_overrides_are_checked_together_in_any_order(items):
+    """Each group checks its fields together, so a valid combination passes whichever `--set` comes first."""
+    for order in (items, items[::-1]):
+        cfg = get_recipe("demo-tiny", order)
+        for item in items:
+            key, value = item.split("=")
+            group, name = key.split(".")
+            assert str(getattr(getattr(cfg, group), name)).lower() == value
+    with pytest.raises(ValueError, match=r"--set model.num_heads=5, model.dim=102: .*not divisible"):
+        get_recipe("demo-tiny", ["model.num_heads=5", "model.dim=102"])
+    assert get_recipe("demo-tiny", ["optim.lr=0.5", "lr=0.25"]).optim.lr == 0.25  # the later one wins
+
+
+@pytest.mark.parametrize("item, message", [
+    ("log_every=0", "log_every=0 (need an integer >= 1)"),
+    ("threads=-1", "threads=-1 (need an integer >= 0)"),
+    ("device=tpu", "device='tpu' (choose from auto, cpu, cuda, cuda:N"),
+    ("device=cuda:x", "device='cuda:x'"),
+    ("epochs=inf", "epochs=inf (need a finite number >= 0)"),
+    ("epochs=nan", "epochs=nan"),
+    ("full_token_epochs=inf", "full_token_epochs=inf"),
+    ("steps=-1", "steps=-1"),
+    ("seed=-1", "seed=-1"),
+    ("eval_every=-2", "eval_every=-2"),
+    ("ckpt_every=-1", "ckpt_every=-1"),
+    ("keep_last=0", "keep_last=0"),
+    ("batch_size=0", "batch_size=0"),
+    ("ema=1", "ema=1.0"),
+    ("optim.lr=nan", "lr=nan (need a finite number > 0)"),
+    ("optim.lr=inf", "lr=inf"),
+    ("optim.min_lr=-1", "min_lr=-1.0"),
+    ("optim.weight_decay=nan", "weight_decay=nan"),
+    ("optim.eps=0", "eps=0.0"),
+    ("optim.momentum=-0.5", "momentum=-0.5"),
+    ("optim.betas=0.9,1.5", "betas=(0.9, 1.5)"),
+    ("optim.warmup_epochs=inf", "warmup_epochs=inf"),
+    ("optim.warmup_steps=-3", "warmup_steps=-3"),
+    ("optim.clip_grad_norm=nan", "clip_grad_norm=nan"),
+    ("optim.label_smoothing=nan", "label_smoothing=nan"),
+    ("data.eval_batch_size=0", "eval_batch_size=0 (need an integer >= 1)"),
+    ("data.workers=-1", "workers=-1"),
+    ("data.limit=-5", "limit=-5"),
+    ("data.val_limit=-5", "val_limit=-5"),
+    ("augment.mixup=nan", "augment.mixup=nan (need a finite number)"),
+])
+def test_out_of_range_values_are_refused_naming_the_key(item, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        get_recipe("demo-tiny", [item])
+    assert str(e.value).startswith(f"--set {item}: ") and "\n" not in str(e.value)
+
+
+def test_device_names():
+    for name in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
+        assert device_error(name) is None
+    assert device_error("tpu") and device_error("cuda:") and device_error("CPU")
+
+
+def test_cli_refuses_a_bad_value_before_creating_the_run_folder(tmp_path):
+    out = tmp_path / "run"
+    bad = subprocess.run([sys.executable, "-m", "vitkit.cli.main", "train", "demo-tiny", "--out", str(out),
+                          "--set", "threads=-1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and not out.exists()
+    assert bad.stderr.startswith("error: --set threads=-1: ") and "Traceback" not in bad.stderr

@@ -70,3 +70,35 @@ def test_resume_of_a_finished_run_and_of_a_different_config(tmp_path):
 
     with pytest.raises(ValueError, match="config differs .* optim.lr"):
         train(changed, tmp_path / "run", resume=True, progress=False)
+
+
+def test_resuming_a_run_killed_before_its_final_outputs_writes_them(tmp_path):
+    """Killed after its final checkpoint but before last/, confusion.png and result.json: `--resume` evaluates
+    the final weights and writes what is missing, and names only paths that exist."""
+    import json
+
+    import vitkit
+
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
+    sets = fake_data_overrides(data) + ["threads=1", "steps=4"]
+    run = tmp_path / "run"
+    first = train(get_recipe("demo-tiny", sets), run, progress=False)
+    before = json.loads((run / "result.json").read_text())
+    for name in ("result.json", "confusion.png"):
+        (run / name).unlink()
+    import shutil
+
+    shutil.rmtree(run / "last")
+    cli = [sys.executable, "-m", "vitkit.cli.main", "train", "demo-tiny", "--out", str(run), "--resume",
+           "--no-progress", *(a for s in sets for a in ("--set", s))]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "already complete (4 of 4 steps); writing its missing last, result.json, confusion.png" in done.stdout
+    assert f"test top-1 {100 * first.final.top1:.2f} %" in done.stdout and f"last model: {run / 'last'}" in done.stdout
+    after = json.loads((run / "result.json").read_text())
+    assert {k: after[k] for k in ("steps", "top1", "top5", "loss", "count")} == \
+        {k: before[k] for k in ("steps", "top1", "top5", "loss", "count")}
+    assert (run / "confusion.png").stat().st_size > 0
+    assert vitkit.load(run / "last").class_names == vitkit.load(first.last_dir).class_names
+    torch.testing.assert_close(load_file(str(run / "last" / "model.safetensors")),
+                               load_file(str(list_checkpoints(run)[-1] / "model" / "model.safetensors")))

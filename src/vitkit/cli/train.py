@@ -93,10 +93,14 @@ def train(
     if os.environ.get("RANK", "0") != "0":  # under torchrun, the main process reports
         return
     took = f"{result.seconds / 60:.1f} min" if result.seconds >= 60 else f"{result.seconds:.0f} s"
-    if result.final is not None:
-        typer.echo(f"test top-1 {100 * result.final.top1:.2f} %, top-5 {100 * result.final.top5:.2f} % on "
-                   f"{result.final.count} images; {result.steps} steps in {took}")
-    typer.echo(f"last model: {result.last_dir}" + (f"   best model: {result.best_dir}" if result.best_dir else ""))
+    final = result.final
+    if final is not None:
+        skipped = f" ({final.skipped} unreadable skipped)" if final.skipped else ""
+        typer.echo(f"{result.split} top-1 {100 * final.top1:.2f} %, top-5 {100 * final.top5:.2f} % on "
+                   f"{final.count} images{skipped}; {result.steps} steps in {took}")
+    models = [f"{kind} model: {path}" for kind, path in (("last", result.last_dir), ("best", result.best_dir))
+              if path is not None and path.is_dir()]
+    typer.echo("   ".join(models) or f"no model in {result.run_dir}")
 
 
 def eval(
@@ -117,16 +121,19 @@ def eval(
     from ..data import resolve
     from ..train.evaluate import confusion_png, evaluate
     from ..train.loop import _first
+    from .main import UsageError
 
     model = _load(checkpoint)
     cfg = model.cfg
-    dataset = _first(resolve(data, split, data_dir, skip_bad_images=skip_bad_images), limit)
-    classes = list(getattr(dataset, "classes", []))
-    if len(classes) != cfg.num_classes:
-        from .main import UsageError
-
-        raise UsageError(f"{data} has {len(classes)} classes but {checkpoint} predicts {cfg.num_classes}",
-                         "evaluate on the dataset the model was trained for")
+    dataset = resolve(data, split, data_dir, skip_bad_images=skip_bad_images)
+    try:
+        dataset, note = match_classes(dataset, getattr(model, "class_names", None), cfg.num_classes, data,
+                                      checkpoint)
+    except ValueError as e:
+        raise UsageError(str(e), "evaluate on the dataset the model was trained for") from None
+    if note:
+        typer.echo(f"note: {note}", err=True)
+    dataset = _first(dataset, limit)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     net = inference_model(model.to(device), fast)
     result = evaluate(net, dataset, cfg, batch_size, device, progress=True)
@@ -139,13 +146,36 @@ def eval(
     table.add_column("class")
     table.add_column("accuracy", justify="right")
     for name, acc in result.to_dict()["per_class"].items():
-        table.add_row(name, f"{100 * acc:.2f} %")
+        table.add_row(name, "no images" if acc is None else f"{100 * acc:.2f} %")
     console = Console(width=100)
-    console.print(f"{checkpoint} on {data} ({split}, {result.count} images)")
+    skipped = f", {result.skipped} unreadable skipped" if result.skipped else ""
+    console.print(f"{checkpoint} on {data} ({split}, {result.count} images{skipped})")
     console.print(table)
     console.print(f"top-1 {100 * result.top1:.2f} %   top-5 {100 * result.top5:.2f} %   loss {result.loss:.4f}")
     console.print(f"confusion matrix: {png}")
     console.print(f"metrics: {folder / 'metrics.json'}")
+
+
+def match_classes(dataset, class_names: list[str] | None, num_classes: int, data: str, checkpoint: str):
+    """The dataset with labels numbered as the checkpoint's classes, and a note for the user (or None).
+
+    With the checkpoint's class names, the data's classes are matched by name (a folder numbers its classes by
+    position among its own sub-folders, which differs as soon as one is missing); a data class the checkpoint
+    lacks raises ValueError naming it. Names that share nothing with the checkpoint's, in the same number, are
+    taken by position with a note: other names for the same classes, as an ImageNet folder's WordNet ids
+    (n01440764, ...) for the names a converted checkpoint carries (tench, ...). Without names, the counts must
+    agree."""
+    from ..data.datasets import with_classes
+
+    classes = list(getattr(dataset, "classes", None) or [])
+    if class_names and classes and not set(classes).isdisjoint(class_names):
+        return with_classes(dataset, class_names, str(data), str(checkpoint)), None
+    if len(classes) != num_classes:
+        raise ValueError(f"{data} has {len(classes)} classes but {checkpoint} predicts {num_classes}")
+    if class_names and classes != list(class_names):
+        return dataset, (f"none of {data}'s {len(classes)} class names is one of {checkpoint}'s; "
+                         "taking them in sorted order as its classes")
+    return dataset, None
 
 
 def _default_eval_dir(checkpoint: str, data: str) -> Path:

@@ -18,6 +18,7 @@ place the files may lie directly or in the dataset's own sub-folder (`fashion-mn
 
 from __future__ import annotations
 
+import copy
 import gzip
 import os
 import tarfile
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from .download import DownloadError, download_file
 from .images import BadImageError, open_image
@@ -371,10 +372,11 @@ class ImageFolderDataset(Dataset):
 
     Bad files (corrupt, truncated, empty, not an image, decompression bombs) are found lazily, when an item is
     loaded. Without `skip_bad_images` loading one raises `BadImageError` naming the file. With it, the file is
-    recorded as skipped and the next good file in order is returned in its place; the record lives in shared
-    memory, so skips found in DataLoader worker processes count too: `num_skipped` and `skipped` (the paths)
-    give the distinct bad files found so far, and a skipped file is not opened again. `check_all()` finds them
-    all up front.
+    recorded as skipped and the next good file in order is returned in its place (what training wants: every
+    batch full); `read(index)` returns None instead (what evaluation wants: each readable image scored once).
+    The record lives in shared memory, so skips found in DataLoader worker processes count too: `num_skipped`
+    and `skipped` (the paths) give the distinct bad files found so far, and a skipped file is not opened
+    again. `check_all()` finds them all up front.
     """
 
     def __init__(
@@ -389,7 +391,7 @@ class ImageFolderDataset(Dataset):
             raise NotADirectoryError(f"{self.root}: not a folder")
         self.mode = mode
         self.skip_bad_images = skip_bad_images
-        exts = tuple(e.lower() for e in extensions)
+        self.extensions = exts = tuple(e.lower() for e in extensions)
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not self.classes:
             raise ValueError(f"{self.root}: no class sub-folders (expected one folder of images per class)")
@@ -425,17 +427,34 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         n = len(self.samples)
         for step in range(n):
-            i = (index + step) % n
-            if self._bad[i]:
-                continue
-            path, target = self.samples[i]
-            try:
-                return open_image(path, self.mode), target
-            except BadImageError:
-                if not self.skip_bad_images:
-                    raise
-                self._bad[i] = True
+            item = self.read((index + step) % n)
+            if item is not None:
+                return item
         raise BadImageError(f"{self.root}: every one of its {n} image files is unreadable")
+
+    def read(self, index: int) -> tuple[Image.Image, int] | None:
+        """Item `index` itself, or None when its file is bad and skipped; never another item in its place."""
+        if self._bad[index]:
+            return None
+        path, target = self.samples[index]
+        try:
+            return open_image(path, self.mode), target
+        except BadImageError:
+            if not self.skip_bad_images:
+                raise
+            self._bad[index] = True
+            return None
+
+    def relabeled(self, classes: Sequence[str]) -> ImageFolderDataset:
+        """The same files with labels indexing `classes` (a superset of this folder's, matched by name), e.g. a
+        validation folder numbered as its training folder. Shares the record of bad files."""
+        index = {name: i for i, name in enumerate(classes)}
+        own = [index[name] for name in self.classes]
+        out = copy.copy(self)
+        out.classes = list(classes)
+        out.samples = [(path, own[t]) for path, t in self.samples]
+        out.targets = torch.tensor([t for _, t in out.samples], dtype=torch.int64)
+        return out
 
     def check_all(self, progress: bool = True) -> list[Path]:
         """Open every file now; with skip_bad_images the bad ones are recorded (and returned), without it the
@@ -478,6 +497,67 @@ class TransformedDataset(Dataset):
         return self.transform(image), label
 
 
+def read_item(dataset: Dataset, index: int):
+    """Item `index` of `dataset` itself, or None when it is a bad image file that is skipped: unlike
+    `dataset[index]`, never another item in its place (through Subsets and LabelMapped)."""
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, dataset.indices[index]
+    read = getattr(dataset, "read", None)
+    return read(index) if read is not None else dataset[index]
+
+
+class LabelMapped(Dataset):
+    """A dataset whose label `t` becomes `mapping[t]`, with `classes` as its class names (see with_classes)."""
+
+    def __init__(self, dataset: Dataset, mapping: Sequence[int], classes: Sequence[str]):
+        self.dataset, self.mapping, self.classes = dataset, list(mapping), list(classes)
+
+    @property
+    def num_channels(self) -> int:
+        return self.dataset.num_channels
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        image, label = self.dataset[index]
+        return image, self.mapping[label]
+
+    def read(self, index: int):
+        item = read_item(self.dataset, index)
+        return None if item is None else (item[0], self.mapping[item[1]])
+
+
+def _names(names: Sequence[str], most: int = 10) -> str:
+    """A list of class names for a one-line message: the first `most`, then how many in all."""
+    shown = ", ".join(map(str, names[:most]))
+    return shown if len(names) <= most else f"{shown}, ... ({len(names)} in all)"
+
+
+def with_classes(dataset: Dataset, classes: Sequence[str], what: str = "the dataset",
+                 reference: str = "the training data") -> Dataset:
+    """`dataset` with its labels indexing `classes`, matched by name. A folder's class index is the position
+    of its sub-folder among its own, so a validation folder lacking one of the training classes would shift the
+    labels of every class after it; matching by name keeps them. A class of `dataset` that `classes` lacks
+    raises ValueError naming it (`what` has classes `reference` lacks). Unchanged when the lists are equal or
+    `dataset` has no `.classes`."""
+    own, classes = list(getattr(dataset, "classes", None) or []), list(classes)
+    if not own or own == classes:
+        return dataset
+    known = set(classes)
+    unknown = [name for name in own if name not in known]
+    if unknown:
+        raise ValueError(f"{what} has classes that {reference} lacks: {_names(unknown)} (classes are matched by "
+                         f"name; {reference} has {_names(classes)})")
+    index = {name: i for i, name in enumerate(classes)}
+    mapping = [index[name] for name in own]
+    if isinstance(dataset, ImageFolderDataset):
+        return dataset.relabeled(classes)
+    if isinstance(dataset, TensorImageDataset):
+        return TensorImageDataset(dataset.images, torch.tensor(mapping)[dataset.targets], classes, dataset.name)
+    return LabelMapped(dataset, mapping, classes)
+
+
 # --- names and folders to datasets ------------------------------------------------------------------------
 DATASET_NAMES = ("fashion-mnist", "cifar10", "cifar100")
 _ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
@@ -496,6 +576,15 @@ def _split_folder(root: Path, split: str) -> Path:
     if present:
         raise FileNotFoundError(f"{root} has split folders {', '.join(present)} but no {split!r} one")
     return root
+
+
+def split_name(data: str | os.PathLike[str] | Dataset, split: str) -> str:
+    """The split `resolve(data, split)` reads: the named datasets have no validation split and read their test
+    split for val; a folder reads the split it is asked for."""
+    key = str(data).strip().lower().replace("_", "-")
+    if not isinstance(data, Dataset) and key in _ALIASES and not Path(str(data)).is_dir():
+        return _check_split(split, _ALIASES[key])
+    return split
 
 
 def resolve(

@@ -1,12 +1,15 @@
 """Evaluation: top-1, top-5, mean cross-entropy, per-class accuracy and the confusion matrix, from one pass.
 
 `evaluate` returns plain numbers (an `EvalResult`); `confusion_png` draws the matrix with matplotlib. In a
-distributed run each process evaluates its share (every W-th image) and the sums are added up.
+distributed run each process evaluates its share (every W-th image) and the sums are added up. Each readable
+image is scored exactly once: an image folder's unreadable files (with `skip_bad_images`) are counted as
+skipped, not replaced by the next good file as training replaces them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +17,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from ..config import ViTConfig
+from ..data.datasets import read_item
 from ..data.transforms import build_eval_transform, normalize_batch
 from .batches import is_in_memory
 from .distributed import all_reduce_sum
@@ -24,7 +28,8 @@ from .distributed import all_reduce_sum
 
 @dataclass
 class EvalResult:
-    """Metrics over `count` images. `confusion[i, j]` counts images of class i predicted as class j."""
+    """Metrics over `count` images. `confusion[i, j]` counts images of class i predicted as class j.
+    `skipped`: unreadable image files left out (an image folder with `skip_bad_images`)."""
 
     top1: float
     top5: float
@@ -32,6 +37,7 @@ class EvalResult:
     count: int
     confusion: torch.Tensor = field(repr=False)
     class_names: list[str] = field(default_factory=list, repr=False)
+    skipped: int = 0
 
     @property
     def per_class(self) -> list[float]:
@@ -40,27 +46,57 @@ class EvalResult:
         return (self.confusion.diag().double() / totals).tolist()
 
     def to_dict(self) -> dict:
+        """The metrics as JSON-ready values: a class with no images has accuracy None (JSON null), not nan,
+        which json.dumps would write as the bare `NaN` that JSON does not allow."""
         names = self.class_names or [str(i) for i in range(self.confusion.shape[0])]
         return {
-            "top1": self.top1, "top5": self.top5, "loss": self.loss, "count": self.count,
-            "per_class": dict(zip(names, self.per_class, strict=True)),
+            "top1": self.top1, "top5": self.top5, "loss": _finite_or_none(self.loss), "count": self.count,
+            "skipped": self.skipped,
+            "per_class": {name: _finite_or_none(acc) for name, acc in zip(names, self.per_class, strict=True)},
             "confusion": self.confusion.tolist(),
         }
 
 
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class _ReadableItems(Dataset):
+    """Each item of `dataset` through `transform`, or None for an unreadable file that is skipped (read_item)."""
+
+    def __init__(self, dataset: Dataset, transform):
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        item = read_item(self.dataset, index)
+        return None if item is None else (self.transform(item[0]), item[1])
+
+
+def _collate_readable(items: list) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """A batch of the readable items and the number skipped; (None, None, n) when none was readable."""
+    good = [item for item in items if item is not None]
+    if not good:
+        return None, None, len(items)
+    x, y = default_collate(good)
+    return x, y, len(items) - len(good)
+
+
 def eval_batches(dataset: Dataset, cfg: ViTConfig, batch_size: int, rank: int = 0, world: int = 1,
-                 workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, labels) batches of this process's share, preprocessed for a model of config `cfg`."""
+                 workers: int = 0) -> Iterator[tuple[torch.Tensor | None, torch.Tensor | None, int]]:
+    """(images, labels, skipped) batches of this process's share, preprocessed for a model of config `cfg`;
+    `skipped` counts the batch's unreadable files, left out (images and labels are None when all were)."""
     if is_in_memory(dataset):
         images, targets = dataset.images[rank::world], dataset.targets[rank::world]
         for i in range(0, len(images), batch_size):
-            yield normalize_batch(images[i:i + batch_size], cfg), targets[i:i + batch_size]
+            yield normalize_batch(images[i:i + batch_size], cfg), targets[i:i + batch_size], 0
         return
-    from ..data import TransformedDataset
-
     share = Subset(dataset, range(rank, len(dataset), world)) if world > 1 else dataset
-    data = TransformedDataset(share, build_eval_transform(cfg))
-    yield from DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers)
+    data = _ReadableItems(share, build_eval_transform(cfg))
+    yield from DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
+                          collate_fn=_collate_readable)
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:
@@ -80,13 +116,16 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
     was_training = model.training
     model.eval()
     confusion = torch.zeros(k, k, dtype=torch.int64)
-    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, top-5 correct, count
+    sums = torch.zeros(4, dtype=torch.float64)  # loss sum, top-5 correct, count, skipped
     batches = eval_batches(dataset, cfg, batch_size, rank, world, workers)
     if progress:
         from tqdm import tqdm
 
         batches = tqdm(batches, total=-(-len(dataset) // (batch_size * world)), desc="eval", leave=False)
-    for x, y in batches:
+    for x, y, skipped in batches:
+        sums[3] += skipped
+        if x is None:
+            continue
         x, y = x.to(device, non_blocking=True), torch.as_tensor(y).to(device)
         ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
         with ctx:
@@ -103,12 +142,12 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
     all_reduce_sum(confusion)
     all_reduce_sum(sums)
     model.train(was_training)
-    n = int(sums[2])
+    n, skipped = int(sums[2]), int(sums[3])
     if n == 0:
-        raise ValueError("the evaluation set is empty")
+        raise ValueError(f"the evaluation set is empty{f': all {skipped} of its images are unreadable' if skipped else ''}")
     names = list(getattr(dataset, "classes", []) or getattr(model, "class_names", None) or [])
     return EvalResult(top1=float(confusion.diag().sum()) / n, top5=float(sums[1]) / n, loss=float(sums[0]) / n,
-                      count=n, confusion=confusion, class_names=names if len(names) == k else [])
+                      count=n, confusion=confusion, class_names=names if len(names) == k else [], skipped=skipped)
 
 
 def confusion_png(result: EvalResult, path: str | Path, title: str = "") -> Path:

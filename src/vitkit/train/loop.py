@@ -32,6 +32,7 @@ from torch.utils.data import Dataset, Subset
 
 from ..config import TRAINING_RATES
 from ..data import TensorImageDataset, resolve
+from ..data.datasets import split_name, with_classes
 from ..hardware import cpu_has_native_bf16
 from ..model import VisionTransformer
 from . import distributed
@@ -59,6 +60,9 @@ class TrainingDiverged(ValueError):
 
 @dataclass
 class RunResult:
+    """What a run ended with. `final`: the last evaluation, on the split named `split` (None without one, or
+    when a resumed run was already complete with all of its outputs)."""
+
     run_dir: Path
     steps: int
     seconds: float
@@ -66,6 +70,7 @@ class RunResult:
     best_top1: float | None
     last_dir: Path
     best_dir: Path | None
+    split: str = "val"
 
 
 # --- data and model ---------------------------------------------------------------------------------------
@@ -81,9 +86,22 @@ def _first(dataset: Dataset, n: int) -> Dataset:
     return subset
 
 
+def evaluated_split(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None) -> str:
+    """The name of the split a run evaluates on (`cfg.data.val_split`, or 'val' for datasets given to train):
+    the one read, e.g. 'test' for Fashion-MNIST's val, which is its test split."""
+    if train_set is None and val_set is None and cfg.data.val_split:
+        return split_name(cfg.data.name, cfg.data.val_split)
+    return "val"
+
+
 def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None):
-    """The training and validation datasets (None when there is no validation) and the class names."""
+    """The training and validation datasets (None when there is no validation) and the class names.
+
+    The validation labels index the training classes, matched by name: an image folder numbers its classes by
+    position among its own sub-folders, so a val/ lacking one of train/'s classes would shift every label
+    after it. A validation class the training data lacks is refused, named (see with_classes)."""
     d = cfg.data
+    split = evaluated_split(cfg, train_set, val_set)
     if train_set is None:
         if not d.name:
             raise ValueError("no training data: set data.name to a dataset name or a folder "
@@ -94,7 +112,9 @@ def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Datas
     classes = list(getattr(train_set, "classes", None) or [])
     if not classes:
         raise ValueError("the training set has no `.classes`; give it a list of class names")
-    return _first(train_set, d.limit), (_first(val_set, d.val_limit) if val_set is not None else None), classes
+    if val_set is not None:
+        val_set = _first(with_classes(val_set, classes, f"the {split} split", "the training split"), d.val_limit)
+    return _first(train_set, d.limit), val_set, classes
 
 
 def skipped_images(dataset: Dataset) -> list:
@@ -102,6 +122,44 @@ def skipped_images(dataset: Dataset) -> list:
     while dataset is not None and not hasattr(dataset, "skipped"):
         dataset = getattr(dataset, "dataset", None)
     return list(dataset.skipped) if dataset is not None else []
+
+
+def check_run_folder(out: Path, resume: bool) -> None:
+    """Refuse, before any data is loaded, a run folder that cannot be used: a path that is a file or lies under
+    one, or a folder holding another run when not resuming."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "" if path == out else f" ({path} is a file)"
+                raise ValueError(f"--out {out}: not a folder{where}; choose another --out")
+            break
+    newest = latest_checkpoint(out)
+    if newest is not None and not resume:
+        raise ValueError(f"{out} already holds a run (checkpoint {newest.name}); pass --resume to continue it, "
+                         "or choose another --out")
+
+
+def device_unavailable(name: str) -> str | None:
+    """Why this machine cannot run on device `name` (None when it can): a GPU index past its GPUs, or no MPS.
+    TrainConfig checks that the name is one at all; this is the machine's part, checked before any folder is
+    written (torch itself would fail only when the model moves there)."""
+    if name.startswith("cuda:"):
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(name.split(":")[1]) >= gpus:
+            return f"device={name!r} but this machine has {gpus} GPU(s); use device=auto, cuda or cpu"
+    if name == "mps" and not torch.backends.mps.is_available():
+        return "device='mps' but MPS is not available on this machine; use device=auto or cpu"
+    return None
+
+
+FINAL_OUTPUTS = ("last", "result.json", "confusion.png")  # written at the end of a run, after its last checkpoint
+
+
+def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
+    """The end-of-run outputs a run folder lacks (confusion.png only counts when the run evaluates). A run
+    killed after its final checkpoint but before writing these has finished training: resuming it writes just
+    these."""
+    return [name for name in FINAL_OUTPUTS if not (out / name).exists() and (evaluated or name != "confusion.png")]
 
 
 def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
@@ -223,10 +281,15 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
     """Run `cfg`, writing the run folder `out` (see checkpoints.py for its layout). With `resume`, continue
     from the newest complete checkpoint in `out`. `train_set`/`val_set` replace the datasets `cfg.data`
     names (any Dataset with `.classes` whose items are (image, label))."""
+    out = Path(out)
+    problem = device_unavailable(cfg.device)
+    if problem:
+        raise ValueError(problem)
+    check_run_folder(out, resume)
     owned = not torch.distributed.is_initialized()  # leave a caller's own process group alone
     ctx = distributed.setup(cfg.device)
     try:
-        return _train(cfg, Path(out), resume, train_set, val_set, progress, ctx)
+        return _train(cfg, out, resume, train_set, val_set, progress, ctx)
     finally:
         if owned:
             distributed.teardown()
@@ -242,15 +305,13 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     seed_everything(cfg.seed)  # the same on every process: the same initial weights
     device = ctx.device
 
+    split = evaluated_split(cfg, train_set, val_set)
     train_set, val_set, classes = load_data(cfg, train_set, val_set)
     model = build_model(cfg, len(classes))
     cfg = dataclasses.replace(cfg, model=model.cfg)  # the resolved config: what actually runs
 
-    # The run folder: a new run must not overwrite an old one; a resumed one must be the same run.
+    # The run folder: a new run must not overwrite an old one (train() checked); a resumed one must be the same run.
     newest = latest_checkpoint(out)
-    if newest is not None and not resume:
-        raise ValueError(f"{out} already holds a run (checkpoint {newest.name}); pass --resume to continue it, "
-                         "or choose another --out")
     saved_cfg = out / "config.json"
     if resume and newest is not None and saved_cfg.is_file():
         changed = [k for k in config_differences(json.loads(saved_cfg.read_text()), json.loads(cfg.to_json()))
@@ -286,16 +347,32 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         elapsed_before = ck["state"].get("seconds", 0.0)
         if ctx.is_main:
             print(f"resuming {out} from {newest.name} (epoch {step / per_epoch:.2f})", flush=True)
-    if step >= total:  # resuming a finished run: nothing to do, and its results stay as they are
+    eval_model = ema.module if ema is not None else model
+    amp = autocast_dtype(cfg.precision, device)
+
+    def final_outputs(step_now: int, seconds: float, result: EvalResult | None, names: list[str]) -> None:
         if ctx.is_main:
-            print(f"{out} is already complete ({step} of {total} steps)", flush=True)
+            skipped = list(dict.fromkeys(str(p) for p in skipped_images(train_set) + skipped_images(val_set)))
+            write_final_outputs(out, names, eval_model, classes, result, recipe=cfg.recipe, step=step_now,
+                                seconds=seconds, processes=ctx.world, best_top1=best, skipped=skipped)
+
+    if step >= total:  # resuming a finished run: only the end-of-run outputs it may lack are left to write
+        missing = missing_final_outputs(out, val_set is not None)
+        if ctx.is_main:
+            print(f"{out} is already complete ({step} of {total} steps)"
+                  + (f"; writing its missing {', '.join(missing)}" if missing else ""), flush=True)
+        result = None
+        if missing and val_set is not None:  # as the run's own end would: its final weights on the val split
+            result = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank,
+                              ctx.world)
+        if missing:
+            final_outputs(step, elapsed_before, result, missing)
+        distributed.barrier()
         best_dir = out / "best" if (out / "best").is_dir() else None
-        return RunResult(out, step, elapsed_before, None, best, out / "last", best_dir)
+        return RunResult(out, step, elapsed_before, result, best, out / "last", best_dir, split)
     net = DistributedDataParallel(model) if ctx.distributed else model
     if cfg.compile:
         net = torch.compile(net)  # the same parameters: the optimizer, EMA and checkpoints use `model` as before
-    eval_model = ema.module if ema is not None else model
-    amp = autocast_dtype(cfg.precision, device)
     log = MetricsLog(out, ctx.is_main, step)
     bar = None
     if progress and ctx.is_main:
@@ -316,7 +393,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         r = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank, ctx.world)
         log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.top5)
         if ctx.is_main:
-            msg = f"step {step_now}/{total} val top-1 {100 * r.top1:.2f} % top-5 {100 * r.top5:.2f} % loss {r.loss:.4f}"
+            msg = (f"step {step_now}/{total} {split} top-1 {100 * r.top1:.2f} % top-5 {100 * r.top5:.2f} % "
+                   f"loss {r.loss:.4f}" + (f" ({r.skipped} unreadable image(s) skipped)" if r.skipped else ""))
             (bar.write if bar else print)(msg)
             if best is None or r.top1 > best:
                 save_model_atomically(eval_model, out / "best", classes, {"train": {"step": step_now, **r.to_dict()}})
@@ -373,20 +451,29 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     log.close()
 
     seconds = elapsed_before + time.time() - t_start
-    last_dir = out / "last"
-    if ctx.is_main:
-        extra = {"train": {"step": step, "seconds": seconds, **(result.to_dict() if result else {})}}
-        save_model_atomically(eval_model, last_dir, classes, extra)
-        if result is not None:
-            confusion_png(result, out / "confusion.png", f"{cfg.recipe}: top-1 {100 * result.top1:.2f} % "
-                                                         f"on {result.count} images")
-        summary = {"recipe": cfg.recipe, "steps": step, "seconds": round(seconds, 1),
-                   "processes": ctx.world, "best_top1": best, **(result.to_dict() if result else {})}
-        summary.pop("confusion", None)
-        summary["skipped_images"] = [str(p) for p in skipped_images(train_set)]
-        (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+    final_outputs(step, seconds, result, list(FINAL_OUTPUTS))
     best_dir = out / "best" if (out / "best").is_dir() else None
-    return RunResult(out, step, seconds, result, best, last_dir, best_dir)
+    return RunResult(out, step, seconds, result, best, out / "last", best_dir, split)
+
+
+def write_final_outputs(out: Path, names: list[str], model: nn.Module, classes: list[str],
+                        result: EvalResult | None, *, recipe: str, step: int, seconds: float, processes: int,
+                        best_top1: float | None, skipped: list[str]) -> None:
+    """Write the end-of-run outputs among `names` (see FINAL_OUTPUTS): the last model (`last/`, a plain
+    vitkit checkpoint with the final metrics), the confusion matrix of the final evaluation, and result.json
+    (the final metrics with the confusion matrix left out, and every unreadable image file skipped)."""
+    if "last" in names:
+        extra = {"train": {"step": step, "seconds": seconds, **(result.to_dict() if result else {})}}
+        save_model_atomically(model, out / "last", classes, extra)
+    if "confusion.png" in names and result is not None:
+        confusion_png(result, out / "confusion.png", f"{recipe}: top-1 {100 * result.top1:.2f} % "
+                                                     f"on {result.count} images")
+    if "result.json" in names:
+        summary = {"recipe": recipe, "steps": step, "seconds": round(seconds, 1), "processes": processes,
+                   "best_top1": best_top1, **(result.to_dict() if result else {})}
+        summary.pop("confusion", None)
+        summary["skipped_images"] = skipped
+        (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def _diverged_message(loss: float, step: int, per_epoch: int, out: Path) -> str:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -21,6 +24,82 @@ from ..data.transforms import AugmentConfig
 Optimizer = Literal["adamw", "sgd"]
 Schedule = Literal["cosine", "linear", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "bf16-native"]
+
+
+# --- checking values ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: finite (an integer when `integer`), from `low` to `high`, each end
+    included unless `open_low`/`open_high`. Checked before the settings' other checks because nan and infinity
+    slip through comparisons (`nan < 0` is false) and would fail only mid-run, far from the key that caused it."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    integer: bool = False
+    open_low: bool = False
+    open_high: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        if self.high == math.inf:
+            return kind if self.low == -math.inf else f"{kind} {'>' if self.open_low else '>='} {_fmt(self.low)}"
+        return (f"{kind} in {'(' if self.open_low else '['}{_fmt(self.low)}, {_fmt(self.high)}"
+                f"{')' if self.open_high else ']'}")
+
+    def admits(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if self.integer else numbers.Real):
+            return False
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.open_low else value >= self.low
+        below = value < self.high if self.open_high else value <= self.high
+        return above and below
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def range_errors(obj: Any, ranges: dict[str, Range]) -> list[str]:
+    """One message per field of `obj` outside its Range (a tuple's every item must be inside), naming the key."""
+    errors = []
+    for key, r in ranges.items():
+        value = getattr(obj, key)
+        items = value if isinstance(value, tuple) else (value,)
+        if not all(r.admits(v) for v in items):
+            errors.append(f"{key}={value!r} (need {r.describe()}{' each' if isinstance(value, tuple) else ''})")
+    return errors
+
+
+def nonfinite_errors(obj: Any, prefix: str) -> list[str]:
+    """The float fields (and floats in tuple fields) of a settings dataclass that are nan or infinite. For the
+    groups whose own checks live elsewhere (`augment`), where `mixup=nan` would pass `mixup < 0` unseen."""
+    errors = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        items = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+            errors.append(f"{prefix}{f.name}={value!r} (need a finite number)")
+    return errors
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def device_error(name: Any) -> str | None:
+    """Why `name` is not a device a run can ask for (None when it is): auto, cpu, cuda, cuda:N, and mps where
+    this torch was built with it. Whether the machine has that device is checked when the run starts."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        return f"device={name!r} (choose from auto, cpu, cuda, cuda:N, mps)"
+    if name == "mps" and not _mps_built():
+        return "device='mps' (this torch is built without MPS; choose from auto, cpu, cuda, cuda:N)"
+    return None
+
+
+def _mps_built() -> bool:
+    import torch
+
+    return torch.backends.mps.is_built()
 
 
 @dataclass(frozen=True)
@@ -49,23 +128,26 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        errors = []
+        errors = range_errors(self, OPTIM_RANGES)
+        if errors:  # the checks below compare these
+            raise ValueError("invalid optim settings: " + "; ".join(errors))
         if self.name not in typing.get_args(Optimizer):
             errors.append(f"name={self.name!r} (choose from {', '.join(typing.get_args(Optimizer))})")
         if self.schedule not in typing.get_args(Schedule):
             errors.append(f"schedule={self.schedule!r} (choose from {', '.join(typing.get_args(Schedule))})")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+        if self.min_lr > self.lr:
             errors.append(f"lr={self.lr}, min_lr={self.min_lr} (need 0 <= min_lr <= lr, lr > 0)")
         if self.warmup_steps and self.warmup_epochs:
             errors.append("set warmup_steps or warmup_epochs, not both")
-        if self.warmup_steps < 0 or self.warmup_epochs < 0:
-            errors.append("warm-up must be >= 0")
-        if not 0 <= self.label_smoothing < 1:
-            errors.append(f"label_smoothing={self.label_smoothing} (need 0 <= value < 1)")
-        if self.weight_decay < 0 or self.clip_grad_norm < 0:
-            errors.append("weight_decay and clip_grad_norm must be >= 0")
         if errors:
             raise ValueError("invalid optim settings: " + "; ".join(errors))
+
+
+OPTIM_RANGES = {
+    "lr": Range(0, open_low=True), "weight_decay": Range(0), "betas": Range(0, 1, open_high=True),
+    "eps": Range(0, open_low=True), "momentum": Range(0, 1, open_high=True), "warmup_steps": Range(0, integer=True),
+    "warmup_epochs": Range(0), "min_lr": Range(0), "clip_grad_norm": Range(0), "label_smoothing": Range(0, 1, open_high=True),
+}
 
 
 @dataclass(frozen=True)
@@ -88,6 +170,15 @@ class DataConfig:
     val_limit: int = 0
     workers: int = 0
     eval_batch_size: int = 500
+
+    def __post_init__(self) -> None:
+        errors = range_errors(self, DATA_RANGES)
+        if errors:
+            raise ValueError("invalid data settings: " + "; ".join(errors))
+
+
+DATA_RANGES = {"limit": Range(0, integer=True), "val_limit": Range(0, integer=True), "workers": Range(0, integer=True),
+               "eval_batch_size": Range(1, integer=True)}
 
 
 @dataclass(frozen=True)
@@ -138,21 +229,17 @@ class TrainConfig:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        errors = []
-        if self.batch_size <= 0 or self.micro_batch < 0:
-            errors.append(f"batch_size={self.batch_size}, micro_batch={self.micro_batch} (need > 0, >= 0)")
-        if self.micro_batch and self.batch_size % self.micro_batch:
-            errors.append(f"batch_size={self.batch_size} is not a multiple of micro_batch={self.micro_batch}")
-        if self.steps < 0 or self.epochs < 0 or (self.steps == 0 and self.epochs == 0):
-            errors.append("set steps > 0 or epochs > 0")
-        if self.full_token_epochs < 0:
-            errors.append(f"full_token_epochs={self.full_token_epochs} (need >= 0)")
-        if not 0 <= self.ema < 1:
-            errors.append(f"ema={self.ema} (a decay, 0 <= ema < 1; 0 is off)")
+        errors = range_errors(self, TRAIN_RANGES) + nonfinite_errors(self.augment, "augment.")
         if self.precision not in typing.get_args(Precision):
             errors.append(f"precision={self.precision!r} (choose from {', '.join(typing.get_args(Precision))})")
-        if self.keep_last < 1:
-            errors.append(f"keep_last={self.keep_last} (need >= 1)")
+        if device_error(self.device):
+            errors.append(device_error(self.device))
+        if errors:  # the checks below compare and divide these
+            raise ValueError("invalid training config: " + "; ".join(errors))
+        if self.micro_batch and self.batch_size % self.micro_batch:
+            errors.append(f"batch_size={self.batch_size} is not a multiple of micro_batch={self.micro_batch}")
+        if self.steps == 0 and self.epochs == 0:
+            errors.append("set steps > 0 or epochs > 0")
         if errors:
             raise ValueError("invalid training config: " + "; ".join(errors))
 
@@ -167,6 +254,16 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         return _from_dict(cls, d, "")
+
+
+# `ema` is a decay (0 is off); `seed` feeds numpy's seed, which takes 32 bits; the `*_every` 0 means "every epoch".
+TRAIN_RANGES = {
+    "epochs": Range(0), "steps": Range(0, integer=True), "full_token_epochs": Range(0),
+    "batch_size": Range(1, integer=True), "micro_batch": Range(0, integer=True), "ema": Range(0, 1, open_high=True),
+    "seed": Range(0, 2**32, integer=True, open_high=True), "threads": Range(0, integer=True),
+    "eval_every": Range(0, integer=True), "ckpt_every": Range(0, integer=True), "keep_last": Range(1, integer=True),
+    "log_every": Range(1, integer=True),
+}
 
 
 # --- recipes ------------------------------------------------------------------------------------------------
@@ -408,19 +505,62 @@ ALIASES = {"image_size": "model.image_size", "data": "data.name", "lr": "optim.l
 
 def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) -> TrainConfig:
     """Apply `key=value` strings (dotted keys into the nested settings, or one of ALIASES). Values are parsed
-    for the field's type; unknown keys and values of the wrong type raise ValueError naming them."""
+    for the field's type; unknown keys and values of the wrong type raise ValueError naming them.
+
+    Every override is applied before the settings are checked, each group rebuilt once with all of its
+    changes: the groups check their fields together (pool='gap' needs class_token=False, dim a multiple of
+    num_heads, min_lr <= lr), so checking one override at a time would refuse a valid combination or not
+    depending on the order of the `--set`s. A later `--set` of the same key wins."""
+    changes: dict[str, tuple[Any, str]] = {}  # dotted key -> (parsed value, the item as given)
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected key=value, e.g. optim.lr=0.001")
-    # `init` first: the model settings that follow are checked against the checkpoint's architecture.
-    ordered = sorted(overrides, key=lambda item: item.split("=", 1)[0].strip() != "init")
-    for item in ordered:
-        key, value = item.split("=", 1)
-        key = ALIASES.get(key.strip(), key.strip())
-        cfg = _set(cfg, key.split("."), value.strip(), key)
-        if key == "init" and cfg.init:
+        key, text = (part.strip() for part in item.split("=", 1))
+        key = ALIASES.get(key, key)
+        changes[key] = (parse_value(text, field_type(key), key), f"{key}={text}")
+    # `init` first: the model becomes the checkpoint's architecture, and the model settings set alongside are
+    # applied to (and checked against) it rather than the recipe's.
+    if "init" in changes:
+        cfg = _with_changes(cfg, {"init": changes.pop("init")})
+        if cfg.init:
             cfg = dataclasses.replace(cfg, model=init_model_config(cfg.init, cfg.model))
-    return cfg
+    return _with_changes(cfg, changes)
+
+
+def field_type(key: str) -> Any:
+    """The type of the setting a dotted key names; an unknown key, or a group of settings, raises ValueError."""
+    t: Any = TrainConfig
+    for name in key.split("."):
+        if not dataclasses.is_dataclass(t) or name not in {f.name for f in dataclasses.fields(t)}:
+            raise ValueError(f"unknown key {key!r}; valid keys: {', '.join(valid_keys())}")
+        t = typing.get_type_hints(t)[name]
+    if dataclasses.is_dataclass(t):
+        raise ValueError(f"{key!r} is a group of settings; set one of its keys, e.g. {valid_keys(t, key + '.')[0]}")
+    return t
+
+
+def _with_changes(obj: Any, changes: dict[str, tuple[Any, str]]) -> Any:
+    """`obj` with `changes` (dotted key below obj -> (value, the `--set` item)) applied: each nested group is
+    rebuilt once with all of its changes, then `obj` once with its own and the rebuilt groups, so that each
+    dataclass validates the combination. A refusal names the `--set` items of the group that refused."""
+    if not changes:
+        return obj
+    own: dict[str, tuple[Any, str]] = {}
+    nested: dict[str, dict[str, tuple[Any, str]]] = {}
+    for key, change in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = change
+        else:
+            own[head] = change
+    kwargs = {name: _with_changes(getattr(obj, name), sub) for name, sub in nested.items()}
+    kwargs.update({name: value for name, (value, _) in own.items()})
+    try:
+        return dataclasses.replace(obj, **kwargs)
+    except ValueError as e:
+        # A group's own items are to blame; with none, one of the nested ones (a check across groups).
+        items = [item for _, item in own.values()] or [item for _, item in changes.values()]
+        raise ValueError(f"--set {', '.join(items)}: {e}") from None
 
 
 def init_model_config(init: str, recipe_model: ViTConfig) -> ViTConfig:
@@ -435,27 +575,6 @@ def init_model_config(init: str, recipe_model: ViTConfig) -> ViTConfig:
         size = src.image_size
     return src.replace(image_size=size, representation_size=None,
                        **{k: getattr(recipe_model, k) for k in TRAINING_RATES})
-
-
-def _set(obj: Any, path: list[str], value: str, full_key: str) -> Any:
-    cls = type(obj)
-    names = {f.name for f in dataclasses.fields(cls)}
-    if path[0] not in names:
-        raise ValueError(f"unknown key {full_key!r}; valid keys: {', '.join(valid_keys())}")
-    t = typing.get_type_hints(cls)[path[0]]
-    if dataclasses.is_dataclass(t):
-        if len(path) == 1:
-            raise ValueError(f"{full_key!r} is a group of settings; set one of its keys, e.g. "
-                             f"{valid_keys(t, full_key + '.')[0]}")
-        new = _set(getattr(obj, path[0]), path[1:], value, full_key)
-    elif len(path) > 1:
-        raise ValueError(f"unknown key {full_key!r}; valid keys: {', '.join(valid_keys())}")
-    else:
-        new = parse_value(value, t, full_key)
-    try:
-        return dataclasses.replace(obj, **{path[0]: new})
-    except ValueError as e:
-        raise ValueError(f"--set {full_key}={value}: {e}") from None
 
 
 _NONE = ("none", "null", "")
