@@ -125,3 +125,14 @@ def test_a_worker_ends_when_its_parent_is_killed():
     while _state(child) not in (None, "Z") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _state(child) in (None, "Z")
+
+
+def test_nproc_refuses_a_batch_the_processes_cannot_share_before_starting_them(tmp_path, capsys):
+    from vitkit.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "demo-tiny", "--out", str(tmp_path / "run"), "--nproc", "2", "--set", "batch_size=33"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("error:") == 1
+    assert "batch_size=33 must be a multiple of processes (2)" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

@@ -81,6 +81,15 @@ def test_predict_files_and_folders_with_a_bad_file(tmp_path):
     assert preds[-1].probs[0] == pytest.approx(p.max().item(), rel=1e-5)
 
 
+def test_predict_refuses_a_model_without_a_classifier_and_names_that_do_not_fit(tmp_path):
+    image = write_pngs(tmp_path / "imgs", 1, seed=11)
+    headless = vitkit.create_model(CFG.replace(num_classes=0))
+    with pytest.raises(ValueError, match=r"no classifier \(num_classes=0\)"):
+        predict(headless, image)
+    with pytest.raises(ValueError, match="3 class names for a model with 10 classes"):
+        predict(random_model(), image, class_names=["a", "b", "c"])
+
+
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "vitkit.cli.main", *map(str, args)], capture_output=True,
                           text=True, timeout=180)

@@ -34,12 +34,28 @@ def launch_torchrun(nproc: int, train_args: list[str]) -> int:
     import subprocess
     import sys
 
+    from ..train.distributed import end_with_parent
+
     env = dict(os.environ)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, "-c", QUIET_TORCHRUN, "--standalone", f"--nproc_per_node={nproc}",
            "-m", "vitkit.cli.main", "train", *train_args]
-    return subprocess.run(cmd, env=env).returncode
+    # torchrun ends with this process, whatever ends it, and takes its workers along (they end with it).
+    return subprocess.run(cmd, env=env, preexec_fn=end_with_parent).returncode
+
+
+# torchrun's own main, without the traceback of its ChildFailedError: a worker that fails has printed its
+# one-line error already, and the exit code says that the run failed.
+QUIET_TORCHRUN = """\
+import sys
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import main
+try:
+    main(sys.argv[1:])
+except ChildFailedError:
+    sys.exit(1)
+"""
 
 
 def _load(checkpoint: str):
@@ -80,10 +96,12 @@ def train(
         typer.echo(cfg.to_json(), nl=False)
         return
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from ..train.batches import make_plan
         from ..train.distributed import pick_device
 
-        try:
-            pick_device(cfg.device, local_rank=nproc - 1)  # before starting processes: one GPU each
+        try:  # what every process would refuse, refused once before any starts
+            pick_device(cfg.device, local_rank=nproc - 1)  # one GPU each
+            make_plan(cfg.batch_size, cfg.micro_batch, nproc, 0)  # the batch splits over the processes
         except ValueError as e:
             raise UsageError(str(e), "see `vitkit train --help`") from None
         args = [recipe, "--out", str(out), *(["--resume"] if resume else []),

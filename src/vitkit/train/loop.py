@@ -51,7 +51,9 @@ from .recipes import TrainConfig
 
 # Settings that may change when a run is resumed: they do not alter what is computed.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads", "data.workers",
-                     "data.eval_batch_size", "data.data_dir", "data.download", "compile")
+                     "data.eval_batch_size", "data.data_dir", "data.download", "compile",
+                     # what a diverged run needs to go on from its last good checkpoint (_diverged_message)
+                     "optim.lr", "optim.clip_grad_norm")
 
 
 class TrainingDiverged(ValueError):
@@ -481,4 +483,5 @@ def _diverged_message(loss: float, step: int, per_epoch: int, out: Path) -> str:
     where = f"the last good checkpoint is {good}" if good else "no checkpoint was written yet"
     kind = "nan" if math.isnan(loss) else "infinite"
     return (f"the loss became {kind} at step {step + 1} (epoch {step / per_epoch:.2f}); training stopped and "
-            f"{where}. Lower optim.lr or set optim.clip_grad_norm, then --resume")
+            f"{where}. Lower optim.lr or set optim.clip_grad_norm, and --resume with them (if that checkpoint's "
+            "weights have grown too large already, start again in a new --out)")
