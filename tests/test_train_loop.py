@@ -297,3 +297,38 @@ def test_result_json_is_valid_json_and_names_the_split(tmp_path):
     summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in result.json"))
     assert summary["per_class"][FASHION_MNIST_CLASSES[3]] is None and summary["skipped"] == 0
     assert r.split == "val"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_folder_batches_after_a_resume_are_the_ones_an_unbroken_epoch_makes(workers):
+    # Per-image augmentation seeded by the image's place in the run: the same in any DataLoader worker, so a
+    # run resumed mid-epoch (start_step) sees bit for bit the batches it would have seen.
+    from vitkit.data import TransformedDataset
+    from vitkit.data.transforms import AugmentConfig
+    from vitkit.train.batches import LoaderBatches
+
+    class Plain(torch.utils.data.Dataset):  # not in memory: LoaderBatches' path, with PIL-free tensors
+        classes = [str(c) for c in range(10)]
+
+        def __init__(self):
+            self.images, self.labels = synthetic_images(48, seed=8)
+
+        def __len__(self):
+            return len(self.labels)
+
+        def __getitem__(self, i):
+            return self.images[i], int(self.labels[i])
+
+    cfg = get_recipe("demo-tiny").model
+    aug = AugmentConfig(crop="rrc", hflip=0.5, random_erasing=0.5)
+    source = LoaderBatches(Plain(), cfg, aug, num_classes=10, seed=5, workers=workers)
+    assert isinstance(source.dataset, TransformedDataset)
+    plan = make_plan(8, 4, 1, 0)
+    whole = {step: b for step, b in source.epoch(1, plan, 0, 6)}
+    resumed = {step: b for step, b in source.epoch(1, plan, 3, 6)}
+    assert list(resumed) == [3, 4, 5]
+    for step, micro_batches in resumed.items():
+        for (x, y), (x0, y0) in zip(micro_batches, whole[step], strict=True):
+            assert torch.equal(x, x0) and torch.equal(y, y0), step
+    other_epoch = next(iter(source.epoch(2, plan, 3, 4)))[1][0][0]
+    assert not torch.equal(other_epoch, resumed[3][0][0])

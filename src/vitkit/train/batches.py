@@ -6,8 +6,10 @@ order[s*B : (s+1)*B] (the last incomplete batch is dropped); process r of W take
 it, cut into micro-batches for gradient accumulation. The union over processes and micro-batches is the global
 batch, which is why W processes with accumulation compute the gradient of one process with the whole batch.
 
-Augmentation draws come from a generator seeded by (seed, epoch, step, rank, micro-batch): stateless, so
-resuming needs no augmentation state. Two sources of batches:
+Augmentation draws are stateless, so resuming needs no augmentation state: a whole in-memory micro-batch draws
+from a generator seeded by (seed, epoch, step, rank, micro-batch), an image of any other dataset from one seeded
+by (seed, epoch, step, its place in the global batch), whichever DataLoader worker makes it. Two sources of
+batches:
 
 * `MemoryBatches`, for datasets held as a uint8 tensor (Fashion-MNIST, CIFAR): whole batches are augmented at
   once (`vitkit.data.transforms.train_batch`), no worker processes. The fast path on a few CPU cores.
@@ -90,6 +92,11 @@ def step_generator(seed: int, epoch: int, step: int, rank: int, micro: int) -> t
     return torch.Generator().manual_seed(key % (2**63 - 1))
 
 
+def sample_seed(seed: int, epoch: int, step: int, position: int) -> int:
+    """The augmentation seed of the image at `position` of step `step`'s global batch."""
+    return ((((seed * _MIX + epoch) * _MIX + step) * _MIX + position) * 131 + 127) % (2**63 - 1)
+
+
 def is_in_memory(dataset: Dataset) -> bool:
     images = getattr(dataset, "images", None)
     targets = getattr(dataset, "targets", None)
@@ -123,18 +130,40 @@ class MemoryBatches:
 
 
 class _IndexBatches(torch.utils.data.Sampler):
-    """Yields this process's micro-batches of index lists, steps start_step .. num_steps - 1."""
+    """Yields this process's micro-batches, steps start_step .. num_steps - 1, as lists of (augmentation seed,
+    index) pairs for _SeededItems."""
 
-    def __init__(self, order: torch.Tensor, plan: BatchPlan, start_step: int, num_steps: int):
+    def __init__(self, order: torch.Tensor, plan: BatchPlan, start_step: int, num_steps: int, seed: int, epoch: int):
         self.order, self.plan, self.start, self.stop = order, plan, start_step, num_steps
+        self.seed, self.epoch = seed, epoch
 
     def __iter__(self):
         for step in range(self.start, self.stop):
-            for idx in rank_indices(self.order, step, self.plan):
-                yield idx.tolist()
+            first = self.plan.rank * self.plan.per_rank  # this process's place in the global batch
+            for j, idx in enumerate(rank_indices(self.order, step, self.plan)):
+                yield [(sample_seed(self.seed, self.epoch, step, first + j * self.plan.micro + i), index)
+                       for i, index in enumerate(idx.tolist())]
 
     def __len__(self) -> int:
         return (self.stop - self.start) * self.plan.accum
+
+
+class _SeededItems(Dataset):
+    """dataset[index] with torch's generator seeded for that one item, and this process's generator left as
+    it was: an image's random augmentation is the same in any worker process, and after any resume (a worker's
+    generator would otherwise depend on which items it made before)."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]):
+        seed, index = item
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.dataset[index]
 
 
 class LoaderBatches:
@@ -153,9 +182,9 @@ class LoaderBatches:
 
     def epoch(self, epoch: int, plan: BatchPlan, start_step: int, num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
         order = epoch_order(len(self), self.seed, epoch)
-        loader = DataLoader(self.dataset, batch_sampler=_IndexBatches(order, plan, start_step, num_steps),
-                            num_workers=self.workers, persistent_workers=False,
-                            generator=torch.Generator().manual_seed(self.seed * _MIX + epoch))
+        sampler = _IndexBatches(order, plan, start_step, num_steps, self.seed, epoch)
+        loader = DataLoader(_SeededItems(self.dataset), batch_sampler=sampler, num_workers=self.workers,
+                            persistent_workers=False)
         it = iter(loader)
         for step in range(start_step, num_steps):
             micro_batches = []
