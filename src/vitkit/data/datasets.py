@@ -477,13 +477,13 @@ class ImageFolderDataset(Dataset):
         return f"ImageFolderDataset({str(self.root)!r}, {len(self)} images, {len(self.classes)} classes)"
 
 
-class TransformedDataset(Dataset):
-    """A dataset whose images go through `transform` (e.g. build_train_transform's), labels unchanged; keeps
-    the wrapped dataset's `classes` and `num_channels`."""
+class DatasetView(Dataset):
+    """The items of `dataset`, each passed through `map_item(image, label)`; keeps the wrapped dataset's
+    length and `num_channels`, and its `classes` unless others are given."""
 
-    def __init__(self, dataset: Dataset, transform: Callable):
-        self.dataset, self.transform = dataset, transform
-        self.classes = list(getattr(dataset, "classes", []))
+    def __init__(self, dataset: Dataset, classes: Sequence[str] | None = None):
+        self.dataset = dataset
+        self.classes = list(classes if classes is not None else getattr(dataset, "classes", []))
 
     @property
     def num_channels(self) -> int:
@@ -493,7 +493,21 @@ class TransformedDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int):
-        image, label = self.dataset[index]
+        return self.map_item(*self.dataset[index])
+
+    def map_item(self, image, label):
+        """The item as the view shows it: here unchanged; subclasses transform the image or the label."""
+        return image, label
+
+
+class TransformedDataset(DatasetView):
+    """A dataset whose images go through `transform` (e.g. build_train_transform's), labels unchanged."""
+
+    def __init__(self, dataset: Dataset, transform: Callable):
+        super().__init__(dataset)
+        self.transform = transform
+
+    def map_item(self, image, label):
         return self.transform(image), label
 
 
@@ -506,26 +520,19 @@ def read_item(dataset: Dataset, index: int):
     return read(index) if read is not None else dataset[index]
 
 
-class LabelMapped(Dataset):
+class LabelMapped(DatasetView):
     """A dataset whose label `t` becomes `mapping[t]`, with `classes` as its class names (see with_classes)."""
 
     def __init__(self, dataset: Dataset, mapping: Sequence[int], classes: Sequence[str]):
-        self.dataset, self.mapping, self.classes = dataset, list(mapping), list(classes)
+        super().__init__(dataset, classes)
+        self.mapping = list(mapping)
 
-    @property
-    def num_channels(self) -> int:
-        return self.dataset.num_channels
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        image, label = self.dataset[index]
+    def map_item(self, image, label):
         return image, self.mapping[label]
 
     def read(self, index: int):
         item = read_item(self.dataset, index)
-        return None if item is None else (item[0], self.mapping[item[1]])
+        return None if item is None else self.map_item(*item)
 
 
 def _names(names: Sequence[str], most: int = 10) -> str:
