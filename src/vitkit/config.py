@@ -31,11 +31,13 @@ CROP_MODES: tuple[str, ...] = ("center", "squash")
 HYBRID_GROUPS = 32  # GroupNorm groups in the hybrid's ResNet, as BiT: its width must be a multiple
 
 
-def _is_int(x: Any) -> bool:
+def is_integer(x: Any) -> bool:
+    """An int (a numpy one too), not a bool."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _is_real(x: Any) -> bool:
+def is_finite_number(x: Any) -> bool:
+    """An int or float (numpy's too) that is neither nan nor infinite, not a bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -48,9 +50,9 @@ def _sequence(x: Any) -> tuple | None:
 
 def _pair(x: Any) -> tuple[int, int]:
     """An int or an (height, width) pair of ints as (height, width); ValueError for anything else."""
-    if _is_int(x):
+    if is_integer(x):
         return (int(x), int(x))
-    if isinstance(x, (tuple, list)) and len(x) == 2 and all(_is_int(v) for v in x):
+    if isinstance(x, (tuple, list)) and len(x) == 2 and all(is_integer(v) for v in x):
         return (int(x[0]), int(x[1]))
     raise ValueError(f"image_size={x!r} must be an int or a (height, width) pair of ints")
 
@@ -184,18 +186,18 @@ class ViTConfig:
             errors.append(str(e))
         for key in ("patch_size", "in_chans", "num_classes", "dim", "depth", "num_heads", "mlp_dim", "hybrid_width"):
             value = getattr(self, key)
-            if _is_int(value):
+            if is_integer(value):
                 put(key, int(value))
             else:
                 errors.append(f"{key}={value!r} must be an integer")
         if self.representation_size is not None:
-            if _is_int(self.representation_size):
+            if is_integer(self.representation_size):
                 put("representation_size", int(self.representation_size))
             else:
                 errors.append(f"representation_size={self.representation_size!r} must be an integer or None")
         for key in (*TRAINING_RATES, "ln_eps", "crop_pct"):
             value = getattr(self, key)
-            if _is_real(value):
+            if is_finite_number(value):
                 put(key, float(value))
             else:
                 errors.append(f"{key}={value!r} must be a finite number")
@@ -208,13 +210,13 @@ class ViTConfig:
         for key in ("mean", "std"):
             value = getattr(self, key)
             values = _sequence(value)
-            if values and all(_is_real(v) for v in values):
+            if values and all(is_finite_number(v) for v in values):
                 put(key, tuple(float(v) for v in values))
             else:
                 errors.append(f"{key}={value!r} must be a list of finite numbers, one per channel")
         if self.hybrid_layers is not None:
             layers = _sequence(self.hybrid_layers)
-            if layers is not None and all(_is_int(n) for n in layers):
+            if layers is not None and all(is_integer(n) for n in layers):
                 put("hybrid_layers", tuple(int(n) for n in layers))
             else:
                 errors.append(f"hybrid_layers={self.hybrid_layers!r} must be a list of unit counts per stage, or None")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import numbers
 import re
 import types
 import typing
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..config import TRAINING_RATES, ViTConfig, get_config
+from ..config import TRAINING_RATES, ViTConfig, get_config, is_finite_number, is_integer
 from ..data.transforms import AugmentConfig
 
 Optimizer = Literal["adamw", "sgd"]
@@ -47,9 +46,7 @@ class Range:
                 f"{')' if self.open_high else ']'}")
 
     def admits(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral if self.integer else numbers.Real):
-            return False
-        if not math.isfinite(value):
+        if not (is_integer if self.integer else is_finite_number)(value):
             return False
         above = value > self.low if self.open_low else value >= self.low
         below = value < self.high if self.open_high else value <= self.high
