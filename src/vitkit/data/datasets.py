@@ -445,14 +445,12 @@ class ImageFolderDataset(Dataset):
             self._bad[index] = True
             return None
 
-    def relabeled(self, classes: Sequence[str]) -> ImageFolderDataset:
-        """The same files with labels indexing `classes` (a superset of this folder's, matched by name), e.g. a
+    def relabeled(self, mapping: Sequence[int], classes: Sequence[str]) -> ImageFolderDataset:
+        """The same files with label `t` as `mapping[t]`, an index into `classes` (see with_classes), e.g. a
         validation folder numbered as its training folder. Shares the record of bad files."""
-        index = {name: i for i, name in enumerate(classes)}
-        own = [index[name] for name in self.classes]
         out = copy.copy(self)
         out.classes = list(classes)
-        out.samples = [(path, own[t]) for path, t in self.samples]
+        out.samples = [(path, mapping[t]) for path, t in self.samples]
         out.targets = torch.tensor([t for _, t in out.samples], dtype=torch.int64)
         return out
 
@@ -499,6 +497,11 @@ class DatasetView(Dataset):
         """The item as the view shows it: here unchanged; subclasses transform the image or the label."""
         return image, label
 
+    def read(self, index: int):
+        """Item `index` as the view shows it, or None when it is a bad image file that is skipped (read_item)."""
+        item = read_item(self.dataset, index)
+        return None if item is None else self.map_item(*item)
+
 
 class TransformedDataset(DatasetView):
     """A dataset whose images go through `transform` (e.g. build_train_transform's), labels unchanged."""
@@ -513,7 +516,7 @@ class TransformedDataset(DatasetView):
 
 def read_item(dataset: Dataset, index: int):
     """Item `index` of `dataset` itself, or None when it is a bad image file that is skipped: unlike
-    `dataset[index]`, never another item in its place (through Subsets and LabelMapped)."""
+    `dataset[index]`, never another item in its place (through Subsets and DatasetViews)."""
     while isinstance(dataset, Subset):
         dataset, index = dataset.dataset, dataset.indices[index]
     read = getattr(dataset, "read", None)
@@ -529,10 +532,6 @@ class LabelMapped(DatasetView):
 
     def map_item(self, image, label):
         return image, self.mapping[label]
-
-    def read(self, index: int):
-        item = read_item(self.dataset, index)
-        return None if item is None else self.map_item(*item)
 
 
 def _names(names: Sequence[str], most: int = 10) -> str:
@@ -559,7 +558,7 @@ def with_classes(dataset: Dataset, classes: Sequence[str], what: str = "the data
     index = {name: i for i, name in enumerate(classes)}
     mapping = [index[name] for name in own]
     if isinstance(dataset, ImageFolderDataset):
-        return dataset.relabeled(classes)
+        return dataset.relabeled(mapping, classes)
     if isinstance(dataset, TensorImageDataset):
         return TensorImageDataset(dataset.images, torch.tensor(mapping)[dataset.targets], classes, dataset.name)
     return LabelMapped(dataset, mapping, classes)

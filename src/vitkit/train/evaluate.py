@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from ..config import ViTConfig
-from ..data.datasets import read_item
+from ..data.datasets import TransformedDataset
 from ..data.transforms import build_eval_transform, normalize_batch
 from .batches import is_in_memory
 from .distributed import all_reduce_sum
@@ -61,18 +61,11 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-class _ReadableItems(Dataset):
-    """Each item of `dataset` through `transform`, or None for an unreadable file that is skipped (read_item)."""
-
-    def __init__(self, dataset: Dataset, transform):
-        self.dataset, self.transform = dataset, transform
-
-    def __len__(self) -> int:
-        return len(self.dataset)
+class _ReadableItems(TransformedDataset):
+    """Each item of `dataset` through `transform`, or None for an unreadable file that is skipped."""
 
     def __getitem__(self, index: int):
-        item = read_item(self.dataset, index)
-        return None if item is None else (self.transform(item[0]), item[1])
+        return self.read(index)
 
 
 def _collate_readable(items: list) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
