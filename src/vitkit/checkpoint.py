@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import ViTConfig
 from .files import permit_as_created
+from .inference import OPTIMIZED
 from .model import VisionTransformer
 
 WEIGHTS_NAME = "model.safetensors"
@@ -60,7 +61,7 @@ def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[st
     The model must be a VisionTransformer whose tensors fit its config, so that every folder written loads
     again: a torch.compile'd model is saved as the model it wraps, the output of `vitkit.optimize` is refused
     (save the model that went in)."""
-    optimized = getattr(model, "vitkit_optimized", None)  # vitkit.inference.OPTIMIZED
+    optimized = getattr(model, OPTIMIZED, None)
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the same tensors
     if optimized is not None:
         raise ValueError(f"this model comes from vitkit.optimize(precision={optimized!r}), whose layers are packed "
