@@ -31,30 +31,58 @@ def inference_model(model, fast: bool):
 def launch_torchrun(nproc: int, train_args: list[str]) -> int:
     """Run `vitkit train TRAIN_ARGS` as `nproc` processes under torchrun on this machine and return its exit
     code. Each process gets (cores / nproc) threads unless OMP_NUM_THREADS is set."""
+    import signal
     import subprocess
     import sys
 
     from ..train.distributed import end_with_parent
+    from ..train.stopping import STOP_SIGNALS
 
     env = dict(os.environ)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
     cmd = [sys.executable, "-c", QUIET_TORCHRUN, "--standalone", f"--nproc_per_node={nproc}",
            "-m", "vitkit.cli.main", "train", *train_args]
-    # torchrun ends with this process, whatever ends it, and takes its workers along (they end with it).
-    return subprocess.run(cmd, env=env, preexec_fn=end_with_parent).returncode
+    # torchrun ends with this process, whatever ends it, and takes its workers along (they end with it, and
+    # stop as a SIGTERM asks: after a checkpoint). It runs in a session of its own, out of reach of the
+    # terminal's Ctrl-C, so that each signal reaches it once, from here: torchrun hands it to the workers,
+    # which stop after the step in flight with a checkpoint, and this process waits for them.
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=end_with_parent, start_new_session=True)
+    previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(signum)) for sig in STOP_SIGNALS}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code  # killed by a signal: the shell's code for it
 
 
-# torchrun's own main, without the traceback of its ChildFailedError: a worker that fails has printed its
-# one-line error already, and the exit code says that the run failed.
+def resume_command(recipe: str, out: Path, overrides: list[str], nproc: int) -> str:
+    """The command that continues a stopped run: the same recipe, folder and settings, with --resume."""
+    import shlex
+
+    return shlex.join(["vitkit", "train", recipe, "--out", str(out), "--resume",
+                       *(a for o in overrides for a in ("--set", o)), *(["--nproc", str(nproc)] if nproc > 1 else [])])
+
+
+# torchrun's own main, without the traceback of its ChildFailedError or SignalException: a worker that fails
+# has printed its one-line error already, a stopped run its message, and the exit code says which.
 QUIET_TORCHRUN = """\
+import logging
+import os
 import sys
+# torchrun's warnings as it hands a signal on to the workers (its loggers take LOGLEVEL, or their parent's)
+os.environ.setdefault("LOGLEVEL", "ERROR")
+logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main
 try:
     main(sys.argv[1:])
 except ChildFailedError:
     sys.exit(1)
+except SignalException as e:  # it handed the signal to the workers, which stopped after a checkpoint
+    sys.exit(128 + int(e.sigval))
 """
 
 
@@ -84,6 +112,7 @@ def train(
     data-parallel (gloo on CPUs, nccl on GPUs)."""
     from ..train import get_recipe
     from ..train import train as run
+    from ..train.stopping import TrainingStopped
     from .main import UsageError
 
     if recipe not in RECIPES:
@@ -107,7 +136,13 @@ def train(
         args = [recipe, "--out", str(out), *(["--resume"] if resume else []),
                 *(a for o in overrides or [] for a in ("--set", o)), *([] if progress else ["--no-progress"])]
         raise typer.Exit(launch_torchrun(nproc, args))
-    result = run(cfg, out, resume=resume, progress=progress)
+    try:
+        result = run(cfg, out, resume=resume, progress=progress)
+    except TrainingStopped as e:
+        if os.environ.get("RANK", "0") == "0":
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            typer.echo(f"{e}\ncontinue with: {resume_command(recipe, out, overrides or [], world)}", err=True)
+        raise typer.Exit(e.exit_code) from None
     if os.environ.get("RANK", "0") != "0":  # under torchrun, the main process reports
         return
     took = f"{result.seconds / 60:.1f} min" if result.seconds >= 60 else f"{result.seconds:.0f} s"

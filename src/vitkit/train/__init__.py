@@ -3,6 +3,7 @@
 from .evaluate import EvalResult, confusion_png, evaluate
 from .loop import RunResult, TrainingDiverged, train
 from .recipes import RECIPES, DataConfig, OptimConfig, TrainConfig, apply_overrides, get_recipe
+from .stopping import TrainingStopped
 
 __all__ = [
     "RECIPES",
@@ -12,6 +13,7 @@ __all__ = [
     "RunResult",
     "TrainConfig",
     "TrainingDiverged",
+    "TrainingStopped",
     "apply_overrides",
     "confusion_png",
     "evaluate",

@@ -31,6 +31,7 @@ from ..data.transforms import (
     build_train_transform,
     train_batch,
 )
+from .stopping import ignore_stop_signals
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 _MIX = 1_000_003  # a prime, to spread (seed, epoch, step, ...) over the seed space
@@ -184,7 +185,7 @@ class LoaderBatches:
         order = epoch_order(len(self), self.seed, epoch)
         sampler = _IndexBatches(order, plan, start_step, num_steps, self.seed, epoch)
         loader = DataLoader(_SeededItems(self.dataset), batch_sampler=sampler, num_workers=self.workers,
-                            persistent_workers=False)
+                            persistent_workers=False, worker_init_fn=ignore_stop_signals)
         it = iter(loader)
         for step in range(start_step, num_steps):
             micro_batches = []

@@ -24,6 +24,7 @@ from ..data.datasets import TransformedDataset
 from ..data.transforms import build_eval_transform, normalize_batch
 from .batches import is_in_memory
 from .distributed import all_reduce_sum
+from .stopping import ignore_stop_signals
 
 
 @dataclass
@@ -89,7 +90,7 @@ def eval_batches(dataset: Dataset, cfg: ViTConfig, batch_size: int, rank: int = 
     share = Subset(dataset, range(rank, len(dataset), world)) if world > 1 else dataset
     data = _ReadableItems(share, build_eval_transform(cfg))
     yield from DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
-                          collate_fn=_collate_readable)
+                          collate_fn=_collate_readable, worker_init_fn=ignore_stop_signals)
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:

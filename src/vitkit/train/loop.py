@@ -7,7 +7,8 @@ One optimizer step: the schedule sets the learning rate; this process's micro-ba
 forward and backward, the loss of each divided by their number so the gradients add up to the mean over the
 process's share (DDP then averages over the processes: the mean over the global batch); the gradient norm is
 clipped; the optimizer steps; the EMA of the weights follows. Evaluation and checkpoints come every
-`eval_every` / `ckpt_every` steps (default: every epoch) and at the end.
+`eval_every` / `ckpt_every` steps (default: every epoch) and at the end, and after the step in flight when
+Ctrl-C or SIGTERM asks the run to stop (stopping.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 import json
 import math
 import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,7 @@ from .ema import EMA
 from .evaluate import EvalResult, confusion_png, evaluate
 from .optim import build_optimizer, lr_at, set_lr
 from .recipes import TrainConfig
+from .stopping import StopRequests, TrainingStopped
 
 # Settings that may change when a run is resumed: they do not alter what is computed.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads", "data.workers",
@@ -407,50 +410,58 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     window_t, window_n, loss_ema = time.time(), 0, None
     result = None
     epoch = step // per_epoch
-    while step < total:
-        first = step % per_epoch
-        last = min(per_epoch, first + total - step)
-        for _, micro_batches in source.epoch(epoch, plan, first, last):
-            lr = lr_at(step, total, cfg.optim.lr, warmup, cfg.optim.schedule, cfg.optim.min_lr)
-            set_lr(optimizer, lr)
-            model.patch_drop_rate = 0.0 if step >= full_tokens_from else cfg.model.patch_dropout
-            loss = forward_backward(net, micro_batches, cfg.optim.label_smoothing, device, amp, ctx.distributed)
-            finite = torch.isfinite(loss).float()
-            if ctx.distributed:  # every process must stop together
-                finite = distributed.all_reduce_sum(finite) / ctx.world
-            if finite.item() < 1:
-                raise TrainingDiverged(_diverged_message(float(loss), step, per_epoch, out))
-            optimizer_step(model, optimizer, cfg.optim.clip_grad_norm)
-            if ema is not None:
-                ema.update(model)
-            step += 1
+    with StopRequests(announce=ctx.is_main) as stops, contextlib.ExitStack() as closing:
+        closing.callback(log.close)
+        if bar is not None:
+            closing.callback(bar.close)
+        while step < total:
+            first = step % per_epoch
+            last = min(per_epoch, first + total - step)
+            for _, micro_batches in source.epoch(epoch, plan, first, last):
+                lr = lr_at(step, total, cfg.optim.lr, warmup, cfg.optim.schedule, cfg.optim.min_lr)
+                set_lr(optimizer, lr)
+                model.patch_drop_rate = 0.0 if step >= full_tokens_from else cfg.model.patch_dropout
+                loss = forward_backward(net, micro_batches, cfg.optim.label_smoothing, device, amp, ctx.distributed)
+                # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP
+                # summed over the processes, which must all stop together, at the same step.
+                flags = torch.stack([torch.isfinite(loss).float(), loss.new_tensor(float(stops.requested))])
+                if ctx.distributed:
+                    flags = distributed.all_reduce_sum(flags)
+                finite, stop = flags.tolist()
+                if finite < ctx.world:
+                    raise TrainingDiverged(_diverged_message(float(loss), step, per_epoch, out))
+                optimizer_step(model, optimizer, cfg.optim.clip_grad_norm)
+                if ema is not None:
+                    ema.update(model)
+                step += 1
 
-            window_n += cfg.batch_size
-            lv = float(loss)
-            loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
-            if bar is not None:
-                bar.update(1)
-            if step % cfg.log_every == 0 or step == total:
-                ips = window_n / max(time.time() - window_t, 1e-9)
-                window_t, window_n = time.time(), 0
-                log.write(step, step / per_epoch, "train", loss=lv, lr=lr, img_per_s=ips)
+                window_n += cfg.batch_size
+                lv = float(loss)
+                loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
                 if bar is not None:
-                    bar.set_postfix(loss=f"{loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
-                                    epoch=f"{step / per_epoch:.2f}")
-            if step % eval_every == 0 or step == total:
-                result = run_eval(step)
-            if step % ckpt_every == 0 or step == total:
-                if ctx.is_main:
-                    save_train_state(out, step, model, optimizer, state(step), classes,
-                                     ema.state_dict() if ema else None, cfg.keep_last)
-                distributed.barrier()
-        epoch += 1
-        skipped = skipped_images(train_set)
-        if skipped and ctx.is_main:
-            (bar.write if bar else print)(f"skipped {len(skipped)} unreadable image(s) so far, e.g. {skipped[0]}")
-    if bar is not None:
-        bar.close()
-    log.close()
+                    bar.update(1)
+                if step % cfg.log_every == 0 or step == total:
+                    ips = window_n / max(time.time() - window_t, 1e-9)
+                    window_t, window_n = time.time(), 0
+                    log.write(step, step / per_epoch, "train", loss=lv, lr=lr, img_per_s=ips)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
+                                        epoch=f"{step / per_epoch:.2f}")
+                if step % eval_every == 0 or step == total:
+                    result = run_eval(step)
+                stopping = stop > 0 and step < total  # at the last step the run ends anyway
+                if step % ckpt_every == 0 or step == total or stopping:
+                    if ctx.is_main:
+                        save_train_state(out, step, model, optimizer, state(step), classes,
+                                         ema.state_dict() if ema else None, cfg.keep_last)
+                    distributed.barrier()
+                if stopping:
+                    raise TrainingStopped(stops.signum or signal.SIGTERM, step, total,
+                                          latest_checkpoint(out) or out / "ckpt")
+            epoch += 1
+            skipped = skipped_images(train_set)
+            if skipped and ctx.is_main:
+                (bar.write if bar else print)(f"skipped {len(skipped)} unreadable image(s) so far, e.g. {skipped[0]}")
 
     seconds = elapsed_before + time.time() - t_start
     final_outputs(step, seconds, result, list(FINAL_OUTPUTS))
