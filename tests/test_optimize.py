@@ -61,6 +61,18 @@ def test_fp32_computes_the_same_function(overrides, batch):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("overrides", [{}, {"pool": "gap", "class_token": False},
+                                       {"hybrid_layers": (1,), "patch_size": 2, "image_size": 64}])
+def test_an_empty_batch_gives_empty_outputs_as_the_model_does(precision, overrides):
+    model = tiny_model(**overrides)
+    fast = optimize(model, precision)
+    x = torch.randn(0, 3, *model.cfg.image_size)
+    with torch.inference_mode():
+        assert fast(x).shape == model(x).shape == (0, 10)
+        assert fast.forward_features(x).shape == model.forward_features(x).shape
+
+
 @pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
 def test_fp32_packs_every_linear_and_fuses_gelu():
     fast = optimize(tiny_model(), "fp32")

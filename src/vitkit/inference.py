@@ -187,7 +187,8 @@ class LinearPatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
         P = self.patch_size
-        patches = x.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(B, -1, C * P * P)
+        patches = x.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5)
+        patches = patches.reshape(B, (H // P) * (W // P), C * P * P)  # sizes named: B may be 0
         return self.proj(patches)  # (B, N, D), patches in raster order
 
 
@@ -209,10 +210,11 @@ def attend_through_projections(q: torch.Tensor, h: torch.Tensor, w_k: torch.Tens
     broadcast over heads copies each image's tokens once per head (which made the int8 ViT-B/16 at batch 16
     1.09x slower)."""
     B, H, Q, Dh = q.shape
+    D = h.shape[-1]
     by_head = q.transpose(0, 1).reshape(H, B * Q, Dh)  # a copy of the few queries only
-    q_in = torch.bmm(by_head, w_k).view(H, B, Q, -1).transpose(0, 1).reshape(B, H * Q, -1)  # W_k^T q, per head
+    q_in = torch.bmm(by_head, w_k).view(H, B, Q, D).transpose(0, 1).reshape(B, H * Q, D)  # W_k^T q, per head
     attn = torch.bmm(q_in, h.transpose(1, 2)).mul_(scale).softmax(dim=-1)  # (B, H * Q, T)
-    mixed = torch.bmm(attn, h).view(B, H, Q, -1).transpose(0, 1).reshape(H, B * Q, -1)  # sum_j a_j h_j, per head
+    mixed = torch.bmm(attn, h).view(B, H, Q, D).transpose(0, 1).reshape(H, B * Q, D)  # sum_j a_j h_j, per head
     out = torch.bmm(mixed, w_v.transpose(1, 2)).view(H, B, Q, Dh).transpose(0, 1)  # (B, H, Q, Dh)
     return out if b_v is None else out.add_(b_v)
 
@@ -366,11 +368,11 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int
     if queries is not None:
         q = q[:, :, :queries]
     Q = q.shape[2]
-    q, k, v = (t.reshape(B * num_heads, -1, Dh) for t in (q, k, v))
+    q, k, v = (t.reshape(B * num_heads, t.shape[2], Dh) for t in (q, k, v))
     scores = torch.baddbmm(q.new_empty(B * num_heads, Q, T), q, k.transpose(1, 2), beta=0, alpha=scale)
     y = torch.bmm(scores.softmax(dim=-1), v).view(B, num_heads, Q, Dh)
     out = torch.empty(B, Q, num_heads, Dh, dtype=torch.float32, device=qkv.device)
-    return out.copy_(y.transpose(1, 2)).view(B, -1, D)
+    return out.copy_(y.transpose(1, 2)).view(B, Q, D)
 
 
 def int8_block_eligible(block: nn.Module) -> bool:
