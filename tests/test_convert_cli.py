@@ -29,9 +29,10 @@ def assert_identical(a, b) -> None:
 
 
 def test_round_trips_are_exact(tmp_path, capsys):
-    """vitkit -> timm -> hf -> vitkit, and timm -> vitkit -> timm, with a non-square, tanh-GELU, eps-1e-5 model."""
+    """vitkit -> timm -> hf -> vitkit, and timm -> vitkit -> timm, with a non-square, tanh-GELU, eps-1e-12 model
+    (Hugging Face's eps, which timm's folder keeps for vitkit in its vitkit_config)."""
     src = randomize_(vitkit.create_model("ViT-S/16", image_size=(32, 48), patch_size=8, dim=64, depth=2,
-                                         num_heads=4, mlp_dim=96, num_classes=3, gelu="tanh", ln_eps=1e-5,
+                                         num_heads=4, mlp_dim=96, num_classes=3, gelu="tanh", ln_eps=1e-12,
                                          crop_pct=0.9)).eval()
     vitkit.save(src, tmp_path / "src", class_names=["x", "y", "z"])
     run(tmp_path / "src", tmp_path / "timm", "--to", "timm")
@@ -93,3 +94,14 @@ def test_to_timm_refuses_pre_logits_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error: cannot write this model for timm: timm's VisionTransformer has no pre-logits layer" in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_convert_prints_what_the_target_will_compute_differently(tmp_path, capsys):
+    """A Hugging Face model (LayerNorm eps 1e-12) written for timm (eps 1e-6): written, with a note."""
+    model = vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=96,
+                                num_classes=3, ln_eps=1e-12)
+    vitkit.save(model, tmp_path / "src")
+    run(tmp_path / "src", tmp_path / "out", "--to", "timm")
+    err = capsys.readouterr().err
+    assert "note: timm normalises with LayerNorm eps 1e-06, this model with 1e-12" in err, err
+    assert (tmp_path / "out" / "model.safetensors").is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -71,7 +72,8 @@ def test_in_memory_names_of_transformers_5(tmp_path):
 def test_write_hf_round_trip_and_transformers_reads_it(tmp_path):
     ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=2, num_heads=4,
                                           mlp_dim=96, num_classes=3)).eval()
-    folder = write(ours, tmp_path / "out", to="hf", class_names=["a", "b", "c"])
+    with pytest.warns(UserWarning, match="no centre crop"):  # a square input: the same pixels here
+        folder = write(ours, tmp_path / "out", to="hf", class_names=["a", "b", "c"])
     back = vitkit.load(folder)
     assert back.cfg == ours.cfg and back.class_names == ["a", "b", "c"]
     for k, v in ours.state_dict().items():
@@ -81,6 +83,29 @@ def test_write_hf_round_trip_and_transformers_reads_it(tmp_path):
     with torch.no_grad():
         assert_same(ours(x), ref(x).logits, "vitkit written as HF, read by transformers")
     assert ref.config.id2label[2] == "c"
+
+
+def test_write_hf_warns_of_what_transformers_will_do_differently(tmp_path):
+    """A headless model without pre-logits gives ViTModel a pooler without weights (transformers makes it up);
+    a centre-cropping model gets ViTImageProcessor's squash. Both are said; a squash model with pre-logits is
+    written without a word, and its pooler is the pre-logits."""
+    kwargs = dict(image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=96, num_classes=0)
+    headless = randomize_(vitkit.create_model("ViT-S/16", **kwargs)).eval()
+    with pytest.warns(UserWarning) as notes:
+        folder = write(headless, tmp_path / "headless", to="hf")
+    said = " ".join(str(n.message) for n in notes)
+    assert "no pre-logits layer, so ViTModel's pooler gets no weights" in said and "no centre crop" in said
+    ref = transformers.ViTModel.from_pretrained(folder, add_pooling_layer=False).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(headless.forward_head(headless.forward_features(x)), ref(x).last_hidden_state[:, 0],
+                    "the class token's representation")
+    pooled = randomize_(vitkit.create_model("ViT-S/16", representation_size=64, crop_mode="squash", **kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        folder = write(pooled.eval(), tmp_path / "pooled", to="hf")
+    with torch.no_grad():
+        assert_same(pooled(x), transformers.ViTModel.from_pretrained(folder).eval()(x).pooler_output, "pooler")
 
 
 def test_write_hf_refuses_what_transformers_cannot_hold(tmp_path):

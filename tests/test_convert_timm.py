@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -128,24 +129,37 @@ def test_misfit_tensors_are_all_named(tmp_path):
 
 
 def test_write_timm_round_trip_and_timm_reads_it(tmp_path):
-    """vitkit -> timm folder -> vitkit is exact, and timm builds the same function from the folder."""
-    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=(32, 48), patch_size=8, dim=64, depth=2,
-                                          num_heads=4, mlp_dim=96, num_classes=3, gelu="tanh", ln_eps=1e-5))
+    """vitkit -> timm folder -> vitkit is exact, and timm builds the same function from the folder, also for
+    an MLP width that mlp_dim / dim gives timm one short (int(56 * (61 / 56)) = 60)."""
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=(32, 48), patch_size=8, dim=56, depth=2,
+                                          num_heads=4, mlp_dim=61, num_classes=3, gelu="tanh"))
+    assert int(56 * (61 / 56)) == 60
     folder = write(ours.eval(), tmp_path / "out", to="timm", class_names=["a", "b", "c"])
     back = vitkit.load(folder)
     assert back.cfg == ours.cfg and back.class_names == ["a", "b", "c"]
     for k, v in ours.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
     config = json.loads((folder / "config.json").read_text())
-    args = dict(config["model_args"])
-    ref = timm.create_model(config["architecture"], num_classes=config["num_classes"], **args).eval()
-    for m in ref.modules():  # timm's LayerNorm eps is fixed at 1e-6; this model was made with 1e-5
-        if isinstance(m, torch.nn.LayerNorm):
-            m.eps = 1e-5
+    ref = timm.create_model(config["architecture"], num_classes=config["num_classes"], **config["model_args"])
     ref.load_state_dict(load_file(str(folder / "model.safetensors")))
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
-        assert_same(ours(x), ref(x), "vitkit written as timm, read by timm")
+        assert_same(ours(x), ref.eval()(x), "vitkit written as timm, read by timm")
+
+
+def test_write_timm_refuses_a_larger_layer_norm_eps_and_notes_a_smaller_one(tmp_path):
+    """timm's LayerNorm eps is 1e-6 whatever model_args say: a larger one would change what timm computes;
+    a smaller one (Hugging Face's 1e-12) changes it by float noise and is written with a warning."""
+    kwargs = dict(image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=96, num_classes=3)
+    with pytest.raises(ValueError, match=r"timm: timm's VisionTransformer normalises with LayerNorm eps 1e-06, "
+                                         r"this model with 1e-05"):
+        write(vitkit.create_model("ViT-S/16", ln_eps=1e-5, **kwargs), tmp_path / "big", to="timm")
+    assert not (tmp_path / "big").exists()
+    with pytest.warns(UserWarning, match="timm normalises with LayerNorm eps 1e-06, this model with 1e-12"):
+        write(vitkit.create_model("ViT-S/16", ln_eps=1e-12, **kwargs), tmp_path / "small", to="timm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write(vitkit.create_model("ViT-S/16", **kwargs), tmp_path / "same", to="timm")
 
 
 def test_no_embed_class_with_a_non_square_size_from_config(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import typer
@@ -19,7 +20,10 @@ def convert(
                                                          "file without a config whose heads are not 64 wide."),
     force: bool = typer.Option(False, "--force", help="Write into DST even if it holds other files."),
 ) -> None:
-    """Convert a ViT checkpoint between formats; the written tensors reproduce the source exactly."""
+    """Convert a ViT checkpoint between formats; the written tensors reproduce the source exactly.
+
+    What the target library will compute differently is refused (a layer it lacks) or noted (timm's LayerNorm
+    eps of 1e-6 for a model with a smaller one; transformers' preprocessing without a centre crop)."""
     from ..convert import TARGETS, write
     from ..loading import load
     from .main import UsageError
@@ -32,10 +36,14 @@ def convert(
         raise UsageError(f"{dst}: folder is not empty", "pass --force to write into it anyway")
     size = _parse_size(image_size) if image_size else None
     model = load(src, image_size=size, num_heads=num_heads or None)
-    try:
-        write(model, dst, to=to, class_names=getattr(model, "class_names", None))
-    except ValueError as e:
-        raise UsageError(str(e), "pick another --to format") from None
+    with warnings.catch_warnings(record=True) as notes:  # what the target format will do differently
+        warnings.simplefilter("always")
+        try:
+            write(model, dst, to=to, class_names=getattr(model, "class_names", None))
+        except ValueError as e:
+            raise UsageError(str(e), "pick another --to format") from None
+    for note in notes:
+        typer.echo(f"note: {note.message}", err=True)
     cfg = model.cfg
     typer.echo(f"{src} -> {dst} ({to}): {cfg.dim} wide, {cfg.depth} layers, {cfg.num_heads} heads, "
                f"{cfg.image_size[0]}x{cfg.image_size[1]} px, {cfg.num_classes} classes")

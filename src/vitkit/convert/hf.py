@@ -16,6 +16,7 @@ vitkit's `pre_logits`; a `ViTModel` has no classifier, so it becomes a vitkit mo
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,9 @@ def from_hf(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conver
 def to_hf(model: VisionTransformer, class_names: list[str] | None = None
           ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """The state dict, config.json and preprocessor_config.json of the transformers model equal to `model`:
-    `ViTForImageClassification` when it has a classifier, else `ViTModel` (with the pre-logits as pooler)."""
+    `ViTForImageClassification` when it has a classifier, else `ViTModel` (with the pre-logits as pooler).
+    What transformers will do differently is a warning: a pooler without weights, a preprocessor that squashes
+    where this model centre-crops."""
     cfg = model.cfg
     problems = []
     if not cfg.class_token or cfg.pool != "token":
@@ -132,6 +135,15 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
     if problems:
         raise ValueError("cannot write this model for Hugging Face transformers: " + "; ".join(problems))
     classify = cfg.num_classes > 0
+    if not classify and cfg.representation_size is None:
+        warnings.warn("this model has no pre-logits layer, so ViTModel's pooler gets no weights and transformers "
+                      "initialises it at random: use last_hidden_state (whose first token is this model's "
+                      "representation), or load with ViTModel.from_pretrained(folder, add_pooling_layer=False)",
+                      stacklevel=2)
+    if cfg.crop_mode == "center":
+        warnings.warn("ViTImageProcessor has no centre crop: it resizes a whole image to the input size, where "
+                      f"this model resizes and centre-crops (crop_pct {cfg.crop_pct:g}); images of another "
+                      "shape will be preprocessed differently", stacklevel=2)
     prefix = "vit." if classify else ""
     state = split_qkv({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
                       "blocks.{i}.attn.{part}.{kind}")

@@ -10,6 +10,8 @@ and `model.safetensors` (or `pytorch_model.bin`).
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,16 @@ RULES = [
 ]
 
 TIMM_GELU_TANH = "gelu_tanh"
+TIMM_LN_EPS = 1e-6  # timm's VisionTransformer builds its LayerNorms with this epsilon; model_args cannot change it
+
+
+def timm_mlp_ratio(dim: int, mlp_dim: int) -> float:
+    """The `mlp_ratio` for which timm's hidden width `int(dim * mlp_ratio)` is `mlp_dim`: mlp_dim / dim itself
+    can land a hair below it in floating point (352 * (480 / 352) = 479.99999...), and int() truncates."""
+    ratio = mlp_dim / dim
+    while int(dim * ratio) < mlp_dim:
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
 
 
 def is_timm_state(keys: set[str]) -> bool:
@@ -147,14 +159,22 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
         # timm >= 0.9 has no pre-logits layer: its checkpoint_filter_fn drops pre_logits.fc.*, so timm would
         # compute another function (or refuse the head's width).
         problems.append("timm's VisionTransformer has no pre-logits layer (it drops pre_logits.fc.* on loading)")
+    if cfg.ln_eps > TIMM_LN_EPS * (1 + 1e-9):
+        problems.append(f"timm's VisionTransformer normalises with LayerNorm eps {TIMM_LN_EPS:g}, this model with "
+                        f"{cfg.ln_eps:g}")
     if problems:
         raise ValueError("cannot write this model for timm: " + "; ".join(problems)
                          + "; write it as vitkit instead")
+    if cfg.ln_eps < TIMM_LN_EPS * (1 - 1e-9):
+        # Hugging Face's configs say 1e-12 (for weights Google trained with 1e-6): a change of the normalised
+        # value by about eps / (2 variance), relative, below 1e-4 for any token of variance 0.005 or more.
+        warnings.warn(f"timm normalises with LayerNorm eps {TIMM_LN_EPS:g}, this model with {cfg.ln_eps:g}: "
+                      "timm's outputs will differ slightly from this model's", stacklevel=2)
     state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
     args: dict[str, Any] = {
         "img_size": list(cfg.image_size), "patch_size": cfg.patch_size, "in_chans": cfg.in_chans,
         "embed_dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
-        "mlp_ratio": cfg.mlp_dim / cfg.dim, "qkv_bias": cfg.qkv_bias, "class_token": cfg.class_token,
+        "mlp_ratio": timm_mlp_ratio(cfg.dim, cfg.mlp_dim), "qkv_bias": cfg.qkv_bias, "class_token": cfg.class_token,
         "global_pool": "token" if cfg.pool == "token" else "avg",
         "fc_norm": False,  # vitkit normalises every token before pooling, as the paper (and timm's token pool)
     }
