@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -77,7 +79,7 @@ def test_eval_transform_tiny_images_are_just_resized():
 def test_eval_transform_resize_then_centre_crop_matches_v2_reference():
     cfg = tiny_cfg((32, 32), 3, crop_pct=0.875)
     image = batch(1, 3, 100, 80)[0]
-    ref = v2.Compose([v2.Resize(round(32 / 0.875), interpolation=InterpolationMode.BICUBIC, antialias=True),
+    ref = v2.Compose([v2.Resize(math.floor(32 / 0.875), interpolation=InterpolationMode.BICUBIC, antialias=True),
                       v2.CenterCrop(32), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)])
     torch.testing.assert_close(build_eval_transform(cfg)(image), ref(image))
 
@@ -108,6 +110,22 @@ def test_eval_transform_squash_matches_timms_squash_at_any_crop(crop_pct):
     out = build_eval_transform(tiny_cfg((32, 32), 3, interpolation="bilinear", crop_pct=crop_pct,
                                         crop_mode="squash"))(pil)
     torch.testing.assert_close(out, ref, rtol=0, atol=1.01 * 2 / 255)  # one uint8 level (PIL's resize rounds)
+
+
+@pytest.mark.parametrize("crop_pct", [1.0, 0.9, 0.875])
+@pytest.mark.parametrize("size", [(32, 32), (32, 40)])
+@pytest.mark.parametrize("shape", [(50, 90), (90, 50), (61, 61)])
+def test_eval_transform_centre_crop_matches_timms(crop_pct, size, shape):
+    """The same resize arithmetic as timm's eval transform (floor of size / crop_pct; the long side truncated
+    for a square size, both sides rounded by timm's ResizeKeepRatio for another): the same pixels to one uint8
+    level (PIL's resize rounds), where rounding the scale size instead shifts the crop."""
+    timm_data = pytest.importorskip("timm.data")
+    rng = np.random.default_rng(2)
+    pil = Image.fromarray((rng.random((*shape, 3)) * 255).astype(np.uint8))
+    ref = timm_data.create_transform(input_size=(3, *size), interpolation="bilinear", mean=(0.5,) * 3,
+                                     std=(0.5,) * 3, crop_pct=crop_pct, crop_mode="center")(pil)
+    out = build_eval_transform(tiny_cfg(size, 3, interpolation="bilinear", crop_pct=crop_pct))(pil)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1.01 * 2 / 255)
 
 
 def test_eval_transform_colour_to_grey_normalised_with_config():

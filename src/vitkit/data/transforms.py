@@ -125,9 +125,12 @@ def _channel_transform(in_chans: int) -> nn.Module:
 
 
 class ResizeCenterCrop(nn.Module):
-    """Evaluation resize: an image larger than `size` is resized (aspect kept) so that it covers
-    `size / crop_pct`, then centre-cropped to `size`; an image no larger than `size` on both sides (e.g. a
-    28x28 one for a 32x32 model) is resized straight to `size`, as cropping it would only lose content."""
+    """Evaluation resize: an image larger than `size` is resized (aspect kept) to cover `size / crop_pct`,
+    then centre-cropped to `size`, with timm's arithmetic (its `transforms_imagenet_eval`): the scale size is
+    floor(size / crop_pct); for a square size the short side becomes it and the long side is truncated, as
+    torchvision's Resize(int) does, otherwise both sides scale by the smaller ratio and are rounded (timm's
+    ResizeKeepRatio). An image no larger than `size` on both sides (e.g. a 28x28 one for a 32x32 model) is
+    resized straight to `size`, as cropping it would only lose content."""
 
     def __init__(self, size: tuple[int, int], crop_pct: float, interpolation: InterpolationMode):
         super().__init__()
@@ -140,8 +143,14 @@ class ResizeCenterCrop(nn.Module):
         th, tw = self.size
         if h <= th and w <= tw:
             return TF.resize(img, list(self.size), interpolation=self.interpolation, antialias=True)
-        scale = max(th / self.crop_pct / h, tw / self.crop_pct / w)
-        resized = [max(th, round(h * scale)), max(tw, round(w * scale))]
+        sh, sw = math.floor(th / self.crop_pct), math.floor(tw / self.crop_pct)
+        if sh == sw:
+            long = int(sh * max(h, w) / min(h, w))
+            resized = [sh, long] if h <= w else [long, sh]
+        else:
+            ratio = min(h / sh, w / sw)
+            resized = [round(h / ratio), round(w / ratio)]
+        resized = [max(th, resized[0]), max(tw, resized[1])]
         img = TF.resize(img, resized, interpolation=self.interpolation, antialias=True)
         return TF.center_crop(img, list(self.size))
 
