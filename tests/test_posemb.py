@@ -97,7 +97,8 @@ def test_bilinear_halving_of_a_linear_table_is_exact():
     coef = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, -3.0]])  # channel k = a_k * row + b_k * col
     grid = torch.stack([a * r + b * c for a, b in coef], dim=-1).reshape(gh * gw, D)
     cls = torch.full((1, D), 7.0)
-    out = resample_pos_embed(torch.cat([cls, grid]), (gh, gw), (4, 3), mode="bilinear")
+    # Plain bilinear sampling (antialias would average each output over a 2x2-pixel triangle instead).
+    out = resample_pos_embed(torch.cat([cls, grid]), (gh, gw), (4, 3), mode="bilinear", antialias=False)
     assert out.shape == (1 + 4 * 3, D)
     assert torch.equal(out[0], cls[0])  # the class token's row is kept as is
     r2, c2 = torch.meshgrid(2 * torch.arange(4.0) + 0.5, 2 * torch.arange(3.0) + 0.5, indexing="ij")
@@ -118,12 +119,48 @@ def test_bilinear_upsampling_of_a_linear_table_is_linear_inside_the_border():
 
 @pytest.mark.parametrize("old, new", [((7, 7), (12, 12)), ((4, 6), (8, 3)), ((14, 14), (37, 37))])
 @pytest.mark.parametrize("prefix", [0, 1])
-def test_bicubic_resampling_matches_timm(old, new, prefix):
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+def test_resampling_matches_timm_by_default_and_without_antialias(old, new, prefix, mode):
     table = torch.randn(1, prefix + old[0] * old[1], 16)
-    ours = resample_pos_embed(table, old, new, num_prefix_tokens=prefix, mode="bicubic")
-    theirs = resample_abs_pos_embed(table, list(new), list(old), num_prefix_tokens=prefix,
-                                    interpolation="bicubic", antialias=False)
-    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    ours = resample_pos_embed(table, old, new, num_prefix_tokens=prefix, mode=mode)
+    theirs = resample_abs_pos_embed(table, list(new), list(old), num_prefix_tokens=prefix, interpolation=mode)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)  # timm's defaults: antialias=True
+    plain = resample_pos_embed(table, old, new, num_prefix_tokens=prefix, mode=mode, antialias=False)
+    torch.testing.assert_close(plain, resample_abs_pos_embed(table, list(new), list(old), num_prefix_tokens=prefix,
+                                                             interpolation=mode, antialias=False),
+                               rtol=1e-5, atol=1e-5)
+    if mode == "bicubic":  # another kernel (a = -0.5 against -0.75), upsampling too
+        assert (ours - plain).abs().max() > 1e-3
+    elif new[0] >= old[0] and new[1] >= old[1]:  # antialiased bilinear upsampling is bilinear upsampling
+        torch.testing.assert_close(ours, plain, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("old, new", [((4, 1), (7, 1)), ((5, 1), (3, 2)), ((1, 4), (1, 7))])
+def test_a_grid_one_patch_wide_resamples_as_any_other(old, new):
+    """Channel k of the table is an image; torch's antialiased kernels misread a one-wide grid in the
+    permuted layout the table reshapes to, so resample_pos_embed hands them a contiguous one."""
+    table = torch.randn(old[0] * old[1], 8)
+    out = resample_pos_embed(table, old, new, num_prefix_tokens=0)
+    for k in range(8):
+        image = table[:, k].reshape(1, 1, *old).contiguous()
+        expected = F.interpolate(image, size=new, mode="bicubic", align_corners=False, antialias=True)
+        torch.testing.assert_close(out[:, k], expected.reshape(-1))
+
+
+def test_learned_2d_halves_are_resampled_along_their_axis_in_the_mode_asked():
+    """Each half of a learned-2d table is a 1D table: resampled in the given mode along its axis (it used to be
+    linear whatever the mode)."""
+    old = ViTConfig(image_size=(32, 48), patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32,
+                    pos_embed="learned-2d")
+    new = old.replace(image_size=(56, 40))
+    state = {"pos_embed_row": torch.randn(1, 4, 8), "pos_embed_col": torch.randn(1, 6, 8)}
+    out = {mode: resample_state_dict(state, old, new, mode=mode) for mode in ("bicubic", "bilinear")}
+    for key, g_new in (("pos_embed_row", 7), ("pos_embed_col", 5)):
+        for mode in ("bicubic", "bilinear"):
+            image = state[key].permute(0, 2, 1)[..., None].contiguous()  # (1, D/2, g, 1)
+            expected = F.interpolate(image, size=(g_new, 1), mode=mode, align_corners=False, antialias=True)
+            torch.testing.assert_close(out[mode][key], expected[..., 0].permute(0, 2, 1))
+        assert (out["bicubic"][key] - out["bilinear"][key]).abs().max() > 1e-3
 
 
 def test_resampling_matches_interpolating_each_channel_as_an_image():
@@ -133,7 +170,7 @@ def test_resampling_matches_interpolating_each_channel_as_an_image():
     out = resample_pos_embed(table, (gh, gw), (6, 7), mode="bicubic")
     for k in range(D):
         image = table[1:, k].reshape(1, 1, gh, gw)
-        expected = F.interpolate(image, size=(6, 7), mode="bicubic", align_corners=False).reshape(-1)
+        expected = F.interpolate(image, size=(6, 7), mode="bicubic", align_corners=False, antialias=True).reshape(-1)
         torch.testing.assert_close(out[1:, k], expected)
 
 
@@ -162,7 +199,8 @@ def test_learned_2d_halves_are_resampled_along_their_own_axis():
     state = VisionTransformer(old).state_dict()
     out = resample_state_dict(state, old, new)
     assert out["pos_embed_row"].shape == (1, 8, 16) and out["pos_embed_col"].shape == (1, 2, 16)
-    row = F.interpolate(state["pos_embed_row"].transpose(1, 2), size=8, mode="linear").transpose(1, 2)
+    row = F.interpolate(state["pos_embed_row"].transpose(1, 2)[..., None].contiguous(), size=(8, 1),
+                        mode="bicubic", antialias=True)[..., 0].transpose(1, 2)  # 4 rows to 8, in the default mode
     torch.testing.assert_close(out["pos_embed_row"], row)
     assert torch.equal(out["pos_embed_cls"], state["pos_embed_cls"])
     VisionTransformer(new).load_state_dict(out)  # fits the new grid exactly

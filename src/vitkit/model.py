@@ -407,11 +407,10 @@ def resample_state_dict(state: dict[str, torch.Tensor], old: ViTConfig, new: ViT
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], old.grid_size, new.grid_size,
                                                 old.num_prefix_tokens, mode)
     elif old.pos_embed == "learned-2d":
-        # Each half is a 1D table along its own axis: interpolate it linearly along that axis.
-        for key, size in (("pos_embed_row", new.grid_size[0]), ("pos_embed_col", new.grid_size[1])):
-            t = state[key].transpose(1, 2).float()  # (1, D/2, g)
-            t = F.interpolate(t, size=size, mode="linear", align_corners=False)
-            state[key] = t.transpose(1, 2).to(state[key].dtype)
+        # Each half is a 1D table along its own axis: a g x 1 grid, resampled along that axis in `mode`.
+        for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
+            g, g_new = old.grid_size[axis], new.grid_size[axis]
+            state[key] = resample_pos_embed(state[key], (g, 1), (g_new, 1), num_prefix_tokens=0, mode=mode)
     return state
 
 

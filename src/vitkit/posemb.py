@@ -29,12 +29,18 @@ def resample_pos_embed(
     new_grid: tuple[int, int],
     num_prefix_tokens: int = 1,
     mode: str = "bicubic",
+    antialias: bool = True,
 ) -> torch.Tensor:
     """2D-interpolate a position table from an old_grid to a new_grid of patches (Sec. 3.2).
 
     `pos_embed` is (prefix + gh * gw, D) or (1, prefix + gh * gw, D), rows in raster order; the first
     `num_prefix_tokens` rows (the class token's) are kept as they are. Returns a table of the same rank.
     Resampling to the same grid returns the input unchanged.
+
+    `antialias` (the default, as timm's `resample_abs_pos_embed`, so that a model fine-tuned at another size
+    starts from the table timm would give it) low-pass filters when shrinking a grid; torch's antialiased
+    bicubic also takes the Keys kernel with a = -0.5 (PIL's) where the plain one takes a = -0.75, in either
+    direction. Antialiased bilinear upsampling is plain bilinear upsampling.
     """
     if mode not in ("bicubic", "bilinear"):
         raise ValueError(f"mode must be 'bicubic' or 'bilinear', got {mode!r}")
@@ -50,8 +56,10 @@ def resample_pos_embed(
         return pos_embed
     prefix, grid = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
     dim = grid.shape[-1]
-    grid = grid.reshape(1, gh, gw, dim).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False)
+    # (1, D, gh, gw), contiguous: torch's antialiased interpolation misreads the permuted (channels-last) layout
+    # of a grid one patch wide (torch 2.14: every value wrong); it reads the others alike either way.
+    grid = grid.reshape(1, gh, gw, dim).permute(0, 3, 1, 2).float().contiguous()
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(table.dtype)  # (1, gh'*gw', D)
     out = torch.cat([prefix, grid], dim=1)
     return out[0] if squeeze else out
