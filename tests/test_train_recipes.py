@@ -126,6 +126,25 @@ def test_finetune_takes_the_init_checkpoints_architecture_and_short_keys(tmp_pat
         get_recipe("finetune", [f"init={tmp_path / 'src'}", "image_size=50"])
 
 
+def test_finetune_uses_every_model_setting_and_refuses_those_the_weights_fix(tmp_path):
+    """Next to init=, a `--set model.*` that the weights allow (the normalisation, the pooling) reaches the
+    trained model, as --show says; one they fix (depth, width) is refused by name instead of ignored."""
+    import vitkit
+    from vitkit.train.loop import build_model
+
+    source = vitkit.create_model("ViT-Ti/16", image_size=(28, 28), patch_size=7, in_chans=1, dim=32,
+                                 depth=1, num_heads=2, mlp_dim=64, num_classes=3)
+    vitkit.save(source, tmp_path / "src")
+    cfg = get_recipe("finetune", [f"init={tmp_path / 'src'}", "model.mean=0.5", "model.std=0.25",
+                                  "model.pool=gap", "model.depth=1"])  # depth as the checkpoint's: allowed
+    model = build_model(cfg, num_classes=3)
+    assert (model.cfg.mean, model.cfg.std, model.cfg.pool, model.cfg.depth) == ((0.5,), (0.25,), "gap", 1)
+    assert model.cfg == cfg.model.replace(num_classes=3)
+    with pytest.raises(ValueError, match=r"--set model.depth=6, model.dim=64: fine-tuning from init=.* keeps its "
+                                         r"architecture, whose weights fix .*depth"):
+        get_recipe("finetune", [f"init={tmp_path / 'src'}", "model.depth=6", "model.dim=64", "lr=0.1"])
+
+
 @pytest.mark.parametrize("items", [
     ["model.class_token=false", "model.pool=gap"],
     ["model.num_heads=3", "model.dim=48"],

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, Subset
 
-from ..config import TRAINING_RATES
 from ..data import TensorImageDataset, resolve
 from ..data.datasets import split_name, with_classes
 from ..hardware import cpu_has_native_bf16
@@ -168,13 +167,18 @@ def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
 
 
 def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
-    """From scratch (`cfg.model` with the data's number of classes), or from `cfg.init` for fine-tuning."""
+    """From scratch (`cfg.model` with the data's number of classes), or from `cfg.init` for fine-tuning:
+    the checkpoint's weights with every setting of `cfg.model` that differs from the checkpoint's own (the
+    recipe's training rates, `--set model.*`; prepare_finetune refuses those that would change a weight's shape)."""
     if cfg.init:
+        from .. import load
         from ..transfer import prepare_finetune
 
-        m = cfg.model
-        return prepare_finetune(cfg.init, num_classes, image_size=m.image_size,
-                                **{k: getattr(m, k) for k in TRAINING_RATES})
+        source, m = load(cfg.init), cfg.model
+        own = ("num_classes", "representation_size", "image_size")  # prepare_finetune's arguments and choices
+        changed = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)
+                   if f.name not in own and getattr(m, f.name) != getattr(source.cfg, f.name)}
+        return prepare_finetune(source, num_classes, image_size=m.image_size, **changed)
     return VisionTransformer(cfg.model.replace(num_classes=num_classes))
 
 

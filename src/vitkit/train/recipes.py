@@ -521,6 +521,13 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) ->
         cfg = _with_changes(cfg, {"init": changes.pop("init")})
         if cfg.init:
             cfg = dataclasses.replace(cfg, model=init_model_config(cfg.init, cfg.model))
+            from ..transfer import SHAPE_FIELDS
+
+            fixed = [item for key, (value, item) in changes.items() if key.startswith("model.")
+                     and key[len("model."):] in SHAPE_FIELDS and value != getattr(cfg.model, key[len("model."):])]
+            if fixed:
+                raise ValueError(f"--set {', '.join(fixed)}: fine-tuning from init={cfg.init} keeps its "
+                                 f"architecture, whose weights fix {', '.join(SHAPE_FIELDS)}")
     return _with_changes(cfg, changes)
 
 
