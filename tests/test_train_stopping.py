@@ -93,6 +93,13 @@ def test_stopped_run_checkpoints_its_step_and_resumes_bit_for_bit(tmp_path, monk
         return [r.split(",")[1:6] + r.split(",")[7:] for r in (run / "metrics.csv").read_text().splitlines()[1:]]
 
     assert rows(tmp_path / "run") == rows(ref.run_dir)
+    # TensorBoard too: every step once, the one resumed from included (its events were written before the stop).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for run in (ref.run_dir, tmp_path / "run"):
+        events = EventAccumulator(str(run / "tb"))
+        events.Reload()
+        assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 13)), run
 
 
 def _wait_for_training(out: Path, proc: subprocess.Popen, timeout: float = 240) -> None:

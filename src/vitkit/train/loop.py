@@ -232,7 +232,8 @@ class MetricsLog:
             self._rewrite([])
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step or None)
+        # Events after the checkpoint a run resumes from are replayed: purge them (the checkpoint's own step stays).
+        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
 
     def _rewrite(self, rows: list[dict]) -> None:
         with self.path.open("w", newline="") as f:
