@@ -144,3 +144,17 @@ def test_models_the_operator_does_not_compute_keep_the_python_path():
     fp32 = optimize(tiny_model(), "fp32")
     assert not any(getattr(b, "int8_kernel", False) for b in fp32.blocks)
     assert inference.FusedBlock(tiny_model().blocks[0]).int8_kernel is False
+
+
+def test_each_source_folder_builds_its_own_library(monkeypatch, tmp_path):
+    """Two installations share torch's extension cache: under one library name each would rebuild it for its
+    own source paths whenever they alternate (60-125 s each time). The name carries the source folder's."""
+    from vitkit import kernels
+
+    built = []
+    monkeypatch.setattr(kernels, "_build", lambda name, sources, flags=(): built.append(name))
+    for folder in (tmp_path / "a" / "csrc", tmp_path / "b" / "csrc", tmp_path / "a" / "csrc"):
+        monkeypatch.setattr(kernels, "CSRC", folder)
+        with pytest.warns(RuntimeWarning, match="could not build the operator no_such_op"):
+            assert not kernels.build_operator("vitkit_test", [], "no_such_op")
+    assert built[0] == built[2] != built[1] and all(n.startswith("vitkit_test_") for n in built)

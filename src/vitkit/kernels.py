@@ -13,7 +13,8 @@ Three libraries of operators:
 
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-25 s a library
-on our 2-core machine the first time, a fraction of a second afterwards. Where that fails (no compiler, a
+on our 2-core machine the first time (said on stderr), a fraction of a second afterwards; one library per
+source folder, so that two installations do not rebuild each other's. Where that fails (no compiler, a
 read-only cache), the library's `..._available()` function says why in one warning and returns False, and the
 callers keep to plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
 """
@@ -30,8 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-
-log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 DISABLE_ENV = "VITKIT_KERNELS"
@@ -76,9 +75,11 @@ def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> Non
     path_before = os.environ.get("PATH")
     os.environ["PATH"] = _tool_path()
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import _get_build_directory, load
 
-        log.info("vitkit: building %s (once per machine and torch version)", name)
+        if not (Path(_get_build_directory(name, False)) / f"{name}.so").is_file():  # said once: it takes a while
+            print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s", file=sys.stderr,
+                  flush=True)
         load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     finally:
@@ -97,7 +98,10 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
         return True
     try:
         digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
-        _build(name, sources, [f"-DVITKIT_HEADERS_DIGEST={digest}"])
+        # One library per source folder: two installations (two checkouts, two virtual environments) sharing
+        # the cache under one name would each rebuild it, for their own source paths, every time they alternate.
+        here = hashlib.sha256(str(CSRC.resolve()).encode()).hexdigest()[:8]
+        _build(f"{name}_{here}", sources, [f"-DVITKIT_HEADERS_DIGEST={digest}"])
         if hasattr(torch.ops.vitkit, op):
             return True
         why = f"library {name} loaded without registering {op}"
