@@ -77,6 +77,10 @@ def test_a_figure_path_without_a_suffix_is_written_and_reported_as_png(setup, tm
     assert run("analyze", "posemb", setup / "ckpt", "--out", tmp_path / "noext") == 0
     assert f"wrote {tmp_path / 'noext.png'}" in capsys.readouterr().out
     assert _is_small_png(tmp_path / "noext.png")
+    (tmp_path / "figs").mkdir()  # an existing folder: the figure goes inside it, under the command's own name
+    assert run("analyze", "posemb", setup / "ckpt", "-o", tmp_path / "figs") == 0
+    assert f"wrote {tmp_path / 'figs' / 'posemb.png'}" in capsys.readouterr().out
+    assert _is_small_png(tmp_path / "figs" / "posemb.png") and not (tmp_path / "figs.png").exists()
 
 
 def test_errors_are_one_line_with_a_hint(setup, tmp_path, capsys):

@@ -245,7 +245,9 @@ def test_files_and_folders_get_the_mode_of_an_ordinary_file(tmp_path):
     import os
     import stat
 
-    from vitkit.train.checkpoints import save_model_atomically
+    from vitkit.analysis.features import extract_features
+    from vitkit.data import TensorImageDataset
+    from vitkit.train.checkpoints import save_model_atomically, save_train_state
 
     old = os.umask(0o022)
     try:
@@ -253,10 +255,23 @@ def test_files_and_folders_get_the_mode_of_an_ordinary_file(tmp_path):
                                             mlp_dim=32, num_classes=2))
         vitkit.save(model, tmp_path / "ckpt")
         save_model_atomically(model, tmp_path / "run" / "last", None)
+        # A run's training state (optimizer, EMA, generators) and a feature cache: safetensors files, which
+        # safetensors itself creates private.
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.randn(1, 3, 16, 16)).sum().backward()
+        optimizer.step()
+        state = save_train_state(tmp_path / "run", 1, model, optimizer, {}, None, model.state_dict())
+        data = TensorImageDataset(torch.zeros(4, 3, 16, 16, dtype=torch.uint8), torch.zeros(4, dtype=torch.long),
+                                  ["a", "b"])
+        extract_features(model.eval(), data, cache=tmp_path / "features.safetensors", progress=False,
+                         transform=lambda x: x.float())
     finally:
         os.umask(old)
     last = tmp_path / "run" / "last"
-    for f in (tmp_path / "ckpt" / WEIGHTS_NAME, tmp_path / "ckpt" / CONFIG_NAME, last / WEIGHTS_NAME):
+    written = [tmp_path / "ckpt" / WEIGHTS_NAME, tmp_path / "ckpt" / CONFIG_NAME, last / WEIGHTS_NAME,
+               tmp_path / "features.safetensors", *(p for p in state.rglob("*") if p.is_file())]
+    assert {p.name for p in written} >= {"optimizer.safetensors", "ema.safetensors", "rng.safetensors"}
+    for f in written:
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
     assert stat.S_IMODE((tmp_path / "run" / "last").stat().st_mode) == 0o755
 

@@ -36,3 +36,40 @@ def test_out_of_range_option_is_a_usage_error(argv, option, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert option in err and "Invalid value" in err and "Traceback" not in err
+
+
+def test_an_error_names_the_command_whose_help_to_read(tmp_path, capsys):
+    (tmp_path / "x.onnx").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "demo-tiny", "--out", str(tmp_path / "x.onnx")])  # a file, not a folder
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "error: --out" in err and "hint: see `vitkit train --help`" in err
+
+
+def test_a_full_or_read_only_filesystem_is_one_line(monkeypatch, tmp_path, capsys):
+    """Errno 28 (or 30, EROFS) from deep inside a run: the path and errno's words, no traceback."""
+    import errno
+
+    import vitkit.train
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.csv"))
+
+    monkeypatch.setattr(vitkit.train, "train", full)
+    with pytest.raises(SystemExit) as e:
+        main(["train", "demo-tiny", "--out", str(tmp_path / "run")])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'run' / 'metrics.csv'}: No space left on device\nhint: ") and \
+        "Traceback" not in err
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_any_work(monkeypatch, tmp_path):
+    import os
+
+    from vitkit.train import loop
+
+    monkeypatch.setattr(loop.os, "access", lambda path, mode: os.fspath(path) != os.fspath(tmp_path))
+    with pytest.raises(ValueError, match=rf"--out {tmp_path / 'run'}: {tmp_path} is not writable"):
+        loop.check_run_folder(tmp_path / "run", resume=False)

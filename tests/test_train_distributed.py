@@ -136,3 +136,18 @@ def test_nproc_refuses_a_batch_the_processes_cannot_share_before_starting_them(t
     assert e.value.code == 1 and err.count("error:") == 1
     assert "batch_size=33 must be a multiple of processes (2)" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def _worker_with_its_own_folder(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    train(get_recipe("demo-tiny", overrides), f"{out}-{rank}", progress=False)
+
+
+def test_processes_that_see_different_run_folders_are_refused_together(tmp_path):
+    """Two machines whose --out is not on a shared filesystem would each start from what their own disk holds
+    (a resume from step 4 on one, from 0 on the other): every process stops with the reason instead."""
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=256, n_test=64)
+    with pytest.raises(Exception, match="--out must be a folder on a filesystem that every machine of the run"):
+        mp.spawn(_worker_with_its_own_folder, args=(2, _free_port(), COMMON + fake_data_overrides(data),
+                                                    str(tmp_path / "run")), nprocs=2, join=True)

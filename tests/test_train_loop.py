@@ -116,6 +116,12 @@ def test_run_folder_logs_and_checkpoints(tmp_path):
     # A new run may not overwrite an old one.
     with pytest.raises(ValueError, match="already holds a run"):
         train(cfg, run, train_set=data, progress=False)
+    # The run folder is not a checkpoint; loading it says where its models are.
+    from vitkit.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=rf"a training run folder, not a checkpoint; its models are "
+                                              rf"{run / 'last'} and {run / 'best'}"):
+        vitkit.load(run)
 
 
 class PoisonedAt(torch.utils.data.Dataset):
@@ -145,6 +151,23 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert good.name == "step-0000002"
     model = vitkit.load(good / "model")
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_loss_that_turns_nan_before_any_checkpoint_says_to_start_again(tmp_path):
+    base = synthetic_dataset(64, seed=4)
+    data = PoisonedAt(base, [int(epoch_order(64, seed=0, epoch=0)[0])])  # in the first batch
+    cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=100", "eval_every=100")
+    with pytest.raises(TrainingDiverged, match=r"at step 1 .*no checkpoint was written yet. Start again with a "
+                                               r"lower optim.lr .*the same --out will do") as e:
+        train(cfg, tmp_path / "run", train_set=data, progress=False)
+    assert "--resume" not in str(e.value)
+
+
+def test_a_fine_tuning_recipe_without_init_is_refused_before_any_work(tmp_path):
+    for name in ("finetune", "finetune-tiny"):
+        with pytest.raises(ValueError, match=rf"the {name} recipe fine-tunes a pre-trained model: set init="):
+            train(get_recipe(name), tmp_path / name, progress=False)
+        assert not (tmp_path / name).exists()
 
 
 def test_finetune_tiny_from_a_checkpoint(tmp_path):

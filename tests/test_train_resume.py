@@ -106,3 +106,49 @@ def test_resuming_a_run_killed_before_its_final_outputs_writes_them(tmp_path):
     assert vitkit.load(run / "last").class_names == vitkit.load(first.last_dir).class_names
     torch.testing.assert_close(load_file(str(run / "last" / "model.safetensors")),
                                load_file(str(list_checkpoints(run)[-1] / "model" / "model.safetensors")))
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_a_killed_run_holds_nothing(tmp_path):
+    """A job started twice into one --out would interleave two runs' checkpoints and logs: the second is refused
+    while the first holds the folder; the lock goes with the process that held it, however it ends."""
+    import pytest
+
+    from vitkit.train.checkpoints import RunFolderBusy, RunFolderLock
+
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
+    cfg = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=2"])
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom vitkit.train.checkpoints import "
+                               "RunFolderLock\nwith RunFolderLock(sys.argv[1]):\n    print('held', flush=True)\n"
+                               "    time.sleep(600)\n", str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderBusy, match=rf"{out} is in use by another run \(process {holder.pid}\)"):
+            train(cfg, out, progress=False)
+        assert not (out / "config.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert train(cfg, out, progress=False).steps == 2  # killed: the lock went with it
+    with RunFolderLock(out), pytest.raises(RunFolderBusy):  # and a run holds it while it writes
+        train(cfg, out, resume=True, progress=False)
+
+
+def test_resume_tidies_what_a_kill_between_two_renames_left(tmp_path):
+    """save_model_atomically moves the old best/ aside, then the new one in: killed between the two, best/ is
+    missing. The next run in the folder puts the old one back and removes every unfinished write."""
+    import shutil
+
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
+    cfg = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4"])
+    run = tmp_path / "run"
+    train(cfg, run, progress=False)
+    best = (run / "best" / "model.safetensors").read_bytes()
+    (run / "best").rename(run / ".old-best-4242")
+    shutil.copytree(run / "last", run / ".tmp-best-x1y2")
+    (run / "ckpt" / ".tmp-step-0000004-abc").mkdir()
+    train(cfg, run, resume=True, progress=False)  # a finished run: only the tidying is left to do
+    assert (run / "best" / "model.safetensors").read_bytes() == best
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith((".tmp", ".old"))) == []
+    assert not list((run / "ckpt").glob(".tmp-*"))

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
+
+from ..files import save_safetensors
 
 CACHE_FORMAT = "vitkit-features"
 
@@ -122,7 +123,7 @@ def extract_features(model, dataset, cache: str | os.PathLike | None = None, dat
     result = compute_features(model, dataset, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"features": result.features.contiguous(), "labels": result.labels.contiguous()}, str(tmp),
-              metadata=meta)
+    save_safetensors({"features": result.features.contiguous(), "labels": result.labels.contiguous()}, tmp,
+                     metadata=meta)
     os.replace(tmp, path)  # atomic: a crash never leaves half a cache
     return result

@@ -23,10 +23,13 @@ from .filters import FilterComponents, to_display  # noqa: E402
 DPI = 100
 
 
-def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = DPI) -> Path:
+def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = DPI, name_in_folder: str = "figure.png") -> Path:
     """Write `fig` (folders created) and close it; returns the path written. The format follows the suffix
-    (.png, .pdf, .svg, ...); a path without one that matplotlib knows gets .png appended."""
+    (.png, .pdf, .svg, ...); a path without one that matplotlib knows gets .png appended, and an existing folder
+    gets the figure inside it as `name_in_folder`."""
     p = Path(path)
+    if p.is_dir():
+        p = p / name_in_folder
     if p.suffix.lower().lstrip(".") not in fig.canvas.get_supported_filetypes():
         p = p.with_name(p.name + ".png")
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,7 @@ def attention(
                                     "instead of files."),
     split: str = typer.Option("test", help="With --data: train or test."),
     indices: str = typer.Option("0,1,2,3", help="With --data: which items, comma-separated."),
-    out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write."),
+    out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     layer: int | None = typer.Option(None, "--layer", help="Show this layer's raw attention (0-based, -1 the "
                                      "last) instead of the rollout through all layers."),
     head: int | None = typer.Option(None, "--head", help="With --layer: one head's attention instead of the "
@@ -135,14 +135,14 @@ def attention(
     fig = plot_attention([to_display(xi, cfg) for xi in x], list(maps), cfg.grid_size,
                          titles=titles, method=method,
                          suptitle=f"Attention from the {query}: {_label(ckpt, model)}")
-    typer.echo(f"wrote {save_figure(fig, out)}")
+    typer.echo(f"wrote {save_figure(fig, out, name_in_folder='attention.png')}")
 
 
 # --- vitkit analyze filters -----------------------------------------------------------------------------------
 @analyze_app.command("filters")
 def filters(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    out: Path = typer.Option(Path("filters.png"), "--out", "-o", help="PNG to write."),
+    out: Path = typer.Option(Path("filters.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     components: int = typer.Option(28, "--components", "-k", min=1, help="How many principal components to show."),
 ) -> None:
     """The first principal components of the patch-embedding filters as RGB or grey patches (Fig. 7, left)."""
@@ -158,7 +158,7 @@ def filters(
     pcs = filter_principal_components(proj.weight, components)
     fig = plot_filters(pcs, title=f"Patch-embedding filters, first {pcs.components.shape[0]} principal "
                                   f"components:\n{_label(ckpt, model)}")
-    typer.echo(f"wrote {save_figure(fig, out)}")
+    typer.echo(f"wrote {save_figure(fig, out, name_in_folder='filters.png')}")
     shares = ", ".join(f"{100 * float(v):.1f}%" for v in pcs.explained[:5])
     typer.echo(f"variance explained by the first components: {shares}")
 
@@ -167,7 +167,7 @@ def filters(
 @analyze_app.command("posemb")
 def posemb(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    out: Path = typer.Option(Path("posemb.png"), "--out", "-o", help="PNG to write."),
+    out: Path = typer.Option(Path("posemb.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
 ) -> None:
     """Cosine similarity of each patch's position embedding with all others, tiled on the grid (Fig. 7, centre)."""
     from ..analysis.figures import plot_position_similarity, save_figure
@@ -182,7 +182,7 @@ def posemb(
     sim = position_similarity(table, model.cfg.grid_size, model.cfg.num_prefix_tokens)
     fig = plot_position_similarity(sim, title=f"Position embedding similarity ({model.cfg.pos_embed}):\n"
                                               f"{_label(ckpt, model)}")
-    typer.echo(f"wrote {save_figure(fig, out)}")
+    typer.echo(f"wrote {save_figure(fig, out, name_in_folder='posemb.png')}")
 
 
 # --- vitkit analyze distance ----------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def distance(
     split: str = typer.Option("test", help="train or test."),
     num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over (the first N)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1),
-    out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write."),
+    out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
 ) -> None:
@@ -229,7 +229,7 @@ def distance(
     fig = plot_attention_distance(dist, reference=uniform,
                                   title=f"Mean attention distance over {seen} images of {data}:\n"
                                         f"{_label(ckpt, model)}")
-    typer.echo(f"wrote {save_figure(fig, out)}")
+    typer.echo(f"wrote {save_figure(fig, out, name_in_folder='distance.png')}")
     table = Table(title="mean attention distance (pixels)")
     table.add_column("layer", justify="right")
     for col in ("min head", "mean", "max head"):

@@ -11,7 +11,7 @@ import typer
 def convert(
     src: str = typer.Argument(..., help="A checkpoint: vitkit folder, .npz, timm/torchvision .safetensors/.pth/"
                                         ".bin, Hugging Face or timm folder, or a hub name."),
-    dst: Path = typer.Argument(..., help="Output folder (created; files in it are replaced)."),
+    dst: Path = typer.Argument(..., help="Output folder (created; one that holds files is refused unless --force)."),
     to: str = typer.Option("vitkit", "--to", help="Output format: vitkit, timm (hub folder: config.json + "
                                                    "model.safetensors) or hf (transformers folder)."),
     image_size: str = typer.Option("", "--image-size", help="HxW (or N) of the source, needed only for a "

@@ -48,7 +48,15 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def command_help(argv: list[str] | None) -> str:
+    """The hint that points to the help of the command that failed (`vitkit eval --help`)."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return f"see `vitkit {words[0]} --help`" if words else "see `vitkit --help`"
+
+
 def main(argv: list[str] | None = None) -> None:
+    from safetensors import SafetensorError
+
     from ..checkpoint import CheckpointError
 
     try:
@@ -60,10 +68,15 @@ def main(argv: list[str] | None = None) -> None:
                      "Hugging Face and torchvision files, and hub names; `vitkit info PATH` tells what one holds")
     except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path")
+    except OSError as e:  # a read-only or full filesystem, a quota
+        fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path's filesystem: space, quota, "
+                                                                 "read-only")
     except KeyError as e:
         fail(str(e.args[0]) if e.args else str(e), "`vitkit models` lists the presets")
     except ValueError as e:
-        fail(str(e), "see `vitkit COMMAND --help`")
+        fail(str(e), command_help(argv))
+    except SafetensorError as e:  # what safetensors raises for the same, when it writes
+        fail(f"safetensors: {e}", "check the path's filesystem: space, quota, read-only")
     except KeyboardInterrupt:
         fail("interrupted", code=130)
 

@@ -164,7 +164,7 @@ def eval(
     batch_size: int = typer.Option(256, "--batch-size", "-b", min=1),
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N images (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
-                             help="Folder for metrics.json and confusion.png (default: CHECKPOINT/eval-DATA)."),
+                             help="Folder for metrics.json and confusion.png (default: eval-DATA inside a checkpoint folder, beside a checkpoint file, or here for a hub name)."),
     skip_bad_images: bool = typer.Option(False, "--skip-bad-images", help="Skip unreadable images in a folder."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
 ) -> None:

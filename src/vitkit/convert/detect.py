@@ -87,6 +87,10 @@ def folder_format(folder: Path) -> tuple[str, dict[str, Any]]:
     if config.get("format") == "vitkit":
         return "vitkit", config
     fmt = "timm" if "architecture" in config else "hf" if "model_type" in config else None
+    if fmt is None and ((folder / "ckpt").is_dir() or "recipe" in config):
+        models = [str(folder / name) for name in ("last", "best") if (folder / name).is_dir()]
+        raise CheckpointError(f"{folder}: a training run folder, not a checkpoint; its models are "
+                              + (" and ".join(models) if models else "not written yet (see its ckpt/)"))
     if fmt is None:
         raise CheckpointError(f"{cfg_path}: not a vitkit checkpoint config, nor a timm or Hugging Face one "
                               "(no \"format\", \"architecture\" or \"model_type\")")

@@ -8,8 +8,10 @@ batch, which is why W processes with accumulation compute the gradient of one pr
 
 Augmentation draws are stateless, so resuming needs no augmentation state: a whole in-memory micro-batch draws
 from a generator seeded by (seed, epoch, step, rank, micro-batch), an image of any other dataset from one seeded
-by (seed, epoch, step, its place in the global batch), whichever DataLoader worker makes it. Two sources of
-batches:
+by (seed, epoch, step, its place in the global batch), whichever DataLoader worker makes it. So image folders
+draw the same augmentations for any number of processes and micro-batch size, while in-memory data, augmented a
+micro-batch at a time, draws others when these change (the same batches, differently augmented). Two sources
+of batches:
 
 * `MemoryBatches`, for datasets held as a uint8 tensor (Fashion-MNIST, CIFAR): whole batches are augmented at
   once (`vitkit.data.transforms.train_batch`), no worker processes. The fast path on a few CPU cores.

@@ -13,12 +13,14 @@ A run folder holds:
     RUN/best/, RUN/last/         vitkit checkpoints of the best (by validation top-1) and of the latest model
 
 A checkpoint is written into a temporary folder and renamed into place when complete, so a run killed at any
-moment leaves only complete checkpoints (and perhaps a `.tmp-*` folder, ignored and cleaned up). Everything
-is safetensors or JSON: nothing is pickled.
+moment leaves only complete checkpoints (and perhaps a `.tmp-*` or `.old-*` folder, ignored, and cleaned up by
+the next run in the folder). Everything is safetensors or JSON: nothing is pickled. While a run writes the
+folder it holds RUN/.lock, so that a second run into the same folder is refused.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -30,10 +32,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ..checkpoint import CheckpointError, save
-from ..files import permit_as_created
+from ..files import permit_as_created, save_safetensors
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_NAME = "state.json"
@@ -118,12 +120,12 @@ def save_train_state(
     try:
         save(model, tmp / "model", class_names=class_names)
         opt_tensors, opt_meta = optimizer_to_flat(optimizer)
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        save_safetensors(opt_tensors, tmp / "optimizer.safetensors")
         if ema_state is not None:
-            save_file({k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()},
-                      str(tmp / "ema.safetensors"))
+            save_safetensors({k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()},
+                             tmp / "ema.safetensors")
         rng_tensors, rng_meta = capture_rng()
-        save_file(rng_tensors, str(tmp / "rng.safetensors"))
+        save_safetensors(rng_tensors, tmp / "rng.safetensors")
         meta = {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta}
         (tmp / STATE_NAME).write_text(json.dumps(meta) + "\n")
         _fsync_tree(tmp)
@@ -221,3 +223,56 @@ def save_model_atomically(model: torch.nn.Module, folder: Path, class_names: lis
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+# --- one run per folder ------------------------------------------------------------------------------------
+LOCK_NAME = ".lock"
+
+
+class RunFolderBusy(ValueError):
+    """Another run holds the run folder."""
+
+
+class RunFolderLock:
+    """An exclusive lock on a run folder while a run writes it (flock on RUN/.lock, which holds the owner's
+    process id): a second run into the same folder, e.g. a job started twice or requeued while it still
+    runs, is refused instead of interleaving its checkpoints and logs with the first's. The kernel releases
+    the lock when the process ends, however it ends, so a killed run leaves no stale lock behind."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd: int | None = None
+
+    def __enter__(self) -> RunFolderLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunFolderBusy(f"{self.path.parent} is in use by another run (process {holder}); wait for it "
+                                "to end, or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock
+            self.fd = None
+
+
+def clean_leftovers(run_dir: Path) -> None:
+    """Tidy what a killed run may leave, once the lock is held: `best/` or `last/` that a kill between the two
+    renames of save_model_atomically left moved aside as `.old-*` comes back, and the `.tmp-*` and `.old-*`
+    folders of unfinished writes go."""
+    run_dir = Path(run_dir)
+    for name in ("best", "last"):
+        aside = sorted(run_dir.glob(f".old-{name}-*"), key=lambda p: p.stat().st_mtime)
+        if aside and not (run_dir / name).exists():
+            os.replace(aside[-1], run_dir / name)
+    for folder in (run_dir, run_dir / "ckpt"):
+        for leftover in [*folder.glob(".tmp-*"), *folder.glob(".old-*")]:
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)

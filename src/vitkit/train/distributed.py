@@ -102,3 +102,12 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def agree(value: int, device: torch.device | str = "cpu") -> bool:
+    """Whether every process holds the same integer `value` (always, for a single process)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return True
+    t = torch.tensor([value, -value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the largest value and minus the smallest
+    return int(t[0]) == -int(t[1])

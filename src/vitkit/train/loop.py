@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import random
 import signal
 import time
@@ -39,6 +40,9 @@ from ..model import VisionTransformer
 from . import distributed
 from .batches import batch_source, is_in_memory, make_plan, steps_per_epoch
 from .checkpoints import (
+    STEP_DIR,
+    RunFolderLock,
+    clean_leftovers,
     latest_checkpoint,
     load_train_state,
     restore_rng,
@@ -48,7 +52,7 @@ from .checkpoints import (
 from .ema import EMA
 from .evaluate import EvalResult, confusion_png, evaluate
 from .optim import build_optimizer, lr_at, set_lr
-from .recipes import TrainConfig
+from .recipes import TrainConfig, missing_init
 from .stopping import StopRequests, TrainingStopped
 
 # Settings that may change when a run is resumed: they do not alter what is computed.
@@ -136,6 +140,9 @@ def check_run_folder(out: Path, resume: bool) -> None:
             if not path.is_dir():
                 where = "" if path == out else f" ({path} is a file)"
                 raise ValueError(f"--out {out}: not a folder{where}; choose another --out")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise ValueError(f"--out {out}: {path} is not writable (a read-only filesystem, or no "
+                                 "permission); choose another --out")
             break
     newest = latest_checkpoint(out)
     if newest is not None and not resume:
@@ -292,21 +299,22 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
     from the newest complete checkpoint in `out`. `train_set`/`val_set` replace the datasets `cfg.data`
     names (any Dataset with `.classes` whose items are (image, label))."""
     out = Path(out)
-    problem = device_unavailable(cfg.device)
+    problem = missing_init(cfg) or device_unavailable(cfg.device)
     if problem:
         raise ValueError(problem)
     check_run_folder(out, resume)
     owned = not torch.distributed.is_initialized()  # leave a caller's own process group alone
     ctx = distributed.setup(cfg.device)
     try:
-        return _train(cfg, out, resume, train_set, val_set, progress, ctx)
+        with contextlib.ExitStack() as held:  # the run folder's lock, while the run writes it
+            return _train(cfg, out, resume, train_set, val_set, progress, ctx, held)
     finally:
         if owned:
             distributed.teardown()
 
 
 def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progress: bool,
-           ctx: distributed.Context) -> RunResult:
+           ctx: distributed.Context, held: contextlib.ExitStack) -> RunResult:
     t_start = time.time()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -320,7 +328,14 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     model = build_model(cfg, len(classes))
     cfg = dataclasses.replace(cfg, model=model.cfg)  # the resolved config: what actually runs
 
-    # The run folder: a new run must not overwrite an old one (train() checked); a resumed one must be the same run.
+    # The run folder: one run at a time, which tidies what a killed one left; a new run must not overwrite an
+    # old one (checked again under the lock: train() checked before the data was loaded); a resumed one must be
+    # the same run.
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        held.enter_context(RunFolderLock(out))
+        clean_leftovers(out)
+    check_run_folder(out, resume)
     newest = latest_checkpoint(out)
     saved_cfg = out / "config.json"
     if resume and newest is not None and saved_cfg.is_file():
@@ -330,8 +345,14 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
             raise ValueError(f"--resume: the config differs from the one {out} was started with, in "
                              f"{', '.join(changed)}; resume with the same recipe and --set options")
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
         saved_cfg.write_text(cfg.to_json())
+    distributed.barrier()
+    # Every process must see the same folder (and so resume from the same step): on several machines, one
+    # their filesystems share. Without it each would start from what its own disk holds.
+    seen = (int(STEP_DIR.match(newest.name).group(1)) if newest is not None else -1) if saved_cfg.is_file() else -2
+    if not distributed.agree(seen, device):
+        raise ValueError(f"the processes of this run see different contents in {out}: --out must be a folder on "
+                         "a filesystem that every machine of the run shares")
 
     plan = make_plan(cfg.batch_size, cfg.micro_batch, ctx.world, ctx.rank)
     source = batch_source(train_set, cfg.model, cfg.augment, len(classes), cfg.seed, cfg.data.workers)
@@ -357,6 +378,11 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         elapsed_before = ck["state"].get("seconds", 0.0)
         if ctx.is_main:
             print(f"resuming {out} from {newest.name} (epoch {step / per_epoch:.2f})", flush=True)
+            before = ck["state"].get("processes", ctx.world)
+            if before != ctx.world and is_in_memory(train_set):
+                print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
+                      f"{ctx.world}: the batches are the same, but in-memory augmentation is drawn per process "
+                      "and micro-batch, so the run goes on differently from an unbroken one", flush=True)
     eval_model = ema.module if ema is not None else model
     amp = autocast_dtype(cfg.precision, device)
 
@@ -394,7 +420,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     def state(step_now: int) -> dict[str, Any]:
         return {"epoch": step_now // per_epoch, "step_in_epoch": step_now % per_epoch, "total_steps": total,
                 "best_top1": best, "ema_updates": ema.updates if ema else 0,
-                "seconds": elapsed_before + time.time() - t_start}
+                "seconds": elapsed_before + time.time() - t_start, "processes": ctx.world}
 
     def run_eval(step_now: int) -> EvalResult | None:
         nonlocal best
@@ -496,8 +522,11 @@ def write_final_outputs(out: Path, names: list[str], model: nn.Module, classes: 
 
 def _diverged_message(loss: float, step: int, per_epoch: int, out: Path) -> str:
     good = latest_checkpoint(out)
-    where = f"the last good checkpoint is {good}" if good else "no checkpoint was written yet"
     kind = "nan" if math.isnan(loss) else "infinite"
-    return (f"the loss became {kind} at step {step + 1} (epoch {step / per_epoch:.2f}); training stopped and "
-            f"{where}. Lower optim.lr or set optim.clip_grad_norm, and --resume with them (if that checkpoint's "
-            "weights have grown too large already, start again in a new --out)")
+    said = f"the loss became {kind} at step {step + 1} (epoch {step / per_epoch:.2f}); training stopped and "
+    if good is None:
+        return said + ("no checkpoint was written yet. Start again with a lower optim.lr or with "
+                       "optim.clip_grad_norm set (the same --out will do: it holds no checkpoint)")
+    return said + (f"the last good checkpoint is {good}. Lower optim.lr or set optim.clip_grad_norm, and "
+                   "--resume with them (if that checkpoint's weights have grown too large already, start again in "
+                   "a new --out)")

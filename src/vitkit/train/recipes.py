@@ -475,6 +475,18 @@ RECIPES: dict[str, Callable[[], TrainConfig]] = {
 }
 
 
+# Recipes that fine-tune: without `init` they would train their model from scratch, which they are not made for.
+NEEDS_INIT = ("finetune", "finetune-tiny")
+
+
+def missing_init(cfg: TrainConfig) -> str | None:
+    """Why `cfg` cannot run as it is (a fine-tuning recipe without `init`), or None."""
+    if cfg.recipe in NEEDS_INIT and not cfg.init:
+        return (f"the {cfg.recipe} recipe fine-tunes a pre-trained model: set init=CHECKPOINT (anything vitkit.load "
+                "reads, e.g. --set init=ViT-B_16.npz); to train from scratch, use pretrain, fashion-mnist or demo")
+    return None
+
+
 def get_recipe(name: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """The recipe `name` with `--set key=value` overrides applied."""
     if name not in RECIPES:
