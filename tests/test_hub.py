@@ -263,3 +263,38 @@ def test_a_missing_local_name_says_there_is_no_such_file(offline_cache, tmp_path
         main(["info", "model.safetensor"])
     err = capsys.readouterr().err
     assert exit_info.value.code != 0 and err.startswith("error: model.safetensor: no such file or folder\n"), err
+
+
+def test_a_hub_host_that_does_not_resolve_reads_the_cache_alone(monkeypatch, tmp_path):
+    """Without network huggingface_hub retries each request for about 25 s, with a warning each time; a host
+    that does not resolve (and no proxy) sends vitkit to the cache at once."""
+    import socket
+
+    import huggingface_hub
+
+    from vitkit import hub
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    for variable in hub._PROXY_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hub.socket, "getaddrinfo", no_dns)
+    assert not hub.hub_resolves()
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # the proxy resolves the hub's host
+    assert hub.hub_resolves()
+    monkeypatch.delenv("HTTPS_PROXY")
+    calls = []
+
+    def download(repo_id, filename, **kw):
+        calls.append(kw["local_files_only"])
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        raise LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    with pytest.raises(CheckpointError, match=r"cannot download config.json .* \(no network\?\)"):
+        hub.fetch("vit_small_patch16_224.augreg_in21k")
+    assert calls == [True]

@@ -8,7 +8,8 @@ Two kinds of name:
 
 Files land in the hub cache (HF_HUB_CACHE, or HF_HOME/hub, read when called) and are not fetched again.
 With HF_HUB_OFFLINE=1 nothing is downloaded: a name that is not cached is an error that says so. Without
-network a fully cached model loads too: optional files the cache lacks count as absent.
+network a fully cached model loads too: optional files the cache lacks count as absent, and where the hub's host
+does not even resolve the cache is read at once, without huggingface_hub's retries.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import socket
 from pathlib import Path
 
 from .checkpoint import CheckpointError
@@ -51,6 +53,27 @@ def looks_like_a_file(text: str) -> bool:
 
 def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_resolves() -> bool:
+    """Whether the hub's host name resolves (or a proxy, which resolves it, is set). Without network a download
+    would only retry, with warnings, for about 25 s before failing: a host that does not resolve takes the cache
+    alone at once."""
+    if any(os.environ.get(v) for v in _PROXY_VARIABLES):
+        return True
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 def cache_dir() -> Path:
@@ -113,6 +136,7 @@ def fetch(name: str) -> Path:
     local_only = offline()
     cache = cache_dir()
     unreachable: list[str] = []  # files the hub could not be asked for: after the first, stop trying
+    cache_alone = local_only or not hub_resolves()  # no network: the cache, without retries
 
     def get(filename: str, commit: str | None = None) -> Path | None:
         """The file's path, or None when it is absent (or cannot be had from here)."""
@@ -126,7 +150,7 @@ def fetch(name: str) -> Path:
                 return None
         try:
             return Path(hf_hub_download(repo, filename, revision=commit or revision, cache_dir=str(cache),
-                                        local_files_only=local_only))
+                                        local_files_only=cache_alone))
         except LocalEntryNotFoundError:  # before its base class EntryNotFoundError: not cached, not fetched
             if not local_only:
                 unreachable.append(filename)
