@@ -56,7 +56,7 @@ def test_attention_filters_posemb_write_figures(setup, tmp_path):
     assert run("analyze", "attention", ckpt, img, setup / "data" / "test" / "plain" / "1.png",
                "--out", tmp_path / "a.png") == 0
     assert run("analyze", "attention", ckpt, img, "--layer", "-1", "--head", "1", "--out", tmp_path / "b.png") == 0
-    assert run("analyze", "attention", ckpt, "--data", setup / "data", "--indices", "0,5", "--out",
+    assert run("analyze", "attention", ckpt, "-d", setup / "data", "--indices", "0,5", "--out",
                tmp_path / "c.png") == 0
     assert run("analyze", "filters", ckpt, "--out", tmp_path / "f.png") == 0
     assert run("analyze", "posemb", ckpt, "--out", tmp_path / "p.png") == 0
@@ -107,7 +107,7 @@ def test_errors_are_one_line_with_a_hint(setup, tmp_path, capsys):
 
 def test_distance_numbers_equal_the_function_on_the_same_images(setup, tmp_path):
     out = tmp_path / "d.json"
-    assert run("analyze", "distance", setup / "ckpt", "--data", setup / "data", "--split", "test", "-n", "6",
+    assert run("analyze", "distance", setup / "ckpt", "-d", setup / "data", "--split", "test", "-n", "6",
                "-b", "4", "--out", tmp_path / "d.png", "--json", out, "--device", "cpu") == 0
     assert _is_small_png(tmp_path / "d.png")
     got = torch.tensor(json.loads(out.read_text())["distance_px"], dtype=torch.float64)
@@ -123,7 +123,7 @@ def test_distance_numbers_equal_the_function_on_the_same_images(setup, tmp_path)
 
 def test_fewshot_and_probe(setup, tmp_path):
     out = tmp_path / "fs.json"
-    assert run("fewshot", setup / "ckpt", "--data", setup / "data", "--shots", "1,3", "--seeds", "2",
+    assert run("fewshot", setup / "ckpt", "-d", setup / "data", "--shots", "1,3", "--seeds", "2",
                "--cache-dir", tmp_path / "cache", "--json", out, "--plot", tmp_path / "fs.png") == 0
     assert _is_small_png(tmp_path / "fs.png")
     assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2

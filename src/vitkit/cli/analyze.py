@@ -73,9 +73,9 @@ def _parse_ints(text: str, what: str, minimum: int = 1) -> list[int]:
 def attention(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
     images: list[Path] | None = typer.Argument(None, help="Image files to explain (or use --data)."),
-    data: str | None = typer.Option(None, "--data", help="Take the images from this dataset (name or folder) "
+    data: str | None = typer.Option(None, "--data", "-d", help="Take the images from this dataset (name or folder) "
                                     "instead of files."),
-    split: str = typer.Option("test", help="With --data: train or test."),
+    split: str = typer.Option("test", help="With --data: test, val or train."),
     indices: str = typer.Option("0,1,2,3", help="With --data: which items, comma-separated."),
     out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     layer: int | None = typer.Option(None, "--layer", help="Show this layer's raw attention (0-based, -1 the "
@@ -189,10 +189,10 @@ def posemb(
 @analyze_app.command("distance")
 def distance(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    data: str = typer.Option(..., "--data", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
-    split: str = typer.Option("test", help="train or test."),
+    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    split: str = typer.Option("test", help="Split: test, val or train."),
     num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over (the first N)."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
     out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -276,7 +276,7 @@ def _labels(dataset, limit: int | None):
 
 def fewshot(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    data: str = typer.Option(..., "--data", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
     shots: str = typer.Option("1,5,10,25", help="Training examples per class, comma-separated."),
     seeds: int = typer.Option(3, help="Random draws of the shots to average over (big_vision: 3)."),
     l2_reg: float = typer.Option(2.0**10, "--l2-reg", help="L2 regularisation of the least-squares fit "
@@ -285,7 +285,7 @@ def fewshot(
     test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
     max_train: int | None = typer.Option(None, min=1, help="Draw the shots from the first N training images only."),
     max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
-    batch_size: int = typer.Option(128, "--batch-size", "-b", min=1),
+    batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw accuracy against shots to this PNG."),
@@ -350,7 +350,7 @@ def fewshot(
 
 def probe(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    data: str = typer.Option(..., "--data", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
     c: float | None = typer.Option(None, "--C", help="Inverse regularisation strength; default: chosen from "
                                    "0.01, 0.1, 1, 10 on a held-out tenth of the training features."),
     train_split: str = typer.Option("train", help="Split to fit on."),
@@ -358,7 +358,7 @@ def probe(
     max_train: int | None = typer.Option(None, min=1, help="Use only the first N training images (faster)."),
     max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
     max_iter: int = typer.Option(1000, min=1, help="L-BFGS iterations."),
-    batch_size: int = typer.Option(128, "--batch-size", "-b", min=1),
+    batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),

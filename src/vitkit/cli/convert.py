@@ -17,7 +17,7 @@ def convert(
     image_size: str = typer.Option("", "--image-size", help="HxW (or N) of the source, needed only for a "
                                                              "non-square position table without a config."),
     num_heads: int = typer.Option(0, "--num-heads", min=0, help="Heads of the source, needed only for a fused-q;k;v "
-                                                         "file without a config whose heads are not 64 wide."),
+                                                         "file without a config whose heads are not 64 wide (0: infer)."),
     force: bool = typer.Option(False, "--force", help="Write into DST even if it holds other files."),
 ) -> None:
     """Convert a ViT checkpoint between formats; the written tensors reproduce the source exactly.

@@ -161,7 +161,7 @@ def eval(
     data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or a folder."),
     split: str = typer.Option("test", "--split", help="Split: test, val or train."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
-    batch_size: int = typer.Option(256, "--batch-size", "-b", min=1),
+    batch_size: int = typer.Option(256, "--batch-size", "-b", min=1, help="Images per forward pass."),
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N images (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
                              help="Folder for metrics.json and confusion.png (default: eval-DATA inside a checkpoint folder, beside a checkpoint file, or here for a hub name)."),
