@@ -94,6 +94,10 @@ def test_errors_are_one_line_with_a_hint(setup, tmp_path, capsys):
     assert "out of range" in capsys.readouterr().err
     assert run("analyze", "attention", ckpt, "--data", setup / "data", "--indices", "99") == 1
     assert "out of range" in capsys.readouterr().err
+    assert run("analyze", "attention", ckpt, "--data", setup / "data", "--indices", "a,b") == 1
+    assert "hint: e.g. --indices 0,1,6,8" in capsys.readouterr().err
+    assert run("analyze", "attention", ckpt, "--data", setup / "data", "--discard", "1.5") == 1
+    assert "error: --discard 1.5 must be at least 0 and below 1" in capsys.readouterr().err
     assert run("analyze", "attention", ckpt) == 1
     assert "image files or --data" in capsys.readouterr().err
     assert run("fewshot", ckpt, "--data", setup / "data", "--shots", "1,x") == 1

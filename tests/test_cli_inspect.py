@@ -153,6 +153,10 @@ def test_info_describes_a_checkpoint(capsys, checkpoint):
     for fragment in ("tiny-test", "32x32, 3 channel(s)", "grid 4x4, 17 tokens", "32 / 2 / 4 / 64",
                      "token / learned-2d", "exact / 1e-06", f"{n_params:,}", "3: cat, dog, emu", "crop_pct"):
         assert fragment in out, fragment
+    from vitkit import count_flops
+
+    flops = count_flops(vitkit.load(checkpoint).cfg) / 1e9
+    assert flops < 0.005 and f"{flops:.3g}" in out  # a small model's GFLOPs are not shown as 0.00
 
 
 def test_info_says_how_a_model_differs_from_the_preset_it_is_named_after(capsys, tmp_path):

@@ -77,6 +77,7 @@ def test_cli_exports_and_checks(tiny, tmp_path, capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert out.exists() and "onnxruntime matches PyTorch" in text
+    assert "1e-04 absolute, the largest logit" in text  # a tiny model's logits are below 1: no scaling
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -56,15 +56,15 @@ def _write_json(path: Path | None, payload: dict) -> None:
         typer.echo(f"numbers written to {path}")
 
 
-def _parse_ints(text: str, what: str, minimum: int = 1) -> list[int]:
+def _parse_ints(text: str, what: str, minimum: int = 1, example: str = "1,5,10,25") -> list[int]:
     from .main import UsageError
 
     try:
         values = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise UsageError(f"{what} {text!r} is not a comma-separated list of integers", "e.g. 1,5,10,25") from None
+        raise UsageError(f"{what} {text!r} is not a comma-separated list of integers", f"e.g. {what} {example}") from None
     if not values or any(v < minimum for v in values):
-        raise UsageError(f"{what} {text!r} must list integers >= {minimum}", "e.g. 1,5,10,25")
+        raise UsageError(f"{what} {text!r} must list integers >= {minimum}", f"e.g. {what} {example}")
     return values
 
 
@@ -100,6 +100,8 @@ def attention(
 
     if head is not None and layer is None:
         raise UsageError("--head needs --layer", "e.g. --layer -1 --head 0")
+    if not 0 <= discard < 1:
+        raise UsageError(f"--discard {discard:g} must be at least 0 and below 1", "e.g. --discard 0.9")
     if bool(images) == (data is not None):
         raise UsageError("give image files or --data, not both or neither",
                          "e.g. `vitkit analyze attention CKPT cat.jpg` or `... CKPT --data fashion-mnist`")
@@ -110,7 +112,7 @@ def attention(
     model = model.to(dev)
     if data is not None:
         dataset = resolve_data(data, split)
-        picked = _parse_ints(indices, "--indices", minimum=0)
+        picked = _parse_ints(indices, "--indices", minimum=0, example="0,1,6,8")
         bad = [i for i in picked if i >= len(dataset)]
         if bad:
             raise UsageError(f"--indices {bad} out of range: {data} ({split}) has {len(dataset)} items")

@@ -65,7 +65,7 @@ def info(path: Path = typer.Argument(..., help="A checkpoint folder or file.")) 
         ("pre-logits", str(cfg.representation_size or "none")),
         ("hybrid ResNet units", str(cfg.hybrid_layers) if cfg.hybrid_layers else "none"),
         ("parameters", f"{n_params:,}"),
-        ("GFLOPs per image", f"{count_flops(cfg) / 1e9:.2f}"),
+        ("GFLOPs per image", f"{count_flops(cfg) / 1e9:.3g}"),
         ("classes", f"{cfg.num_classes}" + (f": {', '.join(names[:10])}" + (" ..." if len(names) > 10 else "")
                                             if names else "")),
         ("preprocessing", str(preprocessing(cfg))),

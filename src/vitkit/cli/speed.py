@@ -101,11 +101,12 @@ def export(
     if check:
         result = check_onnx(model, path, atol=atol)
         diffs = ", ".join(f"batch {b}: {d:.2e}" for b, d in result.max_abs_diff.items())
+        how = (f"{atol:g} x largest logit {result.max_abs_logit:.3g}" if result.max_abs_logit > 1 else
+               f"{atol:g} absolute, the largest logit {result.max_abs_logit:.3g} being below 1")
         if not result.ok:
             raise ValueError(f"{path}: onnxruntime differs from PyTorch by up to {result.worst:.2e} "
-                             f"> {result.tolerance:.2e} ({atol:g} x largest logit {result.max_abs_logit:.3g}; {diffs})")
-        typer.echo(f"onnxruntime matches PyTorch: max |diff| {diffs} (tolerance {result.tolerance:.2e}: "
-                   f"{atol:g} x largest logit {result.max_abs_logit:.3g})")
+                             f"> {result.tolerance:.2e} ({how}; {diffs})")
+        typer.echo(f"onnxruntime matches PyTorch: max |diff| {diffs} (tolerance {result.tolerance:.2e}: {how})")
         if result.max_abs_logit == 0:
             typer.echo("note: every logit is 0 (an untrained, zero-initialised head), so the check compared zeros")
 
