@@ -134,7 +134,7 @@ def test_nproc_refuses_a_batch_the_processes_cannot_share_before_starting_them(t
         main(["train", "demo-tiny", "--out", str(tmp_path / "run"), "--nproc", "2", "--set", "batch_size=33"])
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.count("error:") == 1
-    assert "batch_size=33 must be a multiple of processes (2)" in err and "Traceback" not in err
+    assert "batch_size=33 must be a multiple of the number of processes (2)\n" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
 
 

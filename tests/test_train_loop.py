@@ -95,6 +95,8 @@ def test_batches_split_the_global_batch_among_processes():
     assert torch.equal(torch.cat(two), one[0])
     with pytest.raises(ValueError, match="multiple of processes"):
         make_plan(16, 3, world=2, rank=0)
+    with pytest.raises(ValueError, match=r"batch_size=33 must be a multiple of the number of processes \(2\)$"):
+        make_plan(33, 0, world=2, rank=0)  # no micro_batch was asked for: the message names none
 
 
 def test_run_folder_logs_and_checkpoints(tmp_path):

@@ -65,6 +65,8 @@ class BatchPlan:
 
 def make_plan(global_batch: int, micro_batch: int, world: int, rank: int) -> BatchPlan:
     """micro_batch 0 means one micro-batch per process per step (no accumulation)."""
+    if not micro_batch and global_batch % max(world, 1):
+        raise ValueError(f"batch_size={global_batch} must be a multiple of the number of processes ({world})")
     micro = micro_batch or global_batch // max(world, 1)
     return BatchPlan(global_batch=global_batch, world=world, rank=rank, micro=micro)
 
