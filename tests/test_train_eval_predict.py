@@ -159,6 +159,7 @@ def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name
     assert r.returncode == 0, r.stderr
     metrics = strict_json((tmp_path / "ev" / "metrics.json").read_text())
     assert (metrics["count"], metrics["skipped"]) == (6, 1)
+    assert metrics["skipped_images"] == [str(tmp_path / "data" / "c" / "zz.png")]  # named, as in result.json
     assert metrics["per_class"]["b"] is None
     assert [sum(row) for row in metrics["confusion"]] == [3, 0, 3]
     # A class the checkpoint does not know is refused, named, in one line.

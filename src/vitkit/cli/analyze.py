@@ -345,7 +345,7 @@ def fewshot(
                            title=f"Few-shot linear evaluation on {data}\n(mean and std over {seeds} draws of the shots)")
         typer.echo(f"wrote {save_figure(fig, plot)}")
     _write_json(json_out, {"checkpoint": ckpt, "data": data, "l2_reg": l2_reg, "seeds": seeds,
-                           "train_images": len(labels), "train_images_embedded": len(train.labels),
+                           "train_pool": len(labels), "train_images": len(train.labels),
                            "test_images": len(test.labels), "results": [{"shots": r.shots, "accuracy": r.mean, "std": r.std,
                                         "per_seed": list(r.accuracies)} for r in results]})
 

@@ -173,7 +173,7 @@ def eval(
 
     from ..data import resolve
     from ..train.evaluate import confusion_png, evaluate
-    from ..train.loop import _first
+    from ..train.loop import _first, skipped_images
     from .main import UsageError
 
     model = _load(checkpoint)
@@ -192,7 +192,9 @@ def eval(
     result = evaluate(net, dataset, cfg, batch_size, device, progress=True)
     folder = out or _default_eval_dir(checkpoint, data)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    # As a run's result.json: the metrics and every unreadable file skipped.
+    metrics = {**result.to_dict(), "skipped_images": [str(p) for p in skipped_images(dataset)]}
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     png = confusion_png(result, folder / "confusion.png", f"{Path(checkpoint).name} on {data} ({split}): "
                                                           f"top-1 {100 * result.top1:.2f} %")
     table = Table()
