@@ -144,3 +144,22 @@ def test_fewshot_and_probe(setup, tmp_path):
     assert run("probe", setup / "ckpt", "--data", setup / "data", "--C", "1.0", "--json", pout) == 0
     probe = json.loads(pout.read_text())
     assert probe["C"] == 1.0 and 0.0 <= probe["accuracy"] <= 1.0 and probe["test_images"] == 8
+
+
+def test_named_datasets_are_looked_for_in_data_dir(tmp_path, capsys):
+    """--data-dir, as on eval: a named dataset from that folder (a 128-image stand-in here, not the machine's
+    60,000-image Fashion-MNIST)."""
+    from train_helpers import write_fake_fashion_mnist
+
+    data = write_fake_fashion_mnist(tmp_path / "fmnist", n_train=128, n_test=32)
+    model = vitkit.create_model("ViT-Ti/16", image_size=28, patch_size=7, in_chans=1, dim=32, depth=1,
+                                num_heads=2, mlp_dim=64, num_classes=10)
+    vitkit.save(model, tmp_path / "ckpt")
+    assert run("fewshot", tmp_path / "ckpt", "-d", "fashion-mnist", "--data-dir", data, "--shots", "1",
+               "--seeds", "1", "--json", tmp_path / "f.json") == 0
+    assert json.loads((tmp_path / "f.json").read_text())["train_pool"] == 128
+    assert run("analyze", "distance", tmp_path / "ckpt", "-d", "fashion-mnist", "--data-dir", data, "-n", "4",
+               "-o", tmp_path / "d.png") == 0
+    assert run("probe", tmp_path / "ckpt", "-d", "fashion-mnist", "--data-dir", data, "--json",
+               tmp_path / "p.json") == 0
+    assert json.loads((tmp_path / "p.json").read_text())["train_images"] == 128

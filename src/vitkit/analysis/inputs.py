@@ -22,9 +22,10 @@ def load_image(path: str | os.PathLike, cfg: ViTConfig):
     return open_image(path, mode="L" if cfg.in_chans == 1 else "RGB")
 
 
-def resolve_data(data: str, split: str):
-    """The dataset named by `data` (fashion-mnist, cifar10, cifar100, or a folder), split train or test."""
-    return resolve(data, split)
+def resolve_data(data: str, split: str, data_dir=None):
+    """The dataset named by `data` (fashion-mnist, cifar10, cifar100, or a folder), split test, val or train;
+    named datasets looked for in `data_dir` first (see vitkit.data.resolve)."""
+    return resolve(data, split, data_dir)
 
 
 def to_display(x: torch.Tensor, cfg: ViTConfig):

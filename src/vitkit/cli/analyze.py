@@ -76,6 +76,7 @@ def attention(
     data: str | None = typer.Option(None, "--data", "-d", help="Take the images from this dataset (name or folder) "
                                     "instead of files."),
     split: str = typer.Option("test", help="With --data: test, val or train."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
     indices: str = typer.Option("0,1,2,3", help="With --data: which items, comma-separated."),
     out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     layer: int | None = typer.Option(None, "--layer", help="Show this layer's raw attention (0-based, -1 the "
@@ -111,7 +112,7 @@ def attention(
     dev = _device(device)
     model = model.to(dev)
     if data is not None:
-        dataset = resolve_data(data, split)
+        dataset = resolve_data(data, split, data_dir)
         picked = _parse_ints(indices, "--indices", minimum=0, example="0,1,6,8")
         bad = [i for i in picked if i >= len(dataset)]
         if bad:
@@ -193,6 +194,7 @@ def distance(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
     data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
     split: str = typer.Option("test", help="Split: test, val or train."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
     num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over (the first N)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
     out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
@@ -215,7 +217,7 @@ def distance(
     cfg = model.cfg
     dev = _device(device)
     model = model.to(dev).eval()
-    dataset = resolve_data(data, split)
+    dataset = resolve_data(data, split, data_dir)
     total = torch.zeros(cfg.depth, cfg.num_heads, dtype=torch.float64)
     seen = 0
     n = min(num_images, len(dataset))
@@ -253,12 +255,12 @@ def _cache_file(cache_dir: Path | None, ckpt: str, data: str, split: str, tag: s
 
 
 def _features(model, ckpt: str, data: str, split: str, limit: int | None, batch_size: int, cache_dir: Path | None,
-              dev, dataset=None):
+              dev, dataset=None, data_dir: Path | None = None):
     """Representations of a split (its first `limit` items), through a cache file when asked."""
     from ..analysis.features import extract_features
     from ..analysis.inputs import eval_transform, resolve_data
 
-    dataset = resolve_data(data, split) if dataset is None else dataset
+    dataset = resolve_data(data, split, data_dir) if dataset is None else dataset
     feats = extract_features(model, dataset, cache=_cache_file(cache_dir, ckpt, data, split, str(limit or "all")),
                              data_key=f"{data}:{split}", batch_size=batch_size, transform=eval_transform(model.cfg),
                              limit=limit, device=dev, desc=f"features {split}")
@@ -285,6 +287,7 @@ def fewshot(
                                  "(big_vision: 2^10)."),
     train_split: str = typer.Option("train", help="Split the shots are drawn from."),
     test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
     max_train: int | None = typer.Option(None, min=1, help="Draw the shots from the first N training images only."),
     max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
@@ -313,7 +316,7 @@ def fewshot(
 
     model = _load(ckpt)
     dev = _device(device)
-    train_set = resolve_data(data, train_split)
+    train_set = resolve_data(data, train_split, data_dir)
     labels = _labels(train_set, max_train)
     classes = getattr(train_set, "classes", None)
     K = len(classes) if classes else int(labels.max()) + 1
@@ -327,7 +330,7 @@ def fewshot(
     train = extract_features(model, subset, cache=_cache_file(cache_dir, ckpt, data, train_split, f"shots-{digest}"),
                              data_key=f"{data}:{train_split}:{digest}", batch_size=batch_size,
                              transform=eval_transform(model.cfg), device=dev, desc=f"features {train_split} (shots)")
-    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev)
+    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev, data_dir=data_dir)
     results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg, seeds,
                            draws=local)
     table = Table(title=f"few-shot linear evaluation: {data}, {len(test.labels)} test images, {seeds} seeds")
@@ -357,6 +360,7 @@ def probe(
                                    "0.01, 0.1, 1, 10 on a held-out tenth of the training features."),
     train_split: str = typer.Option("train", help="Split to fit on."),
     test_split: str = typer.Option("test", help="Split to measure on."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
     max_train: int | None = typer.Option(None, min=1, help="Use only the first N training images (faster)."),
     max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
     max_iter: int = typer.Option(1000, min=1, help="L-BFGS iterations."),
@@ -370,8 +374,8 @@ def probe(
 
     model = _load(ckpt)
     dev = _device(device)
-    train, _ = _features(model, ckpt, data, train_split, max_train, batch_size, cache_dir, dev)
-    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev)
+    train, _ = _features(model, ckpt, data, train_split, max_train, batch_size, cache_dir, dev, data_dir=data_dir)
+    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev, data_dir=data_dir)
     result = linear_probe(train.features, train.labels, test.features, test.labels, C=c, max_iter=max_iter)
     for cv, acc in result.validation.items():
         typer.echo(f"C={cv:g}: held-out accuracy {100 * acc:.2f}%")
