@@ -62,7 +62,8 @@ def _parse_ints(text: str, what: str, minimum: int = 1, example: str = "1,5,10,2
     try:
         values = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise UsageError(f"{what} {text!r} is not a comma-separated list of integers", f"e.g. {what} {example}") from None
+        raise UsageError(f"{what} {text!r} is not a comma-separated list of integers",
+                         f"e.g. {what} {example}") from None
     if not values or any(v < minimum for v in values):
         raise UsageError(f"{what} {text!r} must list integers >= {minimum}", f"e.g. {what} {example}")
     return values
@@ -76,7 +77,8 @@ def attention(
     data: str | None = typer.Option(None, "--data", "-d", help="Take the images from this dataset (name or folder) "
                                     "instead of files."),
     split: str = typer.Option("test", help="With --data: test, val or train."),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
+    data_dir: Path | None = typer.Option(None, "--data-dir",
+                                         help="Where to look for (and download) named datasets."),
     indices: str = typer.Option("0,1,2,3", help="With --data: which items, comma-separated."),
     out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     layer: int | None = typer.Option(None, "--layer", help="Show this layer's raw attention (0-based, -1 the "
@@ -192,9 +194,11 @@ def posemb(
 @analyze_app.command("distance")
 def distance(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    data: str = typer.Option(..., "--data", "-d",
+                             help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
     split: str = typer.Option("test", help="Split: test, val or train."),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
+    data_dir: Path | None = typer.Option(None, "--data-dir",
+                                         help="Where to look for (and download) named datasets."),
     num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over (the first N)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
     out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
@@ -280,14 +284,16 @@ def _labels(dataset, limit: int | None):
 
 def fewshot(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    data: str = typer.Option(..., "--data", "-d",
+                             help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
     shots: str = typer.Option("1,5,10,25", help="Training examples per class, comma-separated."),
     seeds: int = typer.Option(3, help="Random draws of the shots to average over (big_vision: 3)."),
     l2_reg: float = typer.Option(2.0**10, "--l2-reg", help="L2 regularisation of the least-squares fit "
                                  "(big_vision: 2^10)."),
     train_split: str = typer.Option("train", help="Split the shots are drawn from."),
     test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
+    data_dir: Path | None = typer.Option(None, "--data-dir",
+                                         help="Where to look for (and download) named datasets."),
     max_train: int | None = typer.Option(None, min=1, help="Draw the shots from the first N training images only."),
     max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
@@ -355,12 +361,14 @@ def fewshot(
 
 def probe(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
+    data: str = typer.Option(..., "--data", "-d",
+                             help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
     c: float | None = typer.Option(None, "--C", help="Inverse regularisation strength; default: chosen from "
                                    "0.01, 0.1, 1, 10 on a held-out tenth of the training features."),
     train_split: str = typer.Option("train", help="Split to fit on."),
     test_split: str = typer.Option("test", help="Split to measure on."),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
+    data_dir: Path | None = typer.Option(None, "--data-dir",
+                                         help="Where to look for (and download) named datasets."),
     max_train: int | None = typer.Option(None, min=1, help="Use only the first N training images (faster)."),
     max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
     max_iter: int = typer.Option(1000, min=1, help="L-BFGS iterations."),

@@ -11,13 +11,15 @@ import typer
 def convert(
     src: str = typer.Argument(..., help="A checkpoint: vitkit folder, .npz, timm/torchvision .safetensors/.pth/"
                                         ".bin, Hugging Face or timm folder, or a hub name."),
-    dst: Path = typer.Argument(..., help="Output folder (created; one that holds files is refused unless --force)."),
+    dst: Path = typer.Argument(..., help="Output folder (created; one that holds files is refused unless "
+                                         "--force)."),
     to: str = typer.Option("vitkit", "--to", help="Output format: vitkit, timm (hub folder: config.json + "
                                                    "model.safetensors) or hf (transformers folder)."),
     image_size: str = typer.Option("", "--image-size", help="HxW (or N) of the source, needed only for a "
                                                              "non-square position table without a config."),
-    num_heads: int = typer.Option(0, "--num-heads", min=0, help="Heads of the source, needed only for a fused-q;k;v "
-                                                         "file without a config whose heads are not 64 wide (0: infer)."),
+    num_heads: int = typer.Option(0, "--num-heads", min=0, help="Heads of the source (0: infer), needed only for a "
+                                                         "fused-q;k;v file without a config whose heads are not "
+                                                         "64 wide."),
     force: bool = typer.Option(False, "--force", help="Write into DST even if it holds other files."),
 ) -> None:
     """Convert a ViT checkpoint between formats; the written tensors reproduce the source exactly.

@@ -62,7 +62,8 @@ def resume_command(recipe: str, out: Path, overrides: list[str], nproc: int) -> 
     import shlex
 
     return shlex.join(["vitkit", "train", recipe, "--out", str(out), "--resume",
-                       *(a for o in overrides for a in ("--set", o)), *(["--nproc", str(nproc)] if nproc > 1 else [])])
+                       *(a for o in overrides for a in ("--set", o)),
+                       *(["--nproc", str(nproc)] if nproc > 1 else [])])
 
 
 # torchrun's own main, without the traceback of its ChildFailedError or SignalException: a worker that fails
@@ -164,7 +165,8 @@ def eval(
     batch_size: int = typer.Option(256, "--batch-size", "-b", min=1, help="Images per forward pass."),
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N images (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
-                             help="Folder for metrics.json and confusion.png (default: eval-DATA inside a checkpoint folder, beside a checkpoint file, or here for a hub name)."),
+                             help="Folder for metrics.json and confusion.png (default: eval-DATA inside a "
+                                  "checkpoint folder, beside a checkpoint file, or here for a hub name)."),
     skip_bad_images: bool = typer.Option(False, "--skip-bad-images", help="Skip unreadable images in a folder."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
 ) -> None:
