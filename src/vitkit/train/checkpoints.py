@@ -106,6 +106,11 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
+def step_of(ckpt: Path) -> int:
+    """The step a checkpoint folder (RUN/ckpt/step-XXXXXXX) was written at: step_dir_name's inverse."""
+    return int(STEP_DIR.match(Path(ckpt).name).group(1))
+
+
 def save_train_state(
     run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     state: dict[str, Any], class_names: list[str] | None = None,
@@ -170,7 +175,13 @@ def prune(root: Path, keep_last: int) -> None:
     found = list_checkpoints(root.parent)
     for old in found[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    for leftover in root.glob(".tmp-*"):
+    remove_unfinished_writes(root)
+
+
+def remove_unfinished_writes(folder: Path) -> None:
+    """Remove the `.tmp-*` and `.old-*` folders that writes interrupted in `folder` leave (save_train_state's,
+    save_model_atomically's)."""
+    for leftover in [*folder.glob(".tmp-*"), *folder.glob(".old-*")]:
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
 
@@ -273,6 +284,4 @@ def clean_leftovers(run_dir: Path) -> None:
         if aside and not (run_dir / name).exists():
             os.replace(aside[-1], run_dir / name)
     for folder in (run_dir, run_dir / "ckpt"):
-        for leftover in [*folder.glob(".tmp-*"), *folder.glob(".old-*")]:
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
+        remove_unfinished_writes(folder)

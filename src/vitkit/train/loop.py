@@ -40,7 +40,6 @@ from ..model import VisionTransformer
 from . import distributed
 from .batches import batch_source, is_in_memory, make_plan, steps_per_epoch
 from .checkpoints import (
-    STEP_DIR,
     RunFolderLock,
     clean_leftovers,
     latest_checkpoint,
@@ -48,6 +47,7 @@ from .checkpoints import (
     restore_rng,
     save_model_atomically,
     save_train_state,
+    step_of,
 )
 from .ema import EMA
 from .evaluate import EvalResult, confusion_png, evaluate
@@ -349,7 +349,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     distributed.barrier()
     # Every process must see the same folder (and so resume from the same step): on several machines, one
     # their filesystems share. Without it each would start from what its own disk holds.
-    seen = (int(STEP_DIR.match(newest.name).group(1)) if newest is not None else -1) if saved_cfg.is_file() else -2
+    newest_step = step_of(newest) if newest is not None else -1
+    seen = newest_step if saved_cfg.is_file() else -2
     if not distributed.agree(seen, device):
         raise ValueError(f"the processes of this run see different contents in {out}: --out must be a folder on "
                          "a filesystem that every machine of the run shares")
