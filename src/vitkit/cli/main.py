@@ -48,6 +48,9 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+FILESYSTEM_HINT = "check the path's filesystem: space, quota, read-only"
+
+
 def command_help(argv: list[str] | None) -> str:
     """The hint that points to the help of the command that failed (`vitkit eval --help`)."""
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
@@ -66,17 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     except CheckpointError as e:
         fail(str(e), "vitkit loads its own folders (config.json + model.safetensors), Google .npz, timm, "
                      "Hugging Face and torchvision files, and hub names; `vitkit info PATH` tells what one holds")
-    except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
-        fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path")
-    except OSError as e:  # a read-only or full filesystem, a quota
-        fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), "check the path's filesystem: space, quota, "
-                                                                 "read-only")
+    except OSError as e:  # a wrong path; a read-only or full filesystem, a quota
+        path_error = isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+                                    PermissionError))
+        fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "),
+             "check the path" if path_error else FILESYSTEM_HINT)
     except KeyError as e:
         fail(str(e.args[0]) if e.args else str(e), "`vitkit models` lists the presets")
     except ValueError as e:
         fail(str(e), command_help(argv))
     except SafetensorError as e:  # what safetensors raises for the same, when it writes
-        fail(f"safetensors: {e}", "check the path's filesystem: space, quota, read-only")
+        fail(f"safetensors: {e}", FILESYSTEM_HINT)
     except KeyboardInterrupt:
         fail("interrupted", code=130)
 
