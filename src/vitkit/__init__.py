@@ -1,26 +1,21 @@
-"""vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021)."""
+"""vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021).
 
-from .allocator import retain_freed_memory
-from .checkpoint import save
-from .config import ViTConfig, get_config, list_models
-from .inference import optimize
-from .loading import load  # every format; vitkit.checkpoint.load_vitkit reads the native one
-from .model import VisionTransformer, count_flops, count_parameters, create_model
-from .posemb import resample_pos_embed
+The names below load on first use (lazy_loader), so that `import vitkit` and the command line's help do not
+wait for torch: `vitkit.create_model` imports vitkit.model, and torch with it, when it is first read."""
+
+import lazy_loader
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ViTConfig",
-    "VisionTransformer",
-    "count_flops",
-    "count_parameters",
-    "create_model",
-    "get_config",
-    "list_models",
-    "load",
-    "optimize",
-    "resample_pos_embed",
-    "retain_freed_memory",
-    "save",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "allocator": ["retain_freed_memory"],
+        "checkpoint": ["save"],
+        "config": ["ViTConfig", "get_config", "list_models"],
+        "inference": ["optimize"],
+        "loading": ["load"],  # every format; vitkit.checkpoint.load_vitkit reads the native one
+        "model": ["VisionTransformer", "count_flops", "count_parameters", "create_model"],
+        "posemb": ["resample_pos_embed"],
+    },
+)

@@ -177,7 +177,10 @@ class HybridEmbed(nn.Module):
 
     def reset_parameters(self) -> None:
         """He (fan-out) normal for the ResNet's convolutions, unit-scale GroupNorms (as BiT and timm),
-        LeCun normal for the projection E (as the plain ViT's patch projection)."""
+        LeCun normal for the projection E (as the plain ViT's patch projection). On the meta device (shapes
+        only) there are no values to set."""
+        if self.proj.weight.is_meta:
+            return
         for m in self.backbone.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -289,7 +289,10 @@ class VisionTransformer(nn.Module):
     # --- initialisation, as the reference (Flax) code ---------------------------------------------
     def init_weights(self) -> None:
         """The initialisation of Google's Flax ViT: truncated normal (std 0.02) embeddings, LeCun normal for
-        the patch projection and the pre-logits, Xavier uniform in the encoder, a zero classifier."""
+        the patch projection and the pre-logits, Xavier uniform in the encoder, a zero classifier. A model on
+        the meta device (shapes only: count_parameters, count_flops) has no values to set."""
+        if self.norm.weight.is_meta:
+            return
         for name in ("pos_embed", "pos_embed_row", "pos_embed_col", "pos_embed_cls", "cls_token"):
             if getattr(self, name, None) is not None:
                 trunc_normal_(getattr(self, name), std=0.02)
@@ -442,20 +445,21 @@ def count_flops(cfg: ViTConfig) -> float:
 
     Per layer: 12 T D^2 (qkv, projection, MLP at 4D) generalised to any MLP size, plus 2 T^2 D for the
     attention matrix and its product with the values. A hybrid's ResNet has no short closed form: its
-    convolutions are counted by torch's FlopCounterMode on the meta device (nothing is allocated).
+    patch embedding (ResNet and projection) is counted by torch's FlopCounterMode on the meta device (nothing
+    is allocated).
     """
+    T, D = cfg.num_tokens, cfg.dim
+    per_layer = T * (4 * D * D + 2 * D * cfg.mlp_dim) + 2 * T * T * D
     if cfg.hybrid_layers is not None:
         from torch.utils.flop_counter import FlopCounterMode
 
         with torch.device("meta"):
-            model = VisionTransformer(cfg)
-            x = torch.empty(1, cfg.in_chans, *cfg.image_size)
+            embed = build_patch_embed(cfg)
             with FlopCounterMode(display=False) as counter:
-                model.forward_head(model.forward_features(x))  # every token through every block
-        return float(counter.get_total_flops())
-    T, D = cfg.num_tokens, cfg.dim
-    per_layer = T * (4 * D * D + 2 * D * cfg.mlp_dim) + 2 * T * T * D
-    patch = cfg.num_patches * D * cfg.in_chans * cfg.patch_size**2
+                embed(torch.empty(1, cfg.in_chans, *cfg.image_size))
+        patch = counter.get_total_flops() // 2
+    else:
+        patch = cfg.num_patches * D * cfg.in_chans * cfg.patch_size**2
     head_in = cfg.representation_size or D
     head = (D * cfg.representation_size if cfg.representation_size else 0) + head_in * max(cfg.num_classes, 0)
     macs = cfg.depth * per_layer + patch + head

@@ -58,31 +58,39 @@ def command_help(argv: list[str] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, prog_name="vitkit", standalone_mode=True)
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except Exception as e:
+        explain(e, argv)
+
+
+def explain(error: Exception, argv: list[str] | None) -> None:
+    """Exit with a one-line message and a hint for an error the user can fix; re-raise any other. Its imports
+    wait for an error, so that `vitkit --help` does not load torch."""
     from safetensors import SafetensorError
 
     from ..checkpoint import CheckpointError
 
-    try:
-        app(args=argv, prog_name="vitkit", standalone_mode=True)
-    except UsageError as e:
+    e = error
+    if isinstance(e, UsageError):
         fail(str(e), e.hint)
-    except CheckpointError as e:
+    elif isinstance(e, CheckpointError):
         fail(str(e), "vitkit loads its own folders (config.json + model.safetensors), Google .npz, timm, "
                      "Hugging Face and torchvision files, and hub names; `vitkit info PATH` tells what one holds")
-    except OSError as e:  # a wrong path; a read-only or full filesystem, a quota
+    elif isinstance(e, OSError):  # a wrong path; a read-only or full filesystem, a quota
         path_error = isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
                                     PermissionError))
         fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "),
              "check the path" if path_error else FILESYSTEM_HINT)
-    except KeyError as e:
+    elif isinstance(e, KeyError):
         fail(str(e.args[0]) if e.args else str(e), "`vitkit models` lists the presets")
-    except ValueError as e:
+    elif isinstance(e, ValueError):
         fail(str(e), command_help(argv))
-    except SafetensorError as e:  # what safetensors raises for the same, when it writes
+    elif isinstance(e, SafetensorError):  # what safetensors raises for the same, when it writes
         fail(f"safetensors: {e}", FILESYSTEM_HINT)
-    except KeyboardInterrupt:
-        fail("interrupted", code=130)
-
+    raise error
 
 if __name__ == "__main__":
     # `python -m vitkit.cli.main`: run the imported module's main, so that the UsageError the command

@@ -1,22 +1,14 @@
-"""Training: recipes (typed configs), the resumable distributed loop, evaluation and prediction."""
+"""Training: recipes (typed configs), the resumable distributed loop, evaluation and prediction. The names
+load on first use (lazy_loader): the recipes need no torch, the loop does."""
 
-from .evaluate import EvalResult, confusion_png, evaluate
-from .loop import RunResult, TrainingDiverged, train
-from .recipes import RECIPES, DataConfig, OptimConfig, TrainConfig, apply_overrides, get_recipe
-from .stopping import TrainingStopped
+import lazy_loader
 
-__all__ = [
-    "RECIPES",
-    "DataConfig",
-    "EvalResult",
-    "OptimConfig",
-    "RunResult",
-    "TrainConfig",
-    "TrainingDiverged",
-    "TrainingStopped",
-    "apply_overrides",
-    "confusion_png",
-    "evaluate",
-    "get_recipe",
-    "train",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "evaluate": ["EvalResult", "confusion_png", "evaluate"],
+        "loop": ["RunResult", "TrainingDiverged", "train"],
+        "recipes": ["RECIPES", "DataConfig", "OptimConfig", "TrainConfig", "apply_overrides", "get_recipe"],
+        "stopping": ["TrainingStopped"],
+    },
+)

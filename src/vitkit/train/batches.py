@@ -27,8 +27,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ViTConfig
+from ..data.augment import AugmentConfig
 from ..data.transforms import (
-    AugmentConfig,
     build_batch_transform,
     build_train_transform,
     train_batch,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..config import TRAINING_RATES, ViTConfig, get_config, is_finite_number, is_integer
-from ..data.transforms import AugmentConfig
+from ..data.augment import AugmentConfig
 
 Optimizer = Literal["adamw", "sgd"]
 Schedule = Literal["cosine", "linear", "constant"]
