@@ -1,5 +1,5 @@
-"""Images and datasets as the analyses need them, through vitkit.data: read, resized, cropped and normalised
-exactly as the model is evaluated, and turned back into displayable pixels for the figures."""
+"""Images as the analyses need them: read in the model's colour mode (through vitkit.data, which also gives the
+datasets and the evaluation transform), and turned back into displayable pixels for the figures."""
 
 from __future__ import annotations
 
@@ -8,24 +8,12 @@ import os
 import torch
 
 from ..config import ViTConfig
-from ..data import open_image, resolve
-from ..data.transforms import build_eval_transform
-
-
-def eval_transform(cfg: ViTConfig):
-    """The evaluation transform of the model `cfg`: the model's channels, resize, centre crop, normalise."""
-    return build_eval_transform(cfg)
+from ..data import open_image
 
 
 def load_image(path: str | os.PathLike, cfg: ViTConfig):
     """A PIL image in the model's colour mode (grey for a 1-channel model); errors name the file."""
     return open_image(path, mode="L" if cfg.in_chans == 1 else "RGB")
-
-
-def resolve_data(data: str, split: str, data_dir=None):
-    """The dataset named by `data` (fashion-mnist, cifar10, cifar100, or a folder), split test, val or train;
-    named datasets looked for in `data_dir` first (see vitkit.data.resolve)."""
-    return resolve(data, split, data_dir)
 
 
 def to_display(x: torch.Tensor, cfg: ViTConfig):

@@ -97,8 +97,10 @@ def attention(
     import torch
 
     from ..analysis.figures import plot_attention, save_figure
-    from ..analysis.inputs import eval_transform, load_image, resolve_data, to_display
+    from ..analysis.inputs import load_image, to_display
     from ..analysis.rollout import attention_rollout, layer_attention
+    from ..data import resolve
+    from ..data.transforms import build_eval_transform
     from .main import UsageError
 
     if head is not None and layer is None:
@@ -110,11 +112,11 @@ def attention(
                          "e.g. `vitkit analyze attention CKPT cat.jpg` or `... CKPT --data fashion-mnist`")
     model = _load(ckpt)
     cfg = model.cfg
-    transform = eval_transform(cfg)
+    transform = build_eval_transform(cfg)
     dev = _device(device)
     model = model.to(dev)
     if data is not None:
-        dataset = resolve_data(data, split, data_dir)
+        dataset = resolve(data, split, data_dir)
         picked = _parse_ints(indices, "--indices", minimum=0, example="0,1,6,8")
         bad = [i for i in picked if i >= len(dataset)]
         if bad:
@@ -212,7 +214,8 @@ def distance(
     from ..analysis.distance import attention_distance, patch_distances
     from ..analysis.features import iterate_batches
     from ..analysis.figures import plot_attention_distance, save_figure
-    from ..analysis.inputs import eval_transform, resolve_data
+    from ..data import resolve
+    from ..data.transforms import build_eval_transform
     from .main import UsageError
 
     if num_images < 1:
@@ -221,12 +224,12 @@ def distance(
     cfg = model.cfg
     dev = _device(device)
     model = model.to(dev).eval()
-    dataset = resolve_data(data, split, data_dir)
+    dataset = resolve(data, split, data_dir)
     total = torch.zeros(cfg.depth, cfg.num_heads, dtype=torch.float64)
     seen = 0
     n = min(num_images, len(dataset))
     with torch.inference_mode(), tqdm(total=n, desc="attention distance", unit="img") as bar:
-        for x, _ in iterate_batches(dataset, batch_size, eval_transform(cfg), limit=n):
+        for x, _ in iterate_batches(dataset, batch_size, build_eval_transform(cfg), limit=n):
             _, attns = model.forward_features(x.to(dev), return_attention=True)
             for i, a in enumerate(attns):
                 total[i] += attention_distance(a, cfg.grid_size, cfg.patch_stride, cfg.num_prefix_tokens).sum(0).cpu()
@@ -262,11 +265,12 @@ def _features(model, ckpt: str, data: str, split: str, limit: int | None, batch_
               dev, dataset=None, data_dir: Path | None = None):
     """Representations of a split (its first `limit` items), through a cache file when asked."""
     from ..analysis.features import extract_features
-    from ..analysis.inputs import eval_transform, resolve_data
+    from ..data import resolve
+    from ..data.transforms import build_eval_transform
 
-    dataset = resolve_data(data, split, data_dir) if dataset is None else dataset
+    dataset = resolve(data, split, data_dir) if dataset is None else dataset
     feats = extract_features(model, dataset, cache=_cache_file(cache_dir, ckpt, data, split, str(limit or "all")),
-                             data_key=f"{data}:{split}", batch_size=batch_size, transform=eval_transform(model.cfg),
+                             data_key=f"{data}:{split}", batch_size=batch_size, transform=build_eval_transform(model.cfg),
                              limit=limit, device=dev, desc=f"features {split}")
     return feats, getattr(dataset, "classes", None)
 
@@ -309,7 +313,8 @@ def fewshot(
     """
     from ..analysis.features import extract_features
     from ..analysis.fewshot import draw_shots, fewshot_eval
-    from ..analysis.inputs import eval_transform, resolve_data
+    from ..data import resolve
+    from ..data.transforms import build_eval_transform
     from .main import UsageError
 
     shot_list = _parse_ints(shots, "--shots")
@@ -322,7 +327,7 @@ def fewshot(
 
     model = _load(ckpt)
     dev = _device(device)
-    train_set = resolve_data(data, train_split, data_dir)
+    train_set = resolve(data, train_split, data_dir)
     labels = _labels(train_set, max_train)
     classes = getattr(train_set, "classes", None)
     K = len(classes) if classes else int(labels.max()) + 1
@@ -335,7 +340,7 @@ def fewshot(
     digest = hashlib.sha256(needed.tobytes()).hexdigest()[:12]
     train = extract_features(model, subset, cache=_cache_file(cache_dir, ckpt, data, train_split, f"shots-{digest}"),
                              data_key=f"{data}:{train_split}:{digest}", batch_size=batch_size,
-                             transform=eval_transform(model.cfg), device=dev, desc=f"features {train_split} (shots)")
+                             transform=build_eval_transform(model.cfg), device=dev, desc=f"features {train_split} (shots)")
     test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev, data_dir=data_dir)
     results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg, seeds,
                            draws=local)
