@@ -40,6 +40,7 @@ def main() -> None:
     from vitkit.model import VisionTransformer
     from vitkit.train.batches import batch_source, make_plan, steps_per_epoch
     from vitkit.train.loop import autocast_dtype, forward_backward, optimizer_step
+    from vitkit.train.losses import classification_loss
     from vitkit.train.optim import build_optimizer
     from vitkit.train.recipes import get_recipe
 
@@ -57,6 +58,7 @@ def main() -> None:
     model_cfg = cfg.model.replace(num_classes=len(data.classes))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     amp = autocast_dtype(cfg.precision, device)
+    loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
     source = batch_source(data, model_cfg, cfg.augment, len(data.classes), cfg.seed)
     plan = make_plan(cfg.batch_size, cfg.micro_batch, 1, 0)
     per_epoch = steps_per_epoch(len(source), cfg.batch_size)
@@ -83,7 +85,7 @@ def main() -> None:
         model.train()
         start = time.perf_counter()
         for _ in range(steps):
-            loss = forward_backward(model, next_batch(), cfg.optim.label_smoothing, device, amp)
+            loss = forward_backward(model, next_batch(), loss_fn, device, amp)
             optimizer_step(model, opt, cfg.optim.clip_grad_norm)
         float(loss)  # wait for the device
         return steps * cfg.batch_size / (time.perf_counter() - start)

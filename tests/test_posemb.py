@@ -80,7 +80,7 @@ def test_learned_2d_table_concatenates_row_and_column_halves():
 
 
 # --- resampling ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear", "bilinear-corners"])
 def test_resampling_to_the_same_grid_is_the_identity(mode):
     table = torch.randn(1, 1 + 6 * 4, 8)
     out = resample_pos_embed(table, (6, 4), (6, 4), num_prefix_tokens=1, mode=mode)
@@ -145,6 +145,23 @@ def test_a_grid_one_patch_wide_resamples_as_any_other(old, new):
         image = table[:, k].reshape(1, 1, *old).contiguous()
         expected = F.interpolate(image, size=new, mode="bicubic", align_corners=False, antialias=True)
         torch.testing.assert_close(out[:, k], expected.reshape(-1))
+
+
+@pytest.mark.parametrize("old, new", [((14, 14), (24, 24)), ((7, 7), (12, 12)), ((4, 6), (8, 3))])
+def test_bilinear_corners_is_the_papers_scipy_zoom(old, new):
+    """vit_jax resamples the grid with scipy.ndimage.zoom(order=1), corner patch onto corner patch; the class
+    token's row stays."""
+    from scipy import ndimage
+
+    table = torch.randn(1 + old[0] * old[1], 16, dtype=torch.float64)
+    ours = resample_pos_embed(table, old, new, num_prefix_tokens=1, mode="bilinear-corners")
+    grid = table[1:].reshape(*old, 16).numpy()
+    zoomed = ndimage.zoom(grid, (new[0] / old[0], new[1] / old[1], 1), order=1)
+    assert zoomed.shape[:2] == new
+    torch.testing.assert_close(ours[0], table[0])
+    torch.testing.assert_close(ours[1:], torch.from_numpy(zoomed.reshape(-1, 16)), rtol=1e-5, atol=1e-5)
+    aligned = resample_pos_embed(table, old, new, num_prefix_tokens=1, mode="bilinear")  # pixel areas: differs
+    assert (aligned - ours).abs().max() > 1e-2
 
 
 def test_learned_2d_halves_are_resampled_along_their_axis_in_the_mode_asked():

@@ -189,6 +189,41 @@ def test_finetune_tiny_from_a_checkpoint(tmp_path):
     assert dataclasses.asdict(model.cfg)["dim"] == 32
 
 
+def test_finetune_resamples_the_position_table_as_the_recipe_says_and_starts_the_head_bias(tmp_path):
+    """build_model: the init's table through `posemb_interpolation` (the paper's recipe: its code's zoom), and
+    the new classifier's bias at `optim.head_bias`."""
+    from vitkit.posemb import resample_pos_embed
+    from vitkit.train.loop import build_model
+
+    source = vitkit.create_model(get_recipe("finetune-tiny").model.replace(num_classes=7, image_size=12))
+    torch.nn.init.normal_(source.pos_embed)
+    vitkit.save(source, tmp_path / "source")
+    for mode in ("bilinear-corners", "bicubic"):
+        cfg = get_recipe("finetune-tiny", [f"init={tmp_path / 'source'}", "image_size=20",
+                                           f"posemb_interpolation={mode}", "optim.head_bias=-3"])
+        model = build_model(cfg, num_classes=5)
+        expected = resample_pos_embed(source.pos_embed.detach(), (3, 3), (5, 5), mode=mode)
+        torch.testing.assert_close(model.pos_embed.detach(), expected)
+        assert torch.equal(model.head.bias.detach(), torch.full((5,), -3.0)) and model.head.weight.abs().sum() == 0
+    scratch = build_model(get_recipe("demo", ["optim.head_bias=-10"]), num_classes=4)
+    assert torch.equal(scratch.head.bias.detach(), torch.full((4,), -10.0))
+
+
+def test_a_run_saved_before_newer_settings_resumes_with_their_defaults(tmp_path):
+    """A config.json without the settings added since (here `optim.loss`, `optim.head_bias`,
+    `posemb_interpolation`) reads as their defaults, the behaviour the run was started with: no refusal."""
+    from vitkit.train.loop import config_differences, saved_config
+
+    cfg = get_recipe("demo-tiny")
+    old = json.loads(cfg.to_json())
+    del old["optim"]["loss"], old["optim"]["head_bias"], old["posemb_interpolation"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert config_differences(old, json.loads(cfg.to_json())) != []
+    assert config_differences(saved_config(tmp_path / "config.json"), json.loads(cfg.to_json())) == []
+    (tmp_path / "config.json").write_text(json.dumps({**old, "removed_setting": 1}))
+    assert "removed_setting" in saved_config(tmp_path / "config.json")  # kept as written: the refusal names it
+
+
 def test_image_folder_with_a_bad_file(tmp_path):
     """Folders go through per-image transforms; a bad file stops the run naming it, or is skipped and counted."""
     images, labels = synthetic_images(40, seed=6)

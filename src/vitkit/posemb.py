@@ -23,6 +23,10 @@ def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) ->
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()
 
 
+# How a position table can be resampled (resample_pos_embed's `mode`).
+POSEMB_MODES = ("bicubic", "bilinear", "bilinear-corners")
+
+
 def resample_pos_embed(
     pos_embed: torch.Tensor,
     old_grid: tuple[int, int],
@@ -37,13 +41,17 @@ def resample_pos_embed(
     `num_prefix_tokens` rows (the class token's) are kept as they are. Returns a table of the same rank.
     Resampling to the same grid returns the input unchanged.
 
+    `mode` is 'bicubic' or 'bilinear' on pixel areas (align_corners=False, as timm), or 'bilinear-corners': the
+    paper's own code (vit_jax's checkpoint loading, `scipy.ndimage.zoom` with order 1), which maps the corner
+    patches onto the corner patches (align_corners=True) and does not antialias.
+
     `antialias` (the default, as timm's `resample_abs_pos_embed`, so that a model fine-tuned at another size
     starts from the table timm would give it) low-pass filters when shrinking a grid; torch's antialiased
     bicubic also takes the Keys kernel with a = -0.5 (PIL's) where the plain one takes a = -0.75, in either
     direction. Antialiased bilinear upsampling is plain bilinear upsampling.
     """
-    if mode not in ("bicubic", "bilinear"):
-        raise ValueError(f"mode must be 'bicubic' or 'bilinear', got {mode!r}")
+    if mode not in POSEMB_MODES:
+        raise ValueError(f"mode must be one of {', '.join(POSEMB_MODES)}; got {mode!r}")
     squeeze = pos_embed.dim() == 2
     table = pos_embed.unsqueeze(0) if squeeze else pos_embed
     gh, gw = old_grid
@@ -59,7 +67,10 @@ def resample_pos_embed(
     # (1, D, gh, gw), contiguous: torch's antialiased interpolation misreads the permuted (channels-last) layout
     # of a grid one patch wide (torch 2.14: every value wrong); it reads the others alike either way.
     grid = grid.reshape(1, gh, gw, dim).permute(0, 3, 1, 2).float().contiguous()
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
+    if mode == "bilinear-corners":
+        grid = F.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)
+    else:
+        grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(table.dtype)  # (1, gh'*gw', D)
     out = torch.cat([prefix, grid], dim=1)
     return out[0] if squeeze else out

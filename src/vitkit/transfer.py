@@ -30,7 +30,7 @@ def prepare_finetune(
     """A model initialised from `source` for `num_classes` classes at `image_size` (default: the source's,
     any height and width that are multiples of the patch stride).
 
-    `interpolation` is how the position table is resampled ("bicubic" or "bilinear"). `overrides` change
+    `interpolation` is how the position table is resampled (vitkit.posemb.POSEMB_MODES). `overrides` change
     config fields that leave the weights' shapes alone (dropout, attn_dropout, drop_path, pool for a
     class-token model, ...). The model is in training mode, its classifier zero-initialised.
     """

@@ -22,6 +22,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, Subset
 
@@ -51,6 +51,7 @@ from .checkpoints import (
 )
 from .ema import EMA
 from .evaluate import EvalResult, confusion_png, evaluate
+from .losses import classification_loss
 from .optim import build_optimizer, lr_at, set_lr
 from .recipes import TrainConfig, missing_init
 from .stopping import StopRequests, TrainingStopped
@@ -176,7 +177,9 @@ def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
 def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
     """From scratch (`cfg.model` with the data's number of classes), or from `cfg.init` for fine-tuning:
     the checkpoint's weights with every setting of `cfg.model` that differs from the checkpoint's own (the
-    recipe's training rates, `--set model.*`; prepare_finetune refuses those that would change a weight's shape)."""
+    recipe's training rates, `--set model.*`; prepare_finetune refuses those that would change a weight's shape),
+    its position table resampled as `cfg.posemb_interpolation` says. Either way the new classifier's bias
+    starts at `cfg.optim.head_bias`."""
     if cfg.init:
         from .. import load
         from ..transfer import prepare_finetune
@@ -185,8 +188,14 @@ def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
         own = ("num_classes", "representation_size", "image_size")  # prepare_finetune's arguments and choices
         changed = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)
                    if f.name not in own and getattr(m, f.name) != getattr(source.cfg, f.name)}
-        return prepare_finetune(source, num_classes, image_size=m.image_size, **changed)
-    return VisionTransformer(cfg.model.replace(num_classes=num_classes))
+        model = prepare_finetune(source, num_classes, image_size=m.image_size,
+                                 interpolation=cfg.posemb_interpolation, **changed)
+    else:
+        model = VisionTransformer(cfg.model.replace(num_classes=num_classes))
+    if cfg.optim.head_bias and isinstance(model.head, nn.Linear):
+        with torch.no_grad():
+            model.head.bias.fill_(cfg.optim.head_bias)
+    return model
 
 
 def seed_everything(seed: int) -> None:
@@ -204,6 +213,16 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "bf16-native" and device.type == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return None
+
+
+def saved_config(path: Path) -> dict[str, Any]:
+    """A run's config.json as a dict, with the settings it predates at their defaults (the behaviour it was
+    started with), so that a run started by an older vitkit resumes; as written where it no longer parses."""
+    saved = json.loads(path.read_text())
+    try:
+        return json.loads(TrainConfig.from_dict(saved).to_json())
+    except (ValueError, TypeError, KeyError):
+        return saved
 
 
 def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -265,8 +284,8 @@ class MetricsLog:
 
 # --- one optimizer step -------------------------------------------------------------------------------------
 def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-                     label_smoothing: float, device: torch.device, amp: torch.dtype | None,
-                     ddp: bool = False) -> torch.Tensor:
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
+                     amp: torch.dtype | None, ddp: bool = False) -> torch.Tensor:
     """Forward and backward over one step's micro-batches; each loss is divided by their number so that the
     gradients add up to the mean over all of them. Under DDP the gradients are averaged over the processes on
     the last micro-batch only. Returns the mean loss (a 0-d tensor, not synchronised)."""
@@ -278,7 +297,7 @@ def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, tor
             with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
                 logits = net(x)
             # Soft labels (MixUp/CutMix) and integer labels alike; the loss in fp32 even under autocast.
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+            loss = loss_fn(logits, y)
             (loss / len(micro_batches)).backward()
         total += loss.detach()
     return total / len(micro_batches)
@@ -339,7 +358,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     newest = latest_checkpoint(out)
     saved_cfg = out / "config.json"
     if resume and newest is not None and saved_cfg.is_file():
-        changed = [k for k in config_differences(json.loads(saved_cfg.read_text()), json.loads(cfg.to_json()))
+        changed = [k for k in config_differences(saved_config(saved_cfg), json.loads(cfg.to_json()))
                    if k not in RESUMABLE_CHANGES]
         if changed:
             raise ValueError(f"--resume: the config differs from the one {out} was started with, in "
@@ -386,6 +405,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
                       "and micro-batch, so the run goes on differently from an unbroken one", flush=True)
     eval_model = ema.module if ema is not None else model
     amp = autocast_dtype(cfg.precision, device)
+    loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
 
     def final_outputs(step_now: int, seconds: float, result: EvalResult | None, names: list[str]) -> None:
         if ctx.is_main:
@@ -453,7 +473,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
                 lr = lr_at(step, total, cfg.optim.lr, warmup, cfg.optim.schedule, cfg.optim.min_lr)
                 set_lr(optimizer, lr)
                 model.patch_drop_rate = 0.0 if step >= full_tokens_from else cfg.model.patch_dropout
-                loss = forward_backward(net, micro_batches, cfg.optim.label_smoothing, device, amp, ctx.distributed)
+                loss = forward_backward(net, micro_batches, loss_fn, device, amp, ctx.distributed)
                 # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP
                 # summed over the processes, which must all stop together, at the same step.
                 flags = torch.stack([torch.isfinite(loss).float(), loss.new_tensor(float(stops.requested))])
