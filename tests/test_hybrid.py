@@ -94,6 +94,22 @@ def test_narrow_hybrid_equals_timm_resnetv2():
         print(f"largest relative logit difference: {assert_same_logits(ours(x), ref(x)):.2e}")
 
 
+def test_each_bottleneck_starts_as_its_shortcut_as_timm_and_the_official_code():
+    """The last GroupNorm of every unit starts at zero scale (models_resnet.py's gn3 with zeros scale_init,
+    timm's zero_init_last), the others at one; the unit's residual branch then adds nothing."""
+    cfg = get_config("R26+ViT-S/32", image_size=32, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3)
+    ours = create_model(cfg).patch_embed.backbone
+    ref = timm.create_model("vit_small_r26_s32_224", img_size=32, embed_dim=32, depth=1, num_heads=2,
+                            num_classes=3).patch_embed.backbone
+    ours_norms = {k: v for k, v in ours.state_dict().items() if "norm" in k and k.endswith("weight")}
+    ref_norms = {k: v for k, v in ref.state_dict().items() if "norm" in k and k.endswith("weight")}
+    assert len(ours_norms) == len(ref_norms) > 0
+    zeros = {k for k, v in ours_norms.items() if not v.any()}
+    assert zeros == {k for k in ours_norms if ".norm3." in k} != set()
+    assert sorted(bool(v.any()) for v in ours_norms.values()) == sorted(bool(v.any()) for v in ref_norms.values())
+    assert all(torch.equal(v, torch.ones_like(v)) for k, v in ours_norms.items() if k not in zeros)
+
+
 @pytest.mark.parametrize("preset, timm_name", [("R26+ViT-S/32", "vit_small_r26_s32_224"),
                                                ("R50+ViT-B/16@384", "vit_base_r50_s16_384")])
 def test_parameter_count_equals_timm(preset, timm_name):

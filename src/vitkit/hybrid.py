@@ -176,9 +176,12 @@ class HybridEmbed(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """He (fan-out) normal for the ResNet's convolutions, unit-scale GroupNorms (as BiT and timm),
-        LeCun normal for the projection E (as the plain ViT's patch projection). On the meta device (shapes
-        only) there are no values to set."""
+        """He (fan-out) normal for the ResNet's convolutions; unit-scale GroupNorms except the last of each
+        bottleneck unit, which starts at zero so that every unit starts as its shortcut (the official
+        models_resnet.py's gn3, timm's zero_init_last); LeCun normal for the projection E (as the plain ViT's
+        patch projection). On the meta device (shapes only) there are no values to set."""
+        from .model import lecun_normal_
+
         if self.proj.weight.is_meta:
             return
         for m in self.backbone.modules():
@@ -187,9 +190,10 @@ class HybridEmbed(nn.Module):
             elif isinstance(m, nn.GroupNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        # LeCun normal: a normal truncated at +-2 sigma (unit std 0.8796) with variance 1 / fan_in.
-        std = math.sqrt(1.0 / self.proj.weight[0].numel()) / 0.87962566103423978
-        nn.init.trunc_normal_(self.proj.weight, std=std, a=-2.0 * std, b=2.0 * std)
+        for m in self.backbone.modules():
+            if isinstance(m, Bottleneck):
+                nn.init.zeros_(m.norm3.weight)
+        lecun_normal_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

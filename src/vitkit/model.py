@@ -288,14 +288,17 @@ class VisionTransformer(nn.Module):
 
     # --- initialisation, as the reference (Flax) code ---------------------------------------------
     def init_weights(self) -> None:
-        """The initialisation of Google's Flax ViT: truncated normal (std 0.02) embeddings, LeCun normal for
-        the patch projection and the pre-logits, Xavier uniform in the encoder, a zero classifier. A model on
-        the meta device (shapes only: count_parameters, count_flops) has no values to set."""
+        """The initialisation of Google's Flax ViT (vit_jax/models_vit.py): a zero class token, normal (std
+        0.02) position embeddings, LeCun normal for the patch projection and the pre-logits, Xavier uniform in
+        the encoder, a zero classifier. A model on the meta device (shapes only: count_parameters, count_flops)
+        has no values to set."""
         if self.norm.weight.is_meta:
             return
-        for name in ("pos_embed", "pos_embed_row", "pos_embed_col", "pos_embed_cls", "cls_token"):
+        for name in ("pos_embed", "pos_embed_row", "pos_embed_col", "pos_embed_cls"):
             if getattr(self, name, None) is not None:
-                trunc_normal_(getattr(self, name), std=0.02)
+                nn.init.normal_(getattr(self, name), std=0.02)  # AddPositionEmbs: normal(0.02), "from BERT"
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
         if isinstance(self.patch_embed, PatchEmbed):
             # The patch projection is the linear map E of the flattened patch: LeCun normal over its fan-in.
             lecun_normal_(self.patch_embed.proj.weight)
