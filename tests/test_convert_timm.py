@@ -147,6 +147,32 @@ def test_write_timm_round_trip_and_timm_reads_it(tmp_path):
         assert_same(ours(x), ref.eval()(x), "vitkit written as timm, read by timm")
 
 
+def test_the_timm_names_vitkit_says_timm_has_are_those_it_has():
+    from vitkit.config import PRESETS, TIMM_ARCHITECTURES
+
+    have = set(timm.list_models())
+    assert {p.timm_name for p in PRESETS.values()} & have == TIMM_ARCHITECTURES
+    assert not PRESETS["ViT-H/16"].in_timm and PRESETS["ViT-H/14"].in_timm
+
+
+@pytest.mark.parametrize("preset", ["ViT-Ti/32", "ViT-H/16@384", "ViT-B/16"])
+def test_a_preset_timm_lacks_is_written_under_an_architecture_it_has(tmp_path, preset):
+    """ViT-Ti/32 has a timm-style name timm's registry lacks: the folder names timm's plain ViT, whose
+    model_args make the same model; timm builds it by name from the folder and computes the same function."""
+    from vitkit.config import TIMM_ARCHITECTURES
+
+    ours = randomize_(vitkit.create_model(preset, image_size=32, dim=48, depth=1, num_heads=3, mlp_dim=96,
+                                          num_classes=4))
+    folder = write(ours.eval(), tmp_path / "out", to="timm")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architecture"] in TIMM_ARCHITECTURES
+    ref = timm.create_model(config["architecture"], num_classes=config["num_classes"], **config["model_args"])
+    ref.load_state_dict(load_file(str(folder / "model.safetensors")))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(ours(x), ref.eval()(x), f"{preset} written as timm, read by timm")
+
+
 def test_write_timm_refuses_a_larger_layer_norm_eps_and_notes_a_smaller_one(tmp_path):
     """timm's LayerNorm eps is 1e-6 whatever model_args say: a larger one would change what timm computes;
     a smaller one (Hugging Face's 1e-12) changes it by float noise and is written with a warning."""

@@ -298,11 +298,28 @@ PATCHES = (8, 14, 16, 32)
 RESOLUTIONS = {8: (224, 384), 14: (224, 518), 16: (224, 384), 32: (224, 384)}
 
 
+# The presets' timm-style names that timm's registry has (timm 1.0); vitkit accepts the others too, but timm
+# cannot build them by name (a file written for timm then names a model timm has, with model_args).
+TIMM_ARCHITECTURES = frozenset({
+    "vit_tiny_patch16_224", "vit_tiny_patch16_384", "vit_small_patch8_224", "vit_small_patch16_224",
+    "vit_small_patch16_384", "vit_small_patch32_224", "vit_small_patch32_384", "vit_base_patch8_224",
+    "vit_base_patch16_224", "vit_base_patch16_384", "vit_base_patch32_224", "vit_base_patch32_384",
+    "vit_large_patch14_224", "vit_large_patch16_224", "vit_large_patch16_384", "vit_large_patch32_224",
+    "vit_large_patch32_384", "vit_huge_patch14_224", "vit_base_r50_s16_224", "vit_base_r50_s16_384",
+    "vit_small_r26_s32_224", "vit_small_r26_s32_384",
+})
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str  # paper-style, e.g. "ViT-B/16" or "ViT-B/16@384"
-    timm_name: str  # e.g. "vit_base_patch16_384"
+    timm_name: str  # e.g. "vit_base_patch16_384"; timm itself has only those in TIMM_ARCHITECTURES
     config: ViTConfig = field(repr=False)
+
+    @property
+    def in_timm(self) -> bool:
+        """Whether timm's registry has a model of this name."""
+        return self.timm_name in TIMM_ARCHITECTURES
 
 
 def _build_presets() -> dict[str, Preset]:

@@ -23,7 +23,9 @@ def models(
     except KeyError:
         named = None
 
-    table = Table(title=f"vitkit presets (parameters with a {classes}-class head)")
+    table = Table(title=f"vitkit presets (parameters with a {classes}-class head)",
+                  caption="timm name: - where timm has no such model; vitkit takes its timm-style name too "
+                          "(vit_huge_patch16_224)")
     for col, justify in (("name", "left"), ("timm name", "left"), ("image", "right"), ("params", "right"),
                          ("GFLOPs", "right"), ("tokens", "right")):
         table.add_column(col, justify=justify)
@@ -35,7 +37,7 @@ def models(
         shown += 1
         cfg = preset.config.replace(num_classes=classes)
         h, w = cfg.image_size
-        table.add_row(preset.name, preset.timm_name, f"{h}x{w}", f"{count_parameters(cfg):,}",
+        table.add_row(preset.name, preset.timm_name if preset.in_timm else "-", f"{h}x{w}", f"{count_parameters(cfg):,}",
                       f"{count_flops(cfg) / 1e9:.2f}", str(cfg.num_tokens))
     if not shown:
         raise UsageError(f"no preset matches {filter!r}", "`vitkit models` lists them all; e.g. `vitkit models B/16`")

@@ -128,14 +128,15 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
 # --- writing ------------------------------------------------------------------------------------------
 def architecture_name(cfg: ViTConfig) -> str:
     """A timm architecture whose builder makes this model once `model_args` are applied: the preset's timm
-    name when the config came from one, else the plain ViT (or the hybrid with the same ResNet)."""
+    name when the config came from one that timm has (TIMM_ARCHITECTURES: half of vitkit's presets, e.g.
+    ViT-H/16, are not in timm), else the plain ViT (or the hybrid with the same ResNet)."""
     for candidate in (cfg.name, cfg.name.split(".", 1)[0]):
         try:
-            preset = get_preset(candidate).config
+            preset = get_preset(candidate)
         except KeyError:
             continue
-        if preset.hybrid_layers == cfg.hybrid_layers:
-            return candidate.split(".", 1)[0]
+        if preset.config.hybrid_layers == cfg.hybrid_layers and preset.in_timm:
+            return preset.timm_name
     if cfg.hybrid_layers is not None:
         for name in ("R50+ViT-B/16", "R26+ViT-S/32"):
             preset = get_preset(name)
