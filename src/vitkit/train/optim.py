@@ -62,7 +62,9 @@ def cosine_decay(progress: float) -> float:
 def lr_at(step: int, total_steps: int, peak: float, warmup: int, schedule: str = "cosine",
           min_lr: float = 0.0) -> float:
     """The learning rate of step `step` (0-based) of `total_steps`: linear warm-up to `peak` over `warmup`
-    steps, then `schedule` ('cosine', 'linear' or 'constant') from `peak` down to `min_lr` at the last step."""
+    steps, then `schedule` ('cosine', 'linear' or 'constant') from `peak` towards `min_lr`, at progress
+    (step - warmup) / (total_steps - warmup) as the paper's code computes it: the last step is one step short of
+    `min_lr`. The warm-up is one step ahead of that code's (whose first step has learning rate 0)."""
     if step < warmup:
         return peak * warmup_factor(step, warmup)
     if schedule == "constant":

@@ -106,7 +106,8 @@ class OptimConfig:
     """Optimizer, learning-rate schedule and loss settings.
 
     `lr` is the peak learning rate for the global batch. The schedule: linear warm-up from 0 over
-    `warmup_steps` (or `warmup_epochs`, whichever is set), then `schedule` down to `min_lr` at the last step.
+    `warmup_steps` (or `warmup_epochs`, whichever is set), then `schedule` down towards `min_lr`, which the step
+    after the last would take (vitkit.train.optim.lr_at).
     `weight_decay` is decoupled (AdamW; the paper's Flax Adam is the same) and applies only to weights of 2 or
     more dimensions, never to biases, norms, the position embedding or the class token.
     `clip_grad_norm`: clip the global gradient norm to this value (0: off).
