@@ -35,6 +35,20 @@ def test_a_signal_asks_and_a_second_ctrl_c_stops_at_once():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_the_stop_is_announced_on_a_stderr_without_a_file_descriptor(monkeypatch):
+    """A notebook's or a test's sys.stderr has no fileno(): the handler writes through it instead, and the
+    stop is recorded (it used to raise io.UnsupportedOperation inside the step and lose the checkpoint)."""
+    import io
+
+    fake = io.StringIO()
+    monkeypatch.setattr("sys.stderr", fake)
+    with StopRequests(announce=True) as stops:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert stops.signum == signal.SIGTERM
+    assert "SIGTERM: stopping after this step" in fake.getvalue()
+
+
 def test_outside_the_main_thread_nothing_is_installed():
     seen = []
 

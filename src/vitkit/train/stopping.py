@@ -9,6 +9,7 @@ it makes every step anyway (loop.py), so a signal that reaches one process first
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -64,9 +65,19 @@ class StopRequests:
         self.signum = signum
         if self.announce:
             again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
-            # os.write, not print: the handler may run while the progress bar is inside a write to stderr.
-            os.write(sys.stderr.fileno(), f"\n{signal.Signals(signum).name}: stopping after this step, with a "
-                                          f"checkpoint to resume from{again}\n".encode())
+            say(f"\n{signal.Signals(signum).name}: stopping after this step, with a checkpoint to resume "
+                f"from{again}\n")
+
+
+def say(message: str) -> None:
+    """Write to stderr from a signal handler: with os.write to its file descriptor, as the handler may run
+    while the progress bar is inside a write to sys.stderr; through sys.stderr itself where it has none (a
+    notebook's or a test's stream). The stop goes ahead whatever the write does."""
+    try:
+        os.write(sys.stderr.fileno(), message.encode())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both an OSError and a ValueError
+        with contextlib.suppress(Exception):  # a message must never cost the checkpoint
+            sys.stderr.write(message)
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:
