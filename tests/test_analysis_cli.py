@@ -146,6 +146,65 @@ def test_fewshot_and_probe(setup, tmp_path):
     assert probe["C"] == 1.0 and 0.0 <= probe["accuracy"] <= 1.0 and probe["test_images"] == 8
 
 
+def _colour_folder(root, splits):
+    """Folders of 16x16 images, one flat colour per class: {split: [class names]}."""
+    colours = {"a": (250, 10, 10), "b": (10, 250, 10), "c": (10, 10, 250)}
+    for split, names in splits.items():
+        for name in names:
+            (root / split / name).mkdir(parents=True)
+            for i in range(3):
+                Image.new("RGB", (16, 16), tuple(v + 2 * i for v in colours[name])).save(root / split / name / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def colour_ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("colours")
+    torch.manual_seed(0)
+    model = vitkit.create_model("ViT-Ti/16", image_size=16, patch_size=8, dim=32, depth=1, num_heads=2,
+                                mlp_dim=64, num_classes=3)
+    vitkit.save(model, root / "ckpt", class_names=["a", "b", "c"])
+    return root / "ckpt"
+
+
+def test_fewshot_and_probe_number_the_test_classes_as_the_training_ones(colour_ckpt, tmp_path):
+    """test/ lacks class b: its folder numbers c as 1, the training folder as 2. Matched by name, the colour
+    classes are told apart perfectly; by position every c would count as wrong (50 %)."""
+    data = _colour_folder(tmp_path / "d", {"train": ["a", "b", "c"], "test": ["a", "c"]})
+    assert run("probe", colour_ckpt, "-d", data, "--C", "10", "--json", tmp_path / "p.json") == 0
+    assert json.loads((tmp_path / "p.json").read_text())["accuracy"] == 1.0
+    assert run("fewshot", colour_ckpt, "-d", data, "--shots", "2", "--seeds", "1", "--json", tmp_path / "f.json") == 0
+    assert json.loads((tmp_path / "f.json").read_text())["results"][0]["accuracy"] == 1.0
+
+
+def test_fewshot_and_probe_refuse_what_would_mislead(colour_ckpt, tmp_path, capsys):
+    plain = _colour_folder(tmp_path / "plain", {"": ["a", "b"]})  # no train/ or test/: the same images twice
+    for command in ("probe", "fewshot"):
+        assert run(command, colour_ckpt, "-d", plain, "--shots" if command == "fewshot" else "--C",
+                   "1" if command == "fewshot" else "1.0") == 1
+        assert "would be the train images themselves" in capsys.readouterr().err
+    extra = _colour_folder(tmp_path / "extra", {"train": ["a", "b"], "test": ["a", "c"]})
+    assert run("probe", colour_ckpt, "-d", extra) == 1
+    assert "has classes that its train split lacks: c" in capsys.readouterr().err
+    both = _colour_folder(tmp_path / "both", {"train": ["a", "b", "c"], "test": ["a", "b", "c"]})
+    assert run("fewshot", colour_ckpt, "-d", both, "--shots", "5") == 1
+    err = capsys.readouterr().err
+    assert "3 of the 3 classes" in err and "fewer than 5 images" in err and "a (3)" in err
+
+
+def test_max_train_spreads_over_every_class(colour_ckpt, tmp_path):
+    """6 of a class-sorted folder's 9 training images: two of each class, not the first two classes' six."""
+    from vitkit.data.subsets import spread_indices, spread_subset
+
+    assert spread_indices(9, 6) == [0, 1, 3, 4, 6, 7] and spread_indices(5, 5) == [0, 1, 2, 3, 4]
+    data = _colour_folder(tmp_path / "d", {"train": ["a", "b", "c"], "test": ["a", "b", "c"]})
+    subset = spread_subset(resolve(str(data), "train"), 6)
+    assert sorted(subset.targets.tolist()) == [0, 0, 1, 1, 2, 2] and subset.classes == ["a", "b", "c"]
+    assert run("fewshot", colour_ckpt, "-d", data, "--shots", "2", "--seeds", "1", "--max-train", "6",
+               "--json", tmp_path / "f.json") == 0
+    assert json.loads((tmp_path / "f.json").read_text())["train_pool"] == 6
+
+
 def test_named_datasets_are_looked_for_in_data_dir(tmp_path, capsys):
     """--data-dir, as on eval: a named dataset from that folder (a 128-image stand-in here, not the machine's
     60,000-image Fashion-MNIST)."""

@@ -45,6 +45,28 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def data_fingerprint(dataset, n: int) -> str:
+    """SHA-256 of what the first `n` items are: for a folder, each file's path, size, modification time and
+    label; for images in memory, their bytes and labels; otherwise the labels where the dataset lists them
+    (`targets`), else nothing beyond `n` (the caller's data key must then name the data)."""
+    h = hashlib.sha256()
+    samples = getattr(dataset, "samples", None)
+    images, targets = getattr(dataset, "images", None), getattr(dataset, "targets", None)
+    if samples is not None:
+        for path, label in samples[:n]:
+            try:
+                st = os.stat(path)
+                h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            except OSError:
+                h.update(f"{path}\0{label}\0missing\n".encode())
+    elif isinstance(images, torch.Tensor):
+        h.update(images[:n].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    if isinstance(targets, torch.Tensor):
+        h.update(targets[:n].to(torch.int64).contiguous().numpy().tobytes())
+    h.update(json.dumps(list(getattr(dataset, "classes", None) or [])).encode())
+    return h.hexdigest()
+
+
 def iterate_batches(dataset, batch_size: int, transform: Callable | None = None,
                     limit: int | None = None, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(images, labels) batches of a dataset of (image, label) items; `transform` turns an item's image
@@ -67,20 +89,39 @@ def iterate_batches(dataset, batch_size: int, transform: Callable | None = None,
     yield from loader
 
 
+def _eval_transform_for_images(cfg) -> Callable:
+    """The model's evaluation transform for images that are not yet float tensors; float tensors pass."""
+    from ..data.transforms import build_eval_transform
+
+    evaluation = build_eval_transform(cfg)
+    return lambda image: image if isinstance(image, torch.Tensor) and image.is_floating_point() else evaluation(image)
+
+
 @torch.inference_mode()
 def compute_features(model, dataset, batch_size: int = 128, transform: Callable | None = None,
                      limit: int | None = None, device: str | torch.device = "cpu", num_workers: int = 0,
                      progress: bool = True, desc: str = "features") -> Features:
-    """Representations of the dataset's first `limit` items (all by default), in order."""
+    """Representations of the dataset's first `limit` items (all by default), in order, computed in eval mode
+    on `device` (the model is moved there, and left in the training mode it came in).
+
+    `transform` turns an item's image into the model's input; without one, images that are not float tensors
+    (PIL images, uint8 tensors as vitkit.data's datasets hold) go through the model's evaluation transform
+    (`build_eval_transform(model.cfg)`), and float tensors are taken as inputs already."""
+    if transform is None and hasattr(model, "cfg"):
+        transform = _eval_transform_for_images(model.cfg)
+    was_training = model.training
     model = model.to(device).eval()
     n = len(dataset) if limit is None else min(limit, len(dataset))
     feats, labels = [], []
-    with tqdm(total=n, desc=desc, unit="img", disable=not progress) as bar:
-        for x, y in iterate_batches(dataset, batch_size, transform, limit, num_workers):
-            f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
-            feats.append(f.float().cpu())
-            labels.append(y)
-            bar.update(len(y))
+    try:
+        with tqdm(total=n, desc=desc, unit="img", disable=not progress) as bar:
+            for x, y in iterate_batches(dataset, batch_size, transform, limit, num_workers):
+                f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
+                feats.append(f.float().cpu())
+                labels.append(y)
+                bar.update(len(y))
+    finally:
+        model.train(was_training)
     if not feats:
         raise ValueError("the dataset is empty: no features to extract")
     return Features(torch.cat(feats), torch.cat(labels))
@@ -103,7 +144,8 @@ def extract_features(model, dataset, cache: str | os.PathLike | None = None, dat
     """`compute_features`, through a cache file when `cache` is given.
 
     `data_key` names the data (e.g. "fashion-mnist:train"); together with the model's fingerprint, the
-    number of items and the transform's description it decides whether the cache is valid.
+    number of items, the data's fingerprint (`data_fingerprint`: files, sizes, times and labels of a folder) and
+    the transform's description it decides whether the cache is valid.
     """
     if cache is None:
         return compute_features(model, dataset, **kwargs)
@@ -115,6 +157,7 @@ def extract_features(model, dataset, cache: str | os.PathLike | None = None, dat
         "model": model_fingerprint(model),
         "data": data_key,
         "count": str(n),
+        "content": data_fingerprint(dataset, n),
         "transform": repr(kwargs.get("transform")),
     }
     cached = _read_cache(path, meta) if path.is_file() else None

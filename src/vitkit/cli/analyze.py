@@ -261,29 +261,48 @@ def _cache_file(cache_dir: Path | None, ckpt: str, data: str, split: str, tag: s
     return cache_dir / f"{stem}.safetensors"
 
 
-def _features(model, ckpt: str, data: str, split: str, limit: int | None, batch_size: int, cache_dir: Path | None,
-              dev, dataset=None, data_dir: Path | None = None):
-    """Representations of a split (its first `limit` items), through a cache file when asked."""
+def _features(model, ckpt: str, data: str, split: str, batch_size: int, cache_dir: Path | None, dev, dataset):
+    """Representations of a split's `dataset`, through a cache file when asked."""
     from ..analysis.features import extract_features
-    from ..data import resolve
     from ..data.transforms import build_eval_transform
 
-    dataset = resolve(data, split, data_dir) if dataset is None else dataset
-    feats = extract_features(model, dataset, cache=_cache_file(cache_dir, ckpt, data, split, str(limit or "all")),
-                             data_key=f"{data}:{split}", batch_size=batch_size, transform=build_eval_transform(model.cfg),
-                             limit=limit, device=dev, desc=f"features {split}")
-    return feats, getattr(dataset, "classes", None)
+    return extract_features(model, dataset, cache=_cache_file(cache_dir, ckpt, data, split, str(len(dataset))),
+                            data_key=f"{data}:{split}", batch_size=batch_size,
+                            transform=build_eval_transform(model.cfg), device=dev, desc=f"features {split}")
 
 
-def _labels(dataset, limit: int | None):
-    """The labels of a dataset's first `limit` items, without decoding images where the dataset keeps them."""
+def _train_and_test(data: str, train_split: str, test_split: str, data_dir: Path | None,
+                    max_train: int | None, max_test: int | None):
+    """The two splits fewshot and probe fit and measure on: the test split's classes numbered as the training
+    split's, by name (a folder numbers its own sub-folders), each cut to its --max-* images spread over it.
+    A folder without split sub-folders would serve its own images as both: refused."""
+    from ..data import resolve
+    from ..data.datasets import with_classes
+    from ..data.subsets import spread_subset
+    from .main import UsageError
+
+    train_set, test_set = resolve(data, train_split, data_dir), resolve(data, test_split, data_dir)
+    root = getattr(train_set, "root", None)
+    if root is not None and root == getattr(test_set, "root", None):
+        raise UsageError(f"{data} has no {train_split}/ and {test_split}/ sub-folders: its {test_split} images would "
+                         f"be the {train_split} images themselves",
+                         "give a folder with train/ and test/ sub-folders of class folders")
+    try:
+        test_set = with_classes(test_set, list(getattr(train_set, "classes", None) or []),
+                                f"{data} ({test_split})", f"its {train_split} split")
+    except ValueError as e:
+        raise UsageError(str(e), "the test split's classes must be among the training split's") from None
+    return spread_subset(train_set, max_train), spread_subset(test_set, max_test)
+
+
+def _labels(dataset):
+    """A dataset's labels, without decoding images where the dataset keeps them."""
     import torch
 
-    n = len(dataset) if limit is None else min(limit, len(dataset))
     targets = getattr(dataset, "targets", None)
     if targets is not None:
-        return torch.as_tensor(targets[:n], dtype=torch.int64)
-    return torch.as_tensor([int(dataset[i][1]) for i in range(n)], dtype=torch.int64)
+        return torch.as_tensor(targets, dtype=torch.int64)
+    return torch.as_tensor([int(dataset[i][1]) for i in range(len(dataset))], dtype=torch.int64)
 
 
 def fewshot(
@@ -298,8 +317,9 @@ def fewshot(
     test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
-    max_train: int | None = typer.Option(None, min=1, help="Draw the shots from the first N training images only."),
-    max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
+    max_train: int | None = typer.Option(None, min=1, help="Draw the shots from N training images only, spread "
+                                         "over the split."),
+    max_test: int | None = typer.Option(None, min=1, help="Use only N test images, spread over the split (faster)."),
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
@@ -313,7 +333,6 @@ def fewshot(
     """
     from ..analysis.features import extract_features
     from ..analysis.fewshot import draw_shots, fewshot_eval
-    from ..data import resolve
     from ..data.transforms import build_eval_transform
     from .main import UsageError
 
@@ -327,10 +346,17 @@ def fewshot(
 
     model = _load(ckpt)
     dev = _device(device)
-    train_set = resolve(data, train_split, data_dir)
-    labels = _labels(train_set, max_train)
+    train_set, test_set = _train_and_test(data, train_split, test_split, data_dir, max_train, max_test)
+    labels = _labels(train_set)
     classes = getattr(train_set, "classes", None)
     K = len(classes) if classes else int(labels.max()) + 1
+    counts = torch.bincount(labels, minlength=K).tolist()
+    short = [f"{classes[c] if classes else c} ({n})" for c, n in enumerate(counts) if n < max(shot_list)]
+    if short:
+        raise UsageError(f"{len(short)} of the {K} classes of {data} ({train_split}) have fewer than "
+                         f"{max(shot_list)} images for the shots: {', '.join(short[:10])}"
+                         + (", ..." if len(short) > 10 else ""),
+                         "ask for fewer --shots" + (", or a larger --max-train" if max_train else ""))
     # Draw the shots from all the labels first: only the drawn images' features are needed.
     draws = draw_shots(labels, K, shot_list, seeds)
     needed = np.unique(np.concatenate(list(draws.values())))
@@ -341,7 +367,7 @@ def fewshot(
     train = extract_features(model, subset, cache=_cache_file(cache_dir, ckpt, data, train_split, f"shots-{digest}"),
                              data_key=f"{data}:{train_split}:{digest}", batch_size=batch_size,
                              transform=build_eval_transform(model.cfg), device=dev, desc=f"features {train_split} (shots)")
-    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev, data_dir=data_dir)
+    test = _features(model, ckpt, data, test_split, batch_size, cache_dir, dev, test_set)
     results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg, seeds,
                            draws=local)
     table = Table(title=f"few-shot linear evaluation: {data}, {len(test.labels)} test images, {seeds} seeds")
@@ -374,8 +400,9 @@ def probe(
     test_split: str = typer.Option("test", help="Split to measure on."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
-    max_train: int | None = typer.Option(None, min=1, help="Use only the first N training images (faster)."),
-    max_test: int | None = typer.Option(None, min=1, help="Use only the first N test images (faster)."),
+    max_train: int | None = typer.Option(None, min=1, help="Use only N training images, spread over the split "
+                                         "(faster)."),
+    max_test: int | None = typer.Option(None, min=1, help="Use only N test images, spread over the split (faster)."),
     max_iter: int = typer.Option(1000, min=1, help="L-BFGS iterations."),
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
@@ -387,8 +414,9 @@ def probe(
 
     model = _load(ckpt)
     dev = _device(device)
-    train, _ = _features(model, ckpt, data, train_split, max_train, batch_size, cache_dir, dev, data_dir=data_dir)
-    test, _ = _features(model, ckpt, data, test_split, max_test, batch_size, cache_dir, dev, data_dir=data_dir)
+    train_set, test_set = _train_and_test(data, train_split, test_split, data_dir, max_train, max_test)
+    train = _features(model, ckpt, data, train_split, batch_size, cache_dir, dev, train_set)
+    test = _features(model, ckpt, data, test_split, batch_size, cache_dir, dev, test_set)
     result = linear_probe(train.features, train.labels, test.features, test.labels, C=c, max_iter=max_iter)
     for cv, acc in result.validation.items():
         typer.echo(f"C={cv:g}: held-out accuracy {100 * acc:.2f}%")

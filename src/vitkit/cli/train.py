@@ -163,7 +163,7 @@ def eval(
     split: str = typer.Option("test", "--split", help="Split: test, val or train."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
     batch_size: int = typer.Option(256, "--batch-size", "-b", min=1, help="Images per forward pass."),
-    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N images (0: all)."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only N images, spread evenly over the split so that every class keeps its share (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
                              help="Folder for metrics.json and confusion.png (default: eval-DATA inside a "
                                   "checkpoint folder, beside a checkpoint file, or here for a hub name)."),
@@ -174,8 +174,9 @@ def eval(
     import torch
 
     from ..data import resolve
+    from ..data.subsets import spread_subset
     from ..train.evaluate import confusion_png, evaluate
-    from ..train.loop import _first, skipped_images
+    from ..train.loop import skipped_images
     from .main import UsageError
 
     model = _load(checkpoint)
@@ -188,7 +189,7 @@ def eval(
         raise UsageError(str(e), "evaluate on the dataset the model was trained for") from None
     if note:
         typer.echo(f"note: {note}", err=True)
-    dataset = _first(dataset, limit)
+    dataset = spread_subset(dataset, limit)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     net = inference_model(model.to(device), fast)
     result = evaluate(net, dataset, cfg, batch_size, device, progress=True)

@@ -1,10 +1,14 @@
 """Opening an image file safely: every Pillow mode to 'RGB' or 'L', decompression bombs refused, and every way a
-file can be bad (corrupt, truncated, empty, not an image) reported as one `BadImageError` naming the file."""
+file can be bad (corrupt, truncated, empty, not an image, a broken symbolic link) reported as one `BadImageError`
+naming the file. And which files in a folder are images (`image_files`), for image-folder datasets and
+`vitkit predict` alike."""
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,48 @@ MAX_IMAGE_PIXELS = 2**30 // 4 // 3
 
 MODES = ("RGB", "L")
 BACKGROUND = 255  # transparent pixels are shown over white, as an image viewer or a web page does
+
+
+# The file name endings taken for images inside a folder (a file named explicitly is tried whatever its name).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm",
+                    ".pnm")
+# Folders that are never searched for images, besides hidden ones: macOS's zip residue, holding only ._* files
+# (AppleDouble resource forks, not images).
+IGNORED_FOLDERS = frozenset({"__MACOSX"})
+
+
+def is_ignored_name(name: str) -> bool:
+    """A file or folder name never taken as an image or a class: hidden (`.x`, which includes macOS's `._x`
+    resource forks and `.ipynb_checkpoints`) or `__MACOSX`."""
+    return name.startswith(".") or name in IGNORED_FOLDERS
+
+
+def image_files(folder: str | os.PathLike[str], extensions: Sequence[str] = IMAGE_EXTENSIONS) -> list[Path]:
+    """The image files in `folder` and its sub-folders, as an image-folder dataset takes them: names ending in
+    one of `extensions` (any case); hidden files and folders and `__MACOSX` skipped; symbolic links to folders
+    followed (a link back to a folder above it is not, so a loop ends); each folder's files in sorted order,
+    then its sub-folders in sorted order. A broken symbolic link with an image name is listed (opening it then
+    fails with BadImageError)."""
+    exts = tuple(e.lower() for e in extensions)
+    top = os.fspath(folder)
+    # The real paths of each pending folder and of those above it on the way down: a sub-folder that is one of
+    # them (a link back up, directly or through other links) is a loop.
+    above = {top: frozenset({os.path.realpath(top)})}
+    out = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        chain = above.pop(dirpath, frozenset())
+        keep = []
+        for d in sorted(dirnames):
+            if is_ignored_name(d):
+                continue
+            target = os.path.realpath(os.path.join(dirpath, d))
+            if target in chain:
+                continue
+            above[os.path.join(dirpath, d)] = chain | {target}
+            keep.append(d)
+        dirnames[:] = keep
+        out += [Path(dirpath) / f for f in sorted(filenames) if not is_ignored_name(f) and f.lower().endswith(exts)]
+    return out
 
 
 class BadImageError(ValueError):
@@ -87,14 +133,24 @@ def convert_mode(im: Image.Image, mode: str = "RGB") -> Image.Image:
 def open_image(path: str | os.PathLike[str], mode: str = "RGB") -> Image.Image:
     """Open and fully decode an image file, converted to `mode` ('RGB' or 'L').
 
-    Raises BadImageError (a ValueError naming the file) for an empty, corrupt, truncated or non-image file and
-    for an image above MAX_IMAGE_PIXELS (checked from the header, before decoding), and FileNotFoundError for a
-    missing one. Multi-frame files (GIF, TIFF) give their first frame.
+    Raises BadImageError (a ValueError naming the file) for an empty, corrupt, truncated or non-image file, a
+    broken symbolic link (or a loop of them) and an image above MAX_IMAGE_PIXELS (checked from the header,
+    before decoding), and FileNotFoundError for a missing one. Multi-frame files (GIF, TIFF) give their first
+    frame.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose RGB or L")
     path = Path(path)
-    if path.stat().st_size == 0:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BadImageError(f"{path}: a loop of symbolic links", path) from e
+        if isinstance(e, (FileNotFoundError, NotADirectoryError)) and path.is_symlink():
+            raise BadImageError(f"{path}: broken symbolic link (to {os.readlink(path)}, which does not exist)",
+                                path) from e
+        raise
+    if size == 0:
         raise BadImageError(f"{path}: empty file", path)
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated files would pass as images")

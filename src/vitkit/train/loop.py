@@ -31,10 +31,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
-from ..data import TensorImageDataset, resolve
+from ..data import resolve
 from ..data.datasets import split_name, with_classes
+from ..data.subsets import spread_subset
 from ..hardware import cpu_has_native_bf16
 from ..model import VisionTransformer
 from . import distributed
@@ -83,18 +84,6 @@ class RunResult:
 
 
 # --- data and model ---------------------------------------------------------------------------------------
-def _first(dataset: Dataset, n: int) -> Dataset:
-    """The first n items (all when n is 0), keeping `.classes` and the in-memory fast path."""
-    if n <= 0 or n >= len(dataset):
-        return dataset
-    classes = list(dataset.classes)
-    if is_in_memory(dataset):
-        return TensorImageDataset(dataset.images[:n], dataset.targets[:n], classes, getattr(dataset, "name", ""))
-    subset = Subset(dataset, range(n))
-    subset.classes = classes
-    return subset
-
-
 def evaluated_split(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None) -> str:
     """The name of the split a run evaluates on (`cfg.data.val_split`, or 'val' for datasets given to train):
     the one read, e.g. 'test' for Fashion-MNIST's val, which is its test split."""
@@ -122,8 +111,8 @@ def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Datas
     if not classes:
         raise ValueError("the training set has no `.classes`; give it a list of class names")
     if val_set is not None:
-        val_set = _first(with_classes(val_set, classes, f"the {split} split", "the training split"), d.val_limit)
-    return _first(train_set, d.limit), val_set, classes
+        val_set = spread_subset(with_classes(val_set, classes, f"the {split} split", "the training split"), d.val_limit)
+    return spread_subset(train_set, d.limit), val_set, classes
 
 
 def skipped_images(dataset: Dataset) -> list:

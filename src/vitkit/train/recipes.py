@@ -166,7 +166,8 @@ class DataConfig:
 
     `name`: a dataset name (fashion-mnist, cifar10, cifar100) or a folder of class sub-folders (see
     `vitkit.data.resolve`). `val_split`: evaluated during training ('' for none). `limit`/`val_limit`: use
-    only the first N images (0: all), for quick runs. `workers`: DataLoader processes, used for datasets that
+    only N images (0: all), for quick runs, spread evenly over the split so that a folder's classes all keep
+    their share (vitkit.data.subsets). `workers`: DataLoader processes, used for datasets that
     are not held in memory (image folders); in-memory datasets are augmented whole batches at a time.
     """
 

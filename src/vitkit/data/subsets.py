@@ -1,0 +1,34 @@
+"""The smaller datasets quick runs ask for (`data.limit`, `data.val_limit`, eval's `--limit`, fewshot's and
+probe's `--max-train`/`--max-test`): N items spread evenly over the dataset, every (len / N)-th, rather than the
+first N. An image folder lists its files class by class, so its first N would hold only the first classes;
+spread out, every class keeps its share. Deterministic, with no random draw."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from .datasets import TensorImageDataset
+
+
+def spread_indices(length: int, n: int) -> list[int]:
+    """`n` indices of `range(length)` spread evenly, in order: floor(i * length / n) for i < n."""
+    return [i * length // n for i in range(n)]
+
+
+def spread_subset(dataset: Dataset, n: int | None) -> Dataset:
+    """`n` items of `dataset` spread evenly over it (all of it when n is 0, None or at least its length),
+    keeping its `.classes`, its `.targets` and the in-memory fast path."""
+    if not n or n >= len(dataset):
+        return dataset
+    index = spread_indices(len(dataset), n)
+    classes = list(getattr(dataset, "classes", None) or [])
+    if isinstance(dataset, TensorImageDataset):
+        rows = torch.tensor(index)
+        return TensorImageDataset(dataset.images[rows], dataset.targets[rows], classes, dataset.name)
+    subset = Subset(dataset, index)
+    subset.classes = classes
+    targets = getattr(dataset, "targets", None)
+    if targets is not None:
+        subset.targets = torch.as_tensor(targets)[torch.tensor(index)]
+    return subset
