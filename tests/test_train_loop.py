@@ -224,6 +224,28 @@ def test_a_run_saved_before_newer_settings_resumes_with_their_defaults(tmp_path)
     assert "removed_setting" in saved_config(tmp_path / "config.json")  # kept as written: the refusal names it
 
 
+def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_images(tmp_path):
+    for c in range(2):
+        (tmp_path / "flat" / f"class{c}").mkdir(parents=True)
+        Image.new("L", (16, 16), 40 + 100 * c).save(tmp_path / "flat" / f"class{c}" / "0.png")
+    cfg = get_recipe("demo-tiny", [f"data.name={tmp_path / 'flat'}"])
+    with pytest.warns(UserWarning, match="the test split is the training images themselves"):
+        loop.load_data(cfg)
+    import warnings
+
+    from vitkit.cli.main import main, warning_line
+
+    with pytest.raises(SystemExit):  # the command line shows warnings as one line each
+        main(["--help"])
+    assert warnings.formatwarning is warning_line
+    assert warning_line(UserWarning("x has no train/"), UserWarning, "loop.py", 1) == "warning: x has no train/\n"
+    (tmp_path / "split" / "train").mkdir(parents=True)
+    (tmp_path / "flat").rename(tmp_path / "split" / "train" / "x")  # train/ without test/: refused as before
+    cfg = get_recipe("demo-tiny", [f"data.name={tmp_path / 'split'}"])
+    with pytest.raises(FileNotFoundError, match="no 'test' one"):
+        loop.load_data(cfg)
+
+
 def test_image_folder_with_a_bad_file(tmp_path):
     """Folders go through per-image transforms; a bad file stops the run naming it, or is skipped and counted."""
     images, labels = synthetic_images(40, seed=6)

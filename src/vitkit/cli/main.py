@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import typer
 
@@ -57,7 +58,13 @@ def command_help(argv: list[str] | None) -> str:
     return f"see `vitkit {words[0]} --help`" if words else "see `vitkit --help`"
 
 
+def warning_line(message, category, filename, lineno, line=None) -> str:
+    """How the command line shows a Python warning: `warning: MESSAGE`, without the file and source line."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> None:
+    warnings.formatwarning = warning_line
     try:
         app(args=argv, prog_name="vitkit", standalone_mode=True)
     except KeyboardInterrupt:

@@ -22,6 +22,7 @@ import os
 import random
 import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,12 @@ def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Datas
         train_set = resolve(d.name, d.train_split, d.data_dir, d.download, d.skip_bad_images)
         if val_set is None and d.val_split:
             val_set = resolve(d.name, d.val_split, d.data_dir, d.download, d.skip_bad_images)
+            if getattr(train_set, "root", None) is not None and train_set.root == getattr(val_set, "root", None):
+                warnings.warn(f"{d.name} has no {d.train_split}/ and {d.val_split}/ sub-folders: the {d.val_split} "
+                              "split is the training images themselves, so its accuracy (and the choice of best/) "
+                              "says how well they are fitted, not how the model generalises; give the folder "
+                              f"{d.train_split}/ and {d.val_split}/ sub-folders, or set data.val_split='' to train "
+                              "without evaluation", stacklevel=2)
     classes = list(getattr(train_set, "classes", None) or [])
     if not classes:
         raise ValueError("the training set has no `.classes`; give it a list of class names")
