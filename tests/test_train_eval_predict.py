@@ -119,6 +119,41 @@ def test_cli_eval_and_predict(tmp_path):
     assert len(json.loads(ok.stdout)["labels"]) == 5
 
 
+def test_cli_eval_and_predict_options(tmp_path, capsys):
+    """--device is parsed (a name torch lacks is one error line), --workers read the folder, the default output
+    folder of another split is its own, predict --json reports a bad file as JSON, and a model of 5 classes or
+    fewer reports no top-5 (every label is among the top 5)."""
+    from vitkit.cli.main import main
+
+    def cli(*args) -> int:
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            return e.code or 0
+        return 0
+
+    model = vitkit.create_model(CFG.replace(num_classes=3))
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    vitkit.save(model, tmp_path / "ckpt", class_names=["a", "b", "c"])
+    for split in ("test", "train"):
+        for c, name in enumerate("abc"):
+            write_pngs(tmp_path / "data" / split / name, 2, seed=60 + c)
+    assert cli("eval", tmp_path / "ckpt", "-d", tmp_path / "data", "--device", "tpu9") == 1
+    assert "unknown device 'tpu9'" in capsys.readouterr().err
+    assert cli("eval", tmp_path / "ckpt", "-d", tmp_path / "data", "--split", "train", "--workers", "2",
+               "--no-progress", "--device", "cpu", "--no-fast") == 0
+    out = capsys.readouterr().out
+    metrics = json.loads((tmp_path / "ckpt" / "eval-data-train" / "metrics.json").read_text())
+    assert metrics["count"] == 6 and metrics["top5"] is None and "top-5" not in out and "top-1" in out
+    assert not (tmp_path / "ckpt" / "eval-data").exists()
+    (tmp_path / "bad.png").write_bytes(b"")
+    assert cli("predict", tmp_path / "ckpt", tmp_path / "bad.png", "--json", "--no-fast") == 1
+    failure = json.loads(capsys.readouterr().err.strip().splitlines()[0])
+    assert failure["path"] == str(tmp_path / "bad.png") and "bad.png" in failure["error"]
+    assert cli("predict", tmp_path / "ckpt", tmp_path / "bad.png", "--device", "cuda:7") == 1
+    assert "no CUDA device" in capsys.readouterr().err or torch.cuda.is_available()
+
+
 def test_evaluation_scores_each_readable_image_once(tmp_path):
     """With skip_bad_images, 20 readable + 2 bad files are 20 images scored and 2 skipped, not 22 (training
     takes a good file in a bad one's place; evaluation must not count it twice)."""

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .device import DEVICE_HELP, parse_device
+
 analyze_app = typer.Typer(
     help="Look inside a ViT as the paper does: attention maps (Fig. 6), filters, position embeddings and "
          "attention distance (Fig. 7).",
@@ -17,22 +19,6 @@ analyze_app = typer.Typer(
 )
 
 CKPT_HELP = "A checkpoint vitkit loads (a vitkit folder, or any format `vitkit info` reads)."
-
-
-def _device(name: str):
-    import torch
-
-    from .main import UsageError
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown device {name!r}", "use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {name!r} asked for, but no CUDA device is available", "use --device cpu")
-    return dev
 
 
 def _load(ckpt: str):
@@ -87,7 +73,7 @@ def attention(
                                     "heads' mean."),
     discard: float = typer.Option(0.0, "--discard", help="Rollout: zero this fraction of the weakest "
                                   "attention weights in each row first (0 = the paper's plain rollout)."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Attention maps from the class token to the patches, overlaid on the images (Fig. 6).
 
@@ -113,7 +99,7 @@ def attention(
     model = _load(ckpt)
     cfg = model.cfg
     transform = build_eval_transform(cfg)
-    dev = _device(device)
+    dev = parse_device(device)
     model = model.to(dev)
     if data is not None:
         dataset = resolve(data, split, data_dir)
@@ -205,7 +191,7 @@ def distance(
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
     out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Mean attention distance in pixels of every head against depth (Fig. 7, right)."""
     import torch
@@ -222,7 +208,7 @@ def distance(
         raise UsageError(f"--num-images must be positive, got {num_images}")
     model = _load(ckpt)
     cfg = model.cfg
-    dev = _device(device)
+    dev = parse_device(device)
     model = model.to(dev).eval()
     dataset = resolve(data, split, data_dir)
     total = torch.zeros(cfg.depth, cfg.num_heads, dtype=torch.float64)
@@ -324,7 +310,7 @@ def fewshot(
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw accuracy against shots to this PNG."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Few-shot linear evaluation as in the paper: least squares to {-1, 1}^K targets on frozen features.
 
@@ -345,7 +331,7 @@ def fewshot(
     import torch
 
     model = _load(ckpt)
-    dev = _device(device)
+    dev = parse_device(device)
     train_set, test_set = _train_and_test(data, train_split, test_split, data_dir, max_train, max_test)
     labels = _labels(train_set)
     classes = getattr(train_set, "classes", None)
@@ -407,13 +393,13 @@ def probe(
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Linear probe: logistic regression on frozen representations (standardised features)."""
     from ..analysis.probe import linear_probe
 
     model = _load(ckpt)
-    dev = _device(device)
+    dev = parse_device(device)
     train_set, test_set = _train_and_test(data, train_split, test_split, data_dir, max_train, max_test)
     train = _features(model, ckpt, data, train_split, batch_size, cache_dir, dev, train_set)
     test = _features(model, ckpt, data, test_split, batch_size, cache_dir, dev, test_set)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..train.recipes import RECIPES
+from .device import DEVICE_HELP, parse_device
 
 _RECIPE_HELP = "Recipe: " + ", ".join(RECIPES) + "."
 
@@ -150,8 +151,8 @@ def train(
     final = result.final
     if final is not None:
         skipped = f" ({final.skipped} unreadable skipped)" if final.skipped else ""
-        typer.echo(f"{result.split} top-1 {100 * final.top1:.2f} %, top-5 {100 * final.top5:.2f} % on "
-                   f"{final.count} images{skipped}; {result.steps} steps in {took}")
+        typer.echo(f"{result.split} {final.summary()} on {final.count} images{skipped}; {result.steps} steps in "
+                   f"{took}")
     models = [f"{kind} model: {path}" for kind, path in (("last", result.last_dir), ("best", result.best_dir))
               if path is not None and path.is_dir()]
     typer.echo("   ".join(models) or f"no model in {result.run_dir}")
@@ -169,9 +170,12 @@ def eval(
                                   "checkpoint folder, beside a checkpoint file, or here for a hub name)."),
     skip_bad_images: bool = typer.Option(False, "--skip-bad-images", help="Skip unreadable images in a folder."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    workers: int = typer.Option(0, "--workers", "-j", min=0,
+                                help="Processes that read and decode an image folder's files (0: this one)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Top-1, top-5, loss and per-class accuracy on a dataset, and a confusion-matrix PNG."""
-    import torch
 
     from ..data import resolve
     from ..data.subsets import spread_subset
@@ -190,10 +194,10 @@ def eval(
     if note:
         typer.echo(f"note: {note}", err=True)
     dataset = spread_subset(dataset, limit)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    net = inference_model(model.to(device), fast)
-    result = evaluate(net, dataset, cfg, batch_size, device, progress=True)
-    folder = out or _default_eval_dir(checkpoint, data)
+    dev = parse_device(device)
+    net = inference_model(model.to(dev), fast)
+    result = evaluate(net, dataset, cfg, batch_size, dev, workers=workers, progress=progress)
+    folder = out or _default_eval_dir(checkpoint, data, split)
     folder.mkdir(parents=True, exist_ok=True)
     # As a run's result.json: the metrics and every unreadable file skipped.
     metrics = {**result.to_dict(), "skipped_images": [str(p) for p in skipped_images(dataset)]}
@@ -209,7 +213,7 @@ def eval(
     skipped = f", {result.skipped} unreadable skipped" if result.skipped else ""
     console.print(f"{checkpoint} on {data} ({split}, {result.count} images{skipped})")
     console.print(table)
-    console.print(f"top-1 {100 * result.top1:.2f} %   top-5 {100 * result.top5:.2f} %   loss {result.loss:.4f}")
+    console.print(f"{result.summary()}, loss {result.loss:.4f}")
     console.print(f"confusion matrix: {png}")
     console.print(f"metrics: {folder / 'metrics.json'}")
 
@@ -236,30 +240,33 @@ def match_classes(dataset, class_names: list[str] | None, num_classes: int, data
     return dataset, None
 
 
-def _default_eval_dir(checkpoint: str, data: str) -> Path:
+def _default_eval_dir(checkpoint: str, data: str, split: str = "test") -> Path:
+    """eval-DATA beside (or inside) the checkpoint for the test split, eval-DATA-SPLIT for the others, so that
+    evaluating another split does not overwrite the test split's metrics."""
     p = Path(checkpoint)
     folder = p if p.is_dir() else p.parent
-    return folder / f"eval-{Path(data).name or 'data'}"
+    return folder / (f"eval-{Path(data).name or 'data'}" + ("" if split == "test" else f"-{split}"))
 
 
 def predict(
     checkpoint: str = typer.Argument(..., help="A checkpoint folder or file (anything `vitkit.load` reads)."),
     paths: list[Path] = typer.Argument(..., help="Image files and folders (searched recursively)."),
     top_k: int = typer.Option(5, "--top-k", "-k", min=1, help="Labels per image."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per image instead of text."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per image instead of text; an image "
+                                 "that cannot be read is an object with its `error` (on stderr)."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:
     """Top-k labels with probabilities for image files and folders.
 
     Unreadable files are reported one line each (the others are still classified) and make the exit code 1."""
-    import torch
 
     from ..train.predict import predict as run
 
     model = _load(checkpoint)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    net = inference_model(model.to(device), fast)
-    predictions, failures = run(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=device)
+    dev = parse_device(device)
+    net = inference_model(model.to(dev), fast)
+    predictions, failures = run(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=dev)
     for p in predictions:
         if as_json:
             typer.echo(json.dumps({"path": str(p.path), "labels": p.labels, "probs": p.probs}))
@@ -267,7 +274,10 @@ def predict(
             top = ", ".join(f"{label} {100 * prob:.1f} %" for label, prob in zip(p.labels, p.probs, strict=True))
             typer.echo(f"{p.path}: {top}")
     for f in failures:
-        typer.echo(f"error: {f.message}", err=True)
+        if as_json:
+            typer.echo(json.dumps({"path": str(f.path), "error": f.message}), err=True)
+        else:
+            typer.echo(f"error: {f.message}", err=True)
     if failures:
         raise typer.Exit(1)
     if not predictions:

@@ -41,6 +41,15 @@ class EvalResult:
     skipped: int = 0
 
     @property
+    def has_top5(self) -> bool:
+        """Whether top-5 says anything: with 5 classes or fewer every label is among the top 5 (it is 1)."""
+        return self.confusion.shape[0] > 5
+
+    def summary(self) -> str:
+        """'top-1 87.50 %, top-5 99.10 %' (top-1 alone with 5 classes or fewer)."""
+        return f"top-1 {100 * self.top1:.2f} %" + (f", top-5 {100 * self.top5:.2f} %" if self.has_top5 else "")
+
+    @property
     def per_class(self) -> list[float]:
         """Accuracy on the images of each class (nan for a class with no image)."""
         totals = self.confusion.sum(dim=1).double()
@@ -48,10 +57,11 @@ class EvalResult:
 
     def to_dict(self) -> dict:
         """The metrics as JSON-ready values: a class with no images has accuracy None (JSON null), not nan,
-        which json.dumps would write as the bare `NaN` that JSON does not allow."""
+        which json.dumps would write as the bare `NaN` that JSON does not allow; top-5 is None with 5 classes or
+        fewer (see has_top5)."""
         names = self.class_names or [str(i) for i in range(self.confusion.shape[0])]
         return {
-            "top1": self.top1, "top5": self.top5, "loss": _finite_or_none(self.loss), "count": self.count,
+            "top1": self.top1, "top5": self.top5 if self.has_top5 else None, "loss": _finite_or_none(self.loss), "count": self.count,
             "skipped": self.skipped,
             "per_class": {name: _finite_or_none(acc) for name, acc in zip(names, self.per_class, strict=True)},
             "confusion": self.confusion.tolist(),

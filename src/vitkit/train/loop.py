@@ -263,9 +263,11 @@ class MetricsLog:
             w.writeheader()
             w.writerows(rows)
 
-    def write(self, step: int, epoch: float, split: str, **values: float) -> None:
+    def write(self, step: int, epoch: float, split: str, **values: float | None) -> None:
+        """One row; a None value (top-5 of 5 classes or fewer) leaves its cell empty and draws no point."""
         if not self.enabled:
             return
+        values = {k: v for k, v in values.items() if v is not None}
         row = {"time": f"{time.time():.1f}", "step": step, "epoch": f"{epoch:.4f}", "split": split}
         row.update({k: f"{v:.6g}" for k, v in values.items()})
         with self.path.open("a", newline="") as f:
@@ -444,9 +446,9 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         if val_set is None:
             return None
         r = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank, ctx.world)
-        log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.top5)
+        log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.top5 if r.has_top5 else None)
         if ctx.is_main:
-            msg = (f"step {step_now}/{total} {split} top-1 {100 * r.top1:.2f} % top-5 {100 * r.top5:.2f} % "
+            msg = (f"step {step_now}/{total} {split} {r.summary()} "
                    f"loss {r.loss:.4f}" + (f" ({r.skipped} unreadable image(s) skipped)" if r.skipped else ""))
             (bar.write if bar else print)(msg)
             if best is None or r.top1 > best:
