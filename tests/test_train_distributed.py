@@ -55,6 +55,27 @@ def test_two_processes_equal_one(tmp_path):
     assert abs(ra["top1"] - rb["top1"]) < 1e-9 and abs(ra["loss"] - rb["loss"]) < 1e-4
 
 
+def test_the_unreadable_files_every_process_skipped_are_listed(tmp_path):
+    """Two processes evaluate a folder with a bad file at each end, one in each process's share: result.json
+    lists both (it used to list the main process's only, while counting both)."""
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for c, name in enumerate(("a", "b")):
+            folder = tmp_path / "data" / split / name
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.new("L", (28, 28), 60 + 120 * c + i).save(folder / f"m{i}.png")
+    (tmp_path / "data" / "test" / "a" / "a-first.png").write_bytes(b"")
+    (tmp_path / "data" / "test" / "b" / "z-last.png").write_bytes(b"not a png")
+    overrides = ["device=cpu", "threads=1", "steps=1", "batch_size=4", f"data.name={tmp_path / 'data'}",
+                 "data.skip_bad_images=true", "data.limit=0", "data.val_limit=0", "model.in_chans=1"]
+    mp.spawn(_worker, args=(2, _free_port(), overrides, str(tmp_path / "run")), nprocs=2, join=True)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["skipped"] == 2 and result["count"] == 8
+    assert sorted(Path(p).name for p in result["skipped_images"]) == ["a-first.png", "z-last.png"]
+
+
 def test_vitkit_train_nproc_starts_torchrun(tmp_path):
     """`vitkit train --nproc 2` runs the recipe as two DDP processes; a failing run gives a failing exit code."""
     from typer.testing import CliRunner

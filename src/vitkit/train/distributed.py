@@ -99,6 +99,16 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def gather_strings(items: list[str]) -> list[str]:
+    """Every process's `items`, concatenated in rank order (this process's own for a single process). A
+    collective: every process must call it."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return list(items)
+    lists: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, list(items))
+    return [item for part in lists for item in part or []]
+
+
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()

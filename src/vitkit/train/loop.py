@@ -406,8 +406,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
 
     def final_outputs(step_now: int, seconds: float, result: EvalResult | None, names: list[str]) -> None:
+        # Each process skipped the bad files of its own share of the data: the list is all of theirs.
+        local = [str(p) for p in skipped_images(train_set) + skipped_images(val_set)]
+        skipped = list(dict.fromkeys(distributed.gather_strings(local)))
         if ctx.is_main:
-            skipped = list(dict.fromkeys(str(p) for p in skipped_images(train_set) + skipped_images(val_set)))
             write_final_outputs(out, names, eval_model, classes, result, recipe=cfg.recipe, step=step_now,
                                 seconds=seconds, processes=ctx.world, best_top1=best, skipped=skipped)
 
