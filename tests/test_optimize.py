@@ -298,6 +298,23 @@ def test_bad_arguments_are_named():
         optimize(tiny_model(), "fp32", compile="yes")
     with pytest.raises(ValueError, match="int8"):
         optimize(tiny_model(), "int8", compile=True)
+    # A float64 or float16 model used to be packed as float32 and fail on every call afterwards.
+    for dtype in (torch.float64, torch.float16):
+        for precision in ("fp32", "int8"):
+            with pytest.raises(ValueError, match=f"parameters are {dtype}: call model.float"):
+                optimize(tiny_model().to(dtype), precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_no_gradient_reaches_the_input_and_backward_says_so(precision):
+    """The optimized layers carry no gradients: backward() through the output raises instead of succeeding
+    with the input's .grad left None."""
+    fast = optimize(tiny_model(), precision)
+    x = torch.randn(2, 3, 32, 32, requires_grad=True)
+    y = fast(x)
+    assert not y.requires_grad
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        y.sum().backward()
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")

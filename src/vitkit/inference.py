@@ -498,6 +498,11 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     if compile not in (True, False, "auto"):
         raise ValueError(f"compile={compile!r}: choose True, False or 'auto'")
     device = _model_device(model)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if precision in ("fp32", "int8") and dtype != torch.float32:
+        raise ValueError(f"precision={precision!r} starts from a float32 model; this one's parameters are {dtype}: "
+                         "call model.float() first" + (" (or precision='bf16' on a GPU)" if dtype != torch.float64
+                                                       else ""))
     if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
         raise ValueError(
             "precision='bf16' needs a GPU or a CPU with native bf16 (AVX512-BF16 or AMX); this CPU would emulate "
@@ -525,5 +530,13 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
             out = copy.deepcopy(model).eval()
             out.requires_grad_(False)
         out = _compile(out, device)
+    # No gradients flow through the optimized layers: an input that requires them is detached, so that a
+    # backward() through the output fails loudly instead of leaving the input's .grad silently None.
+    out.register_forward_pre_hook(_detach_inputs)
     setattr(out, OPTIMIZED, precision)
     return out
+
+
+def _detach_inputs(module: nn.Module, args: tuple) -> tuple:
+    """optimize()'s forward pre-hook: the inputs, detached."""
+    return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
