@@ -246,6 +246,14 @@ def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_
         loop.load_data(cfg)
 
 
+def test_a_run_gives_the_process_its_threads_and_determinism_back(tmp_path):
+    threads = torch.get_num_threads()
+    cfg = get_recipe("demo-tiny", [f"threads={threads + 1}", "deterministic=true", "steps=1", "data.val_split=",
+                                   "batch_size=8"])
+    train(cfg, tmp_path / "run", train_set=synthetic_dataset(8, seed=1), progress=False)
+    assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
+
+
 def test_image_folder_with_a_bad_file(tmp_path):
     """Folders go through per-image transforms; a bad file stops the run naming it, or is skipped and counted."""
     images, labels = synthetic_images(40, seed=6)

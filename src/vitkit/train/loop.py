@@ -321,6 +321,10 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
         raise ValueError(problem)
     check_run_folder(out, resume)
     owned = not torch.distributed.is_initialized()  # leave a caller's own process group alone
+    # The run sets the process's thread count and determinism (`threads`, `deterministic`): a notebook gets
+    # its own back when the run ends.
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     ctx = distributed.setup(cfg.device)
     try:
         with contextlib.ExitStack() as held:  # the run folder's lock, while the run writes it
@@ -328,6 +332,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
     finally:
         if owned:
             distributed.teardown()
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progress: bool,
