@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import struct
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +109,31 @@ def test_cifar_errors_name_the_file(isolated):
         resolve("cifar10", data_dir=folder)
 
 
+def test_cifar_label_names_not_text_name_the_file(isolated):
+    folder = isolated / "data"
+    write_cifar10(folder)
+    (folder / "batches.meta.txt").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ValueError, match=r"batches\.meta\.txt: not a text file"):
+        resolve("cifar10", data_dir=folder)
+
+
+def test_data_dir_lacking_a_file_warns_of_the_fall_back(isolated, monkeypatch, recwarn):
+    env = isolated / "env" / "cifar-10-batches-bin"
+    write_cifar10(env)
+    monkeypatch.setenv("VITKIT_DATA", str(isolated / "env"))
+    given = isolated / "given"
+    write_cifar10(given / "cifar-10-batches-bin", n_test=2)
+    (given / "cifar-10-batches-bin" / "data_batch_4.bin").unlink()
+    with pytest.warns(UserWarning) as caught:
+        assert len(resolve("cifar10", "train", data_dir=given, download=False)) == 15
+    message = str(caught[0].message)
+    assert message.startswith("cifar10 (train): ") and message.endswith(f"using {env} instead")
+    assert f"{given / 'cifar-10-batches-bin'} lacks data_batch_4.bin;" in message
+    recwarn.clear()
+    assert len(resolve("cifar10", "test", data_dir=given, download=False)) == 2  # test_batch.bin is there
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
 # --- download of the official archive, served over real HTTP on loopback ----------------------------------
 def make_archive(source: Path, dest: Path) -> str:
     """A .tar.gz of `source` as its top folder, like the official archive; returns its MD5."""
@@ -148,3 +175,33 @@ def test_cifar_download_bad_md5_and_unsafe_archive(isolated, http_server):
     with pytest.raises(DownloadError, match="cannot unpack"):
         datasets.load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5=md5)
     assert not (isolated / "escaped.txt").exists() and not any(target.iterdir())
+
+
+def corrupt_deflate_archive(source: Path, dest: Path) -> str:
+    """A .tar.gz of `source` whose deflate stream turns invalid halfway (a block of the reserved type 3), with
+    a valid gzip header: opening it works, unpacking it fails inside zlib. Returns its MD5."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(source, arcname=source.name)
+    data = buf.getvalue()
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as inside gzip
+    body = deflate.compress(data[: len(data) // 2]) + deflate.flush(zlib.Z_FULL_FLUSH) + b"\x07"
+    dest.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + body
+                     + struct.pack("<II", zlib.crc32(data), len(data)))
+    return hashlib.md5(dest.read_bytes()).hexdigest()
+
+
+def test_cifar_download_with_a_corrupt_deflate_stream_names_the_archive(isolated, http_server):
+    """An archive whose MD5 matches (here: the one given) but whose compressed data is corrupt fails with
+    DownloadError naming it, as a broken tar does, not zlib's own error; nothing is left behind."""
+    served, url = http_server
+    src = isolated / "src" / "cifar-10-batches-bin"
+    src.mkdir(parents=True)
+    (src / "test_batch.bin").write_bytes(np.random.default_rng(0).integers(0, 256, 3073 * 20, np.uint8).tobytes())
+    md5 = corrupt_deflate_archive(src, served / "cifar-10-binary.tar.gz")
+    with pytest.raises(zlib.error), tarfile.open(served / "cifar-10-binary.tar.gz") as tar:  # the premise
+        tar.extractall(isolated / "scratch", filter="data")
+    target = isolated / "target"
+    with pytest.raises(DownloadError, match=r"cifar-10-binary\.tar\.gz: cannot unpack \(.*invalid block type"):
+        load_cifar("cifar10", "test", data_dir=target, download=True, base_url=url, md5=md5)
+    assert not any(target.iterdir())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,40 @@ def test_read_idx_errors_name_the_file(tmp_path):
         read_idx(bad_gz)
 
 
+def test_corrupt_deflate_stream_names_the_file(isolated):
+    """A flipped byte inside the compressed data (not the header or the CRC) makes zlib itself fail; that is
+    reported like a truncated file, naming it, from read_idx and from resolve."""
+    data = gzip.compress(idx_bytes((np.arange(3000) % 7).astype(np.uint8)))
+    for pos in range(10, len(data) - 8):  # 10: past gzip's header, into the deflate stream
+        corrupt = bytearray(data)
+        corrupt[pos] ^= 0xFF
+        try:
+            gzip.decompress(bytes(corrupt))
+        except zlib.error:
+            break
+        except (OSError, EOFError):
+            continue
+    else:
+        pytest.fail("no flipped byte made zlib fail")
+    folder = isolated / "data"
+    write_fashion_mnist(folder)
+    (folder / "t10k-labels-idx1-ubyte.gz").write_bytes(bytes(corrupt))
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte\.gz: corrupt gzip data"):
+        read_idx(folder / "t10k-labels-idx1-ubyte.gz")
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte\.gz: corrupt gzip data"):
+        resolve("fashion-mnist", "test", data_dir=folder, download=False)
+
+
+@pytest.mark.skipif(not DEBIAN.is_dir(), reason="dataset-fashion-mnist is not installed")
+def test_corrupt_real_file_names_the_file(tmp_path):
+    """The audit's case: byte 20 of a copy of the real test labels flipped."""
+    data = bytearray((DEBIAN / "t10k-labels-idx1-ubyte.gz").read_bytes())
+    data[20] ^= 0xFF
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte\.gz: corrupt gzip data"):
+        read_idx(tmp_path / "t10k-labels-idx1-ubyte.gz")
+
+
 def test_label_count_mismatch_names_the_file(isolated):
     folder = isolated / "data"
     write_fashion_mnist(folder, gz=False)
@@ -116,12 +151,37 @@ def test_lookup_order(isolated, monkeypatch):
     assert len(resolve("fashion-mnist")) == 3
     assert len(resolve("fashion-mnist", data_dir=given)) == 4
     assert find_fashion_mnist("train", given)[0] == given / "train-images-idx3-ubyte.gz"
-    # A data_dir without the files falls through to the next place.
-    assert len(resolve("fashion-mnist", data_dir=isolated / "empty", download=False)) == 3
+    # A data_dir without the files falls through to the next place, and says so.
+    with pytest.warns(UserWarning, match=r"data_dir .*empty does not exist; using .*env instead"):
+        assert len(resolve("fashion-mnist", data_dir=isolated / "empty", download=False)) == 3
     monkeypatch.delenv("VITKIT_DATA")
     for f in cache.iterdir():
         f.unlink()
     assert len(resolve("fashion-mnist", download=False)) == 1
+
+
+def test_data_dir_lacking_a_file_warns_of_the_fall_back(isolated, recwarn):
+    """A data_dir that lacks one of the split's files is passed over for the next place that has them all, as
+    before, but with a warning naming the missing file and the folder used instead."""
+    system = isolated / "system" / "fashion-mnist"
+    write_fashion_mnist(system, n_train=3)
+    given = isolated / "given"
+    write_fashion_mnist(given / "fashion-mnist", n_train=5)
+    (given / "fashion-mnist" / "train-labels-idx1-ubyte.gz").unlink()
+    with pytest.warns(UserWarning) as caught:
+        assert len(resolve("fashion-mnist", "train", data_dir=given, download=False)) == 3
+    message = str(caught[0].message)
+    assert "Fashion-MNIST (train)" in message and f"{given / 'fashion-mnist'} lacks train-labels-idx1-ubyte" in message
+    assert "train-images" not in message and message.endswith(f"using {system} instead")
+    # A data_dir that exists but holds none of the files: said too.
+    (given / "fashion-mnist" / "train-images-idx3-ubyte.gz").unlink()
+    with pytest.warns(UserWarning, match=r"given \(nor its fashion-mnist.* sub-folders\) has none of its files"):
+        resolve("fashion-mnist", "train", data_dir=given, download=False)
+    # No warning where the data_dir has them all, or no data_dir is given.
+    recwarn.clear()
+    assert len(resolve("fashion-mnist", "test", data_dir=given, download=False)) == 5
+    assert len(resolve("fashion-mnist", "train", download=False)) == 3
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
 
 
 def test_missing_without_download_lists_the_places(isolated):

@@ -118,6 +118,18 @@ def test_bad_files_raise_bad_image_error_naming_the_file(tmp_path):
         open_image(tmp_path / "missing.png")
 
 
+def test_broken_symbolic_link_is_a_bad_image_naming_it(tmp_path):
+    link = tmp_path / "broken.png"
+    link.symlink_to(tmp_path / "no-such-target.png")
+    with pytest.raises(BadImageError, match=r"broken\.png: broken symbolic link \(to .*no-such-target\.png") as info:
+        open_image(link)
+    assert info.value.path == link
+    loop = tmp_path / "loop.png"
+    loop.symlink_to(loop)
+    with pytest.raises(BadImageError, match=r"loop\.png: a loop of symbolic links"):
+        open_image(loop)
+
+
 def test_decompression_bombs_are_refused(tmp_path):
     # A PNG whose header claims 30000 x 30000 pixels (900 Mpx) around a few bytes of data.
     header = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 0, 0, 0, 0))
@@ -194,6 +206,34 @@ def test_skips_found_in_dataloader_workers_are_counted(tmp_path):
     labels = torch.cat([y for _, y in loader])
     assert len(labels) == 13
     assert ds.num_skipped == 6  # recorded in the workers, seen here
+
+
+def test_broken_symbolic_link_in_a_class_folder_is_skipped_or_named(tmp_path):
+    """A dangling link (`cat/broken.png -> nowhere`) is an unreadable file like a corrupt one: skipped and
+    recorded with skip_bad_images (by read, by indexing, by check_all and in a DataLoader), named without."""
+    root = make_folder(tmp_path / "pets")
+    link = root / "cat" / "broken.png"
+    link.symlink_to(tmp_path / "nowhere.png")
+    skipping = ImageFolderDataset(root, skip_bad_images=True)
+    names = [p.name for p, _ in skipping.samples]
+    assert "broken.png" in names and len(skipping) == 8
+    assert skipping.read(names.index("broken.png")) is None and skipping.skipped == [link]
+    assert isinstance(skipping[names.index("broken.png")][0], Image.Image)  # the next good file in its place
+    assert ImageFolderDataset(root, skip_bad_images=True).check_all(progress=False) == [link]
+    strict = ImageFolderDataset(root)
+    with pytest.raises(BadImageError, match="broken.png: broken symbolic link"):
+        strict[names.index("broken.png")]
+    with pytest.raises(BadImageError, match="broken.png"):
+        strict.check_all(progress=False)
+
+
+def test_file_gone_since_listing_is_skipped_or_named(tmp_path):
+    root = make_folder(tmp_path / "pets")
+    skipping, strict = ImageFolderDataset(root, skip_bad_images=True), ImageFolderDataset(root)
+    (root / "cat" / "c1.png").unlink()
+    assert skipping.read(1) is None and [p.name for p in skipping.skipped] == ["c1.png"]
+    with pytest.raises(FileNotFoundError, match="c1.png"):
+        strict.read(1)
 
 
 def test_check_all_up_front(tmp_path):

@@ -23,6 +23,8 @@ import gzip
 import os
 import tarfile
 import tempfile
+import warnings
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from PIL import Image
 from torch.utils.data import Dataset, Subset
 
 from .download import DownloadError, download_file
-from .images import BadImageError, open_image
+from .images import IMAGE_EXTENSIONS, BadImageError, image_files, is_ignored_name, open_image
 
 # --- where datasets are looked for ------------------------------------------------------------------------
 DATA_ENV = "VITKIT_DATA"
@@ -74,6 +76,29 @@ def _candidate_folders(roots: Sequence[Path], subfolders: Sequence[str]) -> list
         out.append(root)
         out.extend(root / sub for sub in subfolders)
     return out
+
+
+def _warn_if_passed_over(data_dir, subfolders: Sequence[str], needed: Sequence[Sequence[str]], used: Path,
+                         what: str) -> None:
+    """Warn when the files were taken from `used` although `data_dir` was given: which of them `data_dir` (or
+    the one of its dataset sub-folders that has the most of them) lacks. `needed` holds, for each file, the
+    names it may have (e.g. with and without .gz)."""
+    if data_dir is None:
+        return
+    given = _candidate_folders([Path(data_dir).expanduser()], subfolders)
+    if used in given:
+        return
+    have = [[any((folder / name).is_file() for name in names) for names in needed] for folder in given]
+    best = max(range(len(given)), key=lambda i: sum(have[i]))  # the first of the fullest
+    missing = [" or ".join(names) for names, ok in zip(needed, have[best], strict=True) if not ok]
+    if any(have[best]):
+        lacks = f"{given[best]} lacks {', '.join(missing)}"
+    elif not given[0].is_dir():
+        lacks = f"data_dir {given[0]} does not exist"
+    else:
+        lacks = (f"{given[0]} (nor its {', '.join(subfolders)} sub-folders) has none of its files "
+                 f"({', '.join(missing)})")
+    warnings.warn(f"{what}: {lacks}; using {used} instead", UserWarning, stacklevel=3)
 
 
 def _check_split(split: str, name: str) -> str:
@@ -147,7 +172,7 @@ def read_idx(path: str | os.PathLike[str]) -> torch.Tensor:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # a bad header or CRC, a cut-off file, a corrupt stream
             raise ValueError(f"{path}: corrupt gzip data ({e})") from e
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise ValueError(f"{path}: not an IDX file (bad magic number)")
@@ -229,6 +254,9 @@ def load_fashion_mnist(
         except DownloadError as e:
             raise DownloadError(f"{missing}, and {e}") from e
     images_path, labels_path = found
+    _warn_if_passed_over(data_dir, FASHION_MNIST_SUBFOLDERS,
+                         [(base + ".gz", base) for base in FASHION_MNIST_FILES[split]], images_path.parent,
+                         f"Fashion-MNIST ({split})")
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3:
         raise ValueError(f"{images_path}: expected images (N, H, W), got shape {tuple(images.shape)}")
@@ -261,7 +289,11 @@ CIFAR_ARCHIVES = {
 
 def read_label_names(path: Path) -> list[str]:
     """One class name a line; blank lines (the official files end with some) are dropped."""
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text file of class names ({e})") from e
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def read_cifar_records(path: Path, label_bytes: int, label_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,7 +339,7 @@ def download_cifar(
             try:
                 with tarfile.open(tgz) as tar:
                     tar.extractall(tmp, filter="data")
-            except (tarfile.TarError, OSError, EOFError) as e:
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as e:  # zlib: a corrupt deflate stream
                 raise DownloadError(f"{tgz}: cannot unpack ({e})") from e
             if not (Path(tmp) / folder_name).is_dir():
                 raise DownloadError(f"{tgz}: has no {folder_name}/ folder")
@@ -352,6 +384,7 @@ def load_cifar(
             folder = download_cifar(name, data_dir, base_url=base_url, md5=md5)
         except DownloadError as e:
             raise DownloadError(f"{missing}, and {e}") from e
+    _warn_if_passed_over(data_dir, subfolders, [(f,) for f in [*files, meta]], folder, f"{name} ({split})")
     classes = read_label_names(folder / meta)
     parts = [read_cifar_records(folder / f, label_bytes, label_index) for f in files]
     images = torch.cat([p[0] for p in parts])
@@ -362,21 +395,30 @@ def load_cifar(
 
 
 # --- image folders ----------------------------------------------------------------------------------------
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm",
-                    ".pnm")
+# Errors opening a listed file that make it unreadable, as a corrupt one (BadImageError) is: gone since it was
+# listed, no permission, a folder by an image's name. Others (too many open files, ...) are not the file's fault.
+_UNREADABLE = (BadImageError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 class ImageFolderDataset(Dataset):
     """An image folder: one sub-folder per class (sorted names; class index = position), image files found
-    by extension (hidden files and folders ignored). Items are `(PIL image in `mode`, int label)`.
+    by extension, recursively (`vitkit.data.images.image_files`: hidden files and folders and `__MACOSX`
+    ignored, symbolic links to folders followed). Items are `(PIL image in `mode`, int label)`. A class folder
+    without any image file is refused (ValueError naming it), as torchvision's ImageFolder does.
 
-    Bad files (corrupt, truncated, empty, not an image, decompression bombs) are found lazily, when an item is
-    loaded. Without `skip_bad_images` loading one raises `BadImageError` naming the file. With it, the file is
-    recorded as skipped and the next good file in order is returned in its place (what training wants: every
-    batch full); `read(index)` returns None instead (what evaluation wants: each readable image scored once).
-    The record lives in shared memory, so skips found in DataLoader worker processes count too: `num_skipped`
-    and `skipped` (the paths) give the distinct bad files found so far, and a skipped file is not opened
-    again. `check_all()` finds them all up front.
+    Bad files (corrupt, truncated, empty, not an image, decompression bombs, broken symbolic links, unreadable)
+    are found lazily, when an item is loaded. Without `skip_bad_images` loading one raises `BadImageError` (or
+    the OSError) naming the file. With it, the file is recorded as skipped and the next good file in order is
+    returned in its place (what training wants: every batch full); `read(index)` returns None instead (what
+    evaluation wants: each readable image scored once). The record lives in shared memory, so skips found in
+    DataLoader worker processes count too: `num_skipped` and `skipped` (the paths) give the distinct bad files
+    found so far, and a skipped file is not opened again. `check_all()` finds them all up front.
+
+    `split` and `split_of_root` tell how `resolve` chose the folder: `split` is the split asked for (None when
+    built directly) and `split_of_root` is True when the folder given to `resolve` has no split sub-folders
+    (train/, test/, val/, ...), so its whole self served that split. Two such datasets of one folder hold the
+    same images: a test or val split with `split_of_root` is the training images. In general two datasets read
+    the same images when `a.root.resolve() == b.root.resolve()`.
     """
 
     def __init__(
@@ -392,18 +434,23 @@ class ImageFolderDataset(Dataset):
         self.mode = mode
         self.skip_bad_images = skip_bad_images
         self.extensions = exts = tuple(e.lower() for e in extensions)
-        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        self.split: str | None = None
+        self.split_of_root = False
+        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not is_ignored_name(d.name))
         if not self.classes:
             raise ValueError(f"{self.root}: no class sub-folders (expected one folder of images per class)")
         self.samples: list[tuple[Path, int]] = []
+        empty = []
         for index, name in enumerate(self.classes):
-            for dirpath, dirnames, filenames in os.walk(self.root / name, followlinks=True):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                for f in sorted(filenames):
-                    if not f.startswith(".") and f.lower().endswith(exts):
-                        self.samples.append((Path(dirpath) / f, index))
-        if not self.samples:
-            raise ValueError(f"{self.root}: no image files ({', '.join(exts)}) in its class folders")
+            files = image_files(self.root / name, exts)
+            if not files:
+                empty.append(name)
+            self.samples += [(f, index) for f in files]
+        if empty:
+            which = ("any of its class folders" if len(empty) == len(self.classes) else
+                     f"class folder{'s' if len(empty) > 1 else ''} {_names([n + '/' for n in empty])}")
+            raise ValueError(f"{self.root}: no image files ({', '.join(exts)}) in {which}; every class needs "
+                             "images (remove a folder that is not a class, or fill it)")
         self.targets = torch.tensor([t for _, t in self.samples], dtype=torch.int64)
         # One flag per file, in shared memory so that DataLoader workers' findings are seen here.
         self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
@@ -439,7 +486,7 @@ class ImageFolderDataset(Dataset):
         path, target = self.samples[index]
         try:
             return open_image(path, self.mode), target
-        except BadImageError:
+        except _UNREADABLE:
             if not self.skip_bad_images:
                 raise
             self._bad[index] = True
@@ -465,7 +512,7 @@ class ImageFolderDataset(Dataset):
                 continue
             try:
                 open_image(path, self.mode)
-            except BadImageError:
+            except _UNREADABLE:
                 if not self.skip_bad_images:
                     raise
                 self._bad[i] = True
@@ -606,7 +653,13 @@ def resolve(
 
     `split` is train, test or val (val means test for the named datasets, which have no validation split).
     `download` lets a named dataset be fetched from its official location when it is nowhere on disk (with
-    its published MD5 checked); `skip_bad_images` applies to folders.
+    its published MD5 checked); `skip_bad_images` applies to folders. A named dataset's files are taken from
+    the first place that has all of them (see data_roots); when `data_dir` is given but lacks some, a warning
+    names them and the place used instead.
+
+    A folder's dataset tells the split asked for (`.split`) and whether the folder had no split sub-folders,
+    so that its whole self served it (`.split_of_root`): a test or val split with `split_of_root` holds the
+    training images.
     """
     if isinstance(data, Dataset):
         return data
@@ -618,5 +671,8 @@ def resolve(
         return load_cifar(name, split, data_dir, download=download)
     path = Path(data).expanduser()
     if path.is_dir():
-        return ImageFolderDataset(_split_folder(path, split), skip_bad_images=skip_bad_images)
+        folder = _split_folder(path, split)
+        dataset = ImageFolderDataset(folder, skip_bad_images=skip_bad_images)
+        dataset.split, dataset.split_of_root = split, folder == path
+        return dataset
     raise FileNotFoundError(f"{data}: not a folder, and not a dataset name ({', '.join(DATASET_NAMES)})")

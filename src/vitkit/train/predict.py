@@ -9,10 +9,9 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from PIL import Image
 
 from ..config import ViTConfig
-from ..data import BadImageError, open_image
+from ..data.images import BadImageError, image_files, open_image
 from ..data.transforms import build_eval_transform
 
 
@@ -29,20 +28,16 @@ class Failure:
     message: str
 
 
-def image_suffixes() -> set[str]:
-    """File name endings Pillow can open (.png, .jpg, ...)."""
-    return {s.lower() for s in Image.registered_extensions()}
-
-
 def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Failure]]:
-    """Files as given, and the image files (by suffix) inside folders, recursively and sorted. Paths that do
-    not exist come back as failures."""
-    suffixes = image_suffixes()
+    """Files as given (tried whatever their name), and the image files inside folders as an image-folder
+    dataset finds them (`vitkit.data.images.image_files`: by IMAGE_EXTENSIONS, recursively, hidden files and
+    folders and __MACOSX skipped, symbolic links to folders followed). Paths that do not exist come back as
+    failures; a broken symbolic link is given to open_image, which says so."""
     files, failures = [], []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
-        elif p.is_file():
+            files += image_files(p)
+        elif p.is_file() or p.is_symlink():
             files.append(p)
         else:
             failures.append(Failure(p, f"{p}: no such file or folder"))
