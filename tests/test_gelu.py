@@ -6,8 +6,10 @@ import shutil
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
+from torch.func import grad, jvp, vmap
 
 import vitkit
 from operator_helpers import operators_called, training_step_equals_the_fallback
@@ -158,3 +160,41 @@ def test_a_second_derivative_equals_pytorchs(approximate):
         (g,) = torch.autograd.grad((fn(inp, approximate) ** 2).sum(), inp, create_graph=True)
         (g ** 2).sum().backward()
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
+
+
+@needs_operator
+@pytest.mark.parametrize("approximate", FLAVOURS)
+def test_f_gelu_under_tracing_torch_func_and_forward_ad(approximate):
+    """torch.jit.trace (which the legacy ONNX exporter runs), torch.func's transforms and forward-mode AD get
+    F.gelu: vitkit's operators have no place in a traced graph, and neither they nor _GELU has a batching rule,
+    setup_context or forward derivative. Outside them, the operators again."""
+    torch.manual_seed(6)
+    x, v = torch.randn(4, 6, 16), torch.randn(4, 6, 16)
+    ref = F.gelu(x, approximate=approximate)
+    with torch.no_grad():
+        traced = torch.jit.trace(GELU(approximate), x)
+    kinds = {node.kind() for node in traced.graph.nodes()}
+    assert "aten::gelu" in kinds and not any(k.startswith(("vitkit::", "prim::PythonOp")) for k in kinds)
+    assert torch.equal(traced(x), ref)  # F.gelu itself
+    ref_x = x.clone().requires_grad_()
+    (derivative,) = torch.autograd.grad(F.gelu(ref_x, approximate=approximate).sum(), ref_x)  # GELU'(x)
+    per_sample = vmap(grad(lambda t: gelu(t, approximate).sum()))(x)
+    torch.testing.assert_close(per_sample, derivative, rtol=1e-5, atol=1e-6)
+    for context in (torch.enable_grad(), torch.no_grad()):
+        with context:
+            out, tangent = jvp(lambda t: gelu(t, approximate), (x,), (v,))
+            with fwAD.dual_level():
+                dual = fwAD.unpack_dual(GELU(approximate)(fwAD.make_dual(x, v)))
+        for primal, t in ((out, tangent), dual):
+            assert torch.equal(primal, ref)
+            torch.testing.assert_close(t, derivative * v, rtol=1e-5, atol=1e-6)
+    assert gelu_applies(x)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+@pytest.mark.parametrize("approximate", FLAVOURS)
+def test_torchscript_compiles_f_gelu(approximate):
+    x = torch.randn(5, 32)
+    scripted = torch.jit.script(GELU(approximate))
+    assert "aten::gelu" in {node.kind() for node in scripted.graph.nodes()}
+    assert torch.equal(scripted(x), F.gelu(x, approximate=approximate))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.func import functional_call, grad, jvp, vmap
 
 import vitkit.linear as linear_module
 from operator_helpers import operators_called
@@ -223,3 +225,44 @@ def test_inference_runs_the_products_on_the_inference_engine(monkeypatch, vendor
         assert torch.equal(out, ref)
     else:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
+def test_f_linear_under_tracing_torch_func_and_forward_ad(engine):
+    """torch.jit.trace (which the legacy ONNX exporter runs), torch.func's transforms and forward-mode AD get
+    F.linear: oneDNN's kernel cannot be traced, and neither it nor _OneDNNLinearFunction has a batching rule,
+    setup_context or forward derivative. Outside them, oneDNN again."""
+    torch.manual_seed(0)
+    layer = Linear(64, 48)
+    w, b = layer.weight.detach(), layer.bias.detach()
+    x, v = torch.randn(5, 4, 64), torch.randn(5, 4, 64)
+    ref = F.linear(x, w, b)
+    with torch.no_grad():
+        traced = torch.jit.trace(layer, x)
+    kinds = {node.kind() for node in traced.graph.nodes()}
+    assert "aten::linear" in kinds and not any(k.startswith(("mkldnn::", "prim::PythonOp")) for k in kinds)
+    assert torch.equal(traced(x), ref)  # F.linear itself
+    # per-sample weight gradients of sum((x_i W^T + b)^2): 2 (x_i W^T + b)^T x_i
+    per_sample = vmap(grad(lambda wt, xi: (functional_call(layer, {"weight": wt, "bias": b}, (xi,)) ** 2).sum()),
+                      in_dims=(None, 0))(w, x)
+    torch.testing.assert_close(per_sample, 2 * ref.transpose(1, 2) @ x, rtol=1e-5, atol=1e-5)
+    for context in (torch.enable_grad(), torch.no_grad()):  # the training and the inference products
+        with context:
+            out, tangent = jvp(layer, (x,), (v,))
+            with fwAD.dual_level():
+                dual = fwAD.unpack_dual(layer(fwAD.make_dual(x, v)))
+        for primal, t in ((out, tangent), dual):
+            assert torch.equal(primal, ref)
+            torch.testing.assert_close(t, F.linear(v, w), rtol=1e-5, atol=1e-5)
+    assert use_onednn(x, layer.weight)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_torchscript_compiles_f_linear():
+    torch.manual_seed(0)
+    layer = Linear(32, 16)
+    scripted = torch.jit.script(layer)
+    x = torch.randn(5, 32)
+    assert "aten::linear" in {node.kind() for node in scripted.graph.nodes()}
+    assert torch.equal(scripted(x), F.linear(x, layer.weight, layer.bias))

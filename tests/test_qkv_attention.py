@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
+from torch.func import grad, jvp, vmap
 
 import vitkit
 from operator_helpers import operators_called, training_step_equals_the_fallback
@@ -216,3 +218,26 @@ def test_sgemm_products_turns_the_tiles_off_in_the_model_path():
         assert torch.equal(out.detach(), expected[0])
         assert torch.equal(x.grad, ops.attention_backward(grad, qkv, *expected, 4, 0.25, tiles))
         assert torch.equal(inference, ops.attention_forward(qkv, 4, 0.25, False, tiles)[0])
+
+
+@needs_operator
+def test_not_under_tracing_torch_func_or_forward_ad():
+    """Under torch.jit.trace (which the legacy ONNX exporter runs), in torch.func's transforms and with
+    forward-mode AD the model keeps PyTorch's attention: the operators have no place in a traced graph, and
+    neither they nor _QKVAttention has a batching rule, setup_context or forward derivative (tests/
+    test_model_transforms.py runs the model there). Outside them, the operators again."""
+    qkv = torch.randn(3, 2, 5, 96)  # vmap takes the first axis off
+    decisions = []
+
+    def probe(t: torch.Tensor) -> torch.Tensor:
+        decisions.append(qkv_attention_applies(t))
+        return t * 2
+
+    torch.jit.trace(probe, qkv[0], check_trace=False)
+    vmap(probe)(qkv)
+    grad(lambda t: probe(t).sum())(qkv[0])
+    jvp(probe, (qkv[0],), (qkv[0],))
+    with fwAD.dual_level():
+        probe(fwAD.make_dual(qkv[0], qkv[0]))
+    assert decisions == [False] * 5
+    assert qkv_attention_applies(qkv[0])

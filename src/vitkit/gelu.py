@@ -11,8 +11,10 @@ training step ~1.5 % (docs/speed.md, "Session 18").
 A second derivative (create_graph=True, as a gradient penalty needs) comes from PyTorch's GELU.
 
 `GELU` is an nn.GELU (same `approximate`, same state) that uses the operators where they apply: fp32 on the CPU,
-no autocast, not under torch.compile, and the library built (`vitkit.kernels.gelu_available`); elsewhere it is
-nn.GELU. `gelu_` writes GELU over its input, for inference where nothing else reads the pre-activation.
+no autocast, not under torch.compile, not under torch.jit.trace (nor the legacy ONNX exporter), no torch.func
+transform (vmap, grad, jacrev, jvp) or forward-mode AD (`vitkit.kernels.plain_ops_required`), and the library
+built (`vitkit.kernels.gelu_available`); elsewhere, and in TorchScript, it is nn.GELU. `gelu_` writes GELU over
+its input, for inference where nothing else reads the pre-activation.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class _GELU(torch.autograd.Function):
 
 def gelu_applies(x: torch.Tensor) -> bool:
     """Whether vitkit's GELU operators compute GELU of `x`: fp32 on the CPU, no autocast, not under
-    torch.compile, and the operators available."""
+    torch.compile or torch.jit.trace, no torch.func transform or forward-mode AD, and the operators available."""
     return eager_fp32_on_cpu(x) and gelu_available()
 
 
@@ -66,4 +68,6 @@ class GELU(nn.GELU):
     """nn.GELU on vitkit's operators where they apply (see `gelu`); a drop-in with the same `approximate`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles this branch alone: nn.GELU's
+            return F.gelu(x, approximate=self.approximate)
         return gelu(x, self.approximate)

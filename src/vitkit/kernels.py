@@ -11,6 +11,10 @@ Three libraries of operators:
 - `torch.ops.vitkit.gelu`, `gelu_` and `gelu_backward` (csrc/gelu.cpp): GELU and its derivative from piecewise
   polynomials (see `vitkit.gelu`).
 
+Where PyTorch must see its own operators (`plain_ops_required`: torch.jit tracing, the legacy ONNX exporter, a
+torch.func transform, forward-mode AD), the callers keep to plain PyTorch operators as well, and so does oneDNN's
+linear in `vitkit.linear`.
+
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-25 s a library
 on our 2-core machine the first time (said on stderr), a fraction of a second afterwards; one library per
@@ -31,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
+from torch._C._functorch import peek_interpreter_stack as _functorch_interpreter
 
 CSRC = Path(__file__).with_name("csrc")
 DISABLE_ENV = "VITKIT_KERNELS"
@@ -41,15 +47,29 @@ def kernels_enabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def plain_ops_required() -> bool:
+    """Whether only PyTorch's own operators may run, whatever the tensors:
+    - under torch.jit.trace, which the legacy ONNX exporter (torch.onnx.export(dynamo=False)) runs too: the graph
+      would record vitkit's operators and autograd Functions (and oneDNN's linear, whose argument list the tracer
+      cannot even record), which neither ONNX nor a traced module's reader knows;
+    - inside a torch.func transform (vmap, grad, jacrev, jacfwd, jvp, functionalize, ...): vitkit's autograd
+      Functions have no setup_context, vmap or jvp rule, its operators and oneDNN's no batching rule;
+    - while forward-mode AD is on (a torch.autograd.forward_ad.dual_level): none of them has a forward
+      derivative (under torch.func.jvp the compiled operators and oneDNN's dropped the tangent silently).
+    Three reads of the thread's or process's state (a fraction of a microsecond in all), no tensor looked at."""
+    return torch._C._is_tracing() or _functorch_interpreter() is not None or _forward_ad._current_level >= 0
+
+
 def eager_fp32_on_cpu(x: torch.Tensor) -> bool:
     """Whether `x` is where vitkit's own CPU kernels (these operators, and oneDNN's linear in `vitkit.linear`)
     take over from PyTorch's: an fp32 tensor on the CPU, no autocast, not under torch.compile (which traces
-    PyTorch's operators)."""
+    PyTorch's operators), and none of `plain_ops_required`'s tracing, torch.func transforms or forward-mode AD."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
+        and not plain_ops_required()
     )
 
 

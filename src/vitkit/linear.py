@@ -20,7 +20,9 @@ Which engine is faster depends on the CPU, and differently for inference and tra
   machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
 
 Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, builds without oneDNN) it is exactly
-`F.linear`, and a second derivative (create_graph=True) goes through PyTorch's products. Results differ from
+`F.linear`, and so it is under torch.jit.trace and the legacy ONNX exporter, in torch.func transforms (vmap,
+grad, jacrev, jvp: per-sample gradients) and with forward-mode AD (`vitkit.kernels.plain_ops_required`), and in
+TorchScript; a second derivative (create_graph=True) goes through PyTorch's products. Results differ from
 `F.linear` only by float rounding (another summation order).
 """
 
@@ -171,7 +173,8 @@ def _differentiable_gradients(ctx, x: torch.Tensor, weight: torch.Tensor, grad_o
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear` may take oneDNN for this input (fp32 on the CPU, more than MKL_MAX_ROWS rows, no
-    autocast, not compiling); which engine it takes is then `training_engine` or `inference_engine`'s."""
+    autocast, not compiling, not tracing, no torch.func transform or forward-mode AD: `eager_fp32_on_cpu`);
+    which engine it takes is then `training_engine` or `inference_engine`'s."""
     return (
         _ONEDNN
         and eager_fp32_on_cpu(x)
@@ -200,4 +203,6 @@ class Linear(nn.Linear):
     """nn.Linear through oneDNN on the CPU (see the module docstring); a drop-in: same parameters and names."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles this branch alone: nn.Linear's product
+            return F.linear(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)

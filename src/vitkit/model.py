@@ -15,6 +15,7 @@ import contextlib
 import math
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -106,6 +107,12 @@ def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
     return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
 
 
+def forward_ad_may_be_on() -> bool:
+    """Whether forward-mode AD is on (a torch.autograd.forward_ad.dual_level) or may be (inside a torch.func
+    transform: jvp and jacfwd among them)."""
+    return _forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     """A context with autocast off on `device_type` where it is on (a no-op elsewhere, e.g. on the meta
     device, which has no autocast)."""
@@ -161,8 +168,9 @@ class Attention(nn.Module):
         else:
             q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
         attn = None
-        if return_attention or explicit_attention_is_faster(x, self.training):
-            # The explicit softmax(q k^T / sqrt(d)) v: the same function as the fused kernel below.
+        if return_attention or explicit_attention_is_faster(x, self.training) or forward_ad_may_be_on():
+            # The explicit softmax(q k^T / sqrt(d)) v: the same function as the fused kernel below (which has
+            # no forward derivative on the CPU: forward-mode AD, torch.func.jvp, needs this one).
             # In fp32 even under bf16 autocast: the logits and the softmax lose accuracy in bf16 (12-epoch
             # Fashion-MNIST screens: fp32 88.39 %; bf16 with them in bf16 87.78 %, with them in fp32 88.13 %).
             dtype, wide = q.dtype, torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32; fp64 stays

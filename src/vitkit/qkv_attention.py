@@ -13,8 +13,10 @@ forward and backward); on longer sequences the backward recomputes it from q, k 
 flash attention does, so memory stays linear in T.
 
 `qkv_attention_applies(qkv, dropout)` says when: fp32 on the CPU, no autocast, not compiling, no attention
-dropout, and the operators built (`vitkit.kernels.attention_available`). Elsewhere the model keeps PyTorch's own
-kernels (and, in training on up to 128 tokens, the explicit products).
+dropout, and the operators built (`vitkit.kernels.attention_available`); not under torch.jit.trace (nor the
+legacy ONNX exporter), in a torch.func transform (vmap, grad, jacrev, jvp) or with forward-mode AD
+(`vitkit.kernels.plain_ops_required`). Elsewhere the model keeps PyTorch's own kernels (and, in training on up
+to 128 tokens, the explicit products).
 Results differ from PyTorch's only by float rounding (another summation order and exp). A second derivative
 (create_graph=True) comes from PyTorch's operators (`differentiable_gradient`).
 """
@@ -80,7 +82,8 @@ def keeps_probabilities(tokens: int, head_dim: int) -> bool:
 
 def qkv_attention_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
     """Whether `qkv_attention` computes the attention of this projection output (B, T, 3C): fp32 on the CPU,
-    no autocast, not under torch.compile, no attention dropout, and vitkit's operators available."""
+    no autocast, not under torch.compile or torch.jit.trace, no torch.func transform or forward-mode AD, no
+    attention dropout, and vitkit's operators available."""
     return eager_fp32_on_cpu(qkv) and qkv.dim() == 3 and dropout == 0.0 and attention_available()
 
 
