@@ -105,3 +105,22 @@ def test_convert_prints_what_the_target_will_compute_differently(tmp_path, capsy
     err = capsys.readouterr().err
     assert "note: timm normalises with LayerNorm eps 1e-06, this model with 1e-12" in err, err
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_a_bare_file_is_described_once_by_the_options_its_warnings_name(tmp_path, capsys):
+    """A bare state dict of a 4-head, GAP-with-class-token, 16x64 model: loading it guesses all three and the
+    warnings name the convert options; convert with --num-heads, --pool and --image-size writes the model itself."""
+    from safetensors.torch import save_file
+
+    source = randomize_(vitkit.create_model(vitkit.ViTConfig(
+        image_size=(16, 64), patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=128, num_classes=3,
+        pool="gap", class_token=True)))
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, tmp_path / "bare.safetensors")
+    with pytest.warns(UserWarning, match="vitkit convert FILE FOLDER --num-heads N") as seen:
+        vitkit.load(tmp_path / "bare.safetensors")
+    assert len(seen) == 3
+    run(tmp_path / "bare.safetensors", tmp_path / "out", "--num-heads", "4", "--pool", "gap", "--image-size", "16x64")
+    written = vitkit.load(tmp_path / "out")
+    assert written.cfg == source.cfg.replace(name="bare")  # the file's name becomes the model's
+    for k, v in source.state_dict().items():
+        assert torch.equal(written.state_dict()[k], v), k

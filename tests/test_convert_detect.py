@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import warnings
 import zipfile
 
 import numpy as np
@@ -164,3 +166,85 @@ def test_sharded_pytorch_model_bin_folder(tmp_path):
     (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match=r"shards must be files next to the index, not \['../elsewhere.bin'\]"):
         vitkit.load(folder)
+
+
+# --- what a bare state dict leaves open: assumed with a warning that names the argument, never silently ----------
+def vitkit_model(**kw):
+    args = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
+    args.update(kw)
+    return randomize_(vitkit.create_model(vitkit.ViTConfig(**args))).eval()
+
+
+def load_noting(path, **kw):
+    """The model vitkit.load gives, and the messages of every warning it gave."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = vitkit.load(path, **kw)
+    return model, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+
+
+def assert_noted(notes, pattern):
+    assert any(re.search(pattern, n) for n in notes), f"no warning matches {pattern!r}: {notes}"
+
+
+def assert_same_logits(model, ref, size):
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
+
+
+def test_a_bare_file_says_it_assumed_the_heads(tmp_path):
+    """4 heads of 16 in a 64-wide model: q;k;v are fused, so the file cannot tell; vitkit assumes one head of 64
+    (the 64-wide convention) and says so, naming num_heads=, which gives the source model."""
+    ref = vitkit_model()
+    torch.save(ref.state_dict(), tmp_path / "w.pth")
+    model, notes = load_noting(tmp_path / "w.pth")
+    assert model.cfg.num_heads == 1
+    assert_noted(notes, r"w\.pth holds no config that gives its number of heads: assumed 1 head of 64 \(the 64-wide "
+                        r"convention\); pass num_heads= if the model has another count")
+    model, notes = load_noting(tmp_path / "w.pth", num_heads=4)
+    assert model.cfg.num_heads == 4 and not [n for n in notes if "gives its number of heads" in n], notes
+    assert_same_logits(model, ref, (32, 32))
+
+
+def test_a_bare_file_says_it_assumed_token_pooling(tmp_path):
+    """GAP with the class token kept: the tensors are those of a token-pooling model; pool= tells them apart."""
+    ref = vitkit_model(num_heads=1, pool="gap", class_token=True)
+    save_file(ref.state_dict(), str(tmp_path / "gap.safetensors"))
+    model, notes = load_noting(tmp_path / "gap.safetensors")
+    assert model.cfg.pool == "token"
+    assert_noted(notes, r"gap\.safetensors holds no config that gives its pooling: assumed pool='token' .*pass "
+                        r"pool='gap'")
+    model, notes = load_noting(tmp_path / "gap.safetensors", pool="gap")
+    assert model.cfg.pool == "gap" and not [n for n in notes if "gives its pooling" in n], notes
+    assert_same_logits(model, ref, (32, 32))
+    with pytest.raises(ValueError, match=r"pool='mean': choose from token, gap"):
+        vitkit.load(tmp_path / "gap.safetensors", pool="mean")
+
+
+def test_a_bare_file_says_it_assumed_a_square_grid(tmp_path):
+    """A 4x16 grid (32x128 images) has the 64 position rows of an 8x8 one: assumed square, said, and
+    image_size= gives the source model."""
+    ref = vitkit_model(image_size=(32, 128), num_heads=1)
+    save_file(ref.state_dict(), str(tmp_path / "wide.safetensors"))
+    model, notes = load_noting(tmp_path / "wide.safetensors")
+    assert model.cfg.image_size == (64, 64)
+    assert_noted(notes, r"wide\.safetensors holds no config that gives its image size: assumed a square 8x8 grid of "
+                        r"8-pixel patches \(64x64 images\) .*pass image_size=\(H, W\)")
+    model, notes = load_noting(tmp_path / "wide.safetensors", image_size=(32, 128))
+    assert model.cfg.image_size == (32, 128) and not [n for n in notes if "gives its image size" in n], notes
+    assert_same_logits(model, ref, (32, 128))
+
+
+def test_nothing_is_said_when_nothing_is_assumed(tmp_path):
+    """A vitkit folder holds its config, and arguments given for a bare file are not assumptions: no warning."""
+    ref = vitkit_model(image_size=(32, 128), pool="gap", class_token=True)
+    vitkit.save(ref, tmp_path / "folder")
+    save_file(ref.state_dict(), str(tmp_path / "bare.safetensors"))
+    for path, kw in ((tmp_path / "folder", {}), (tmp_path / "folder" / "model.safetensors", {}),
+                     (tmp_path / "bare.safetensors", dict(num_heads=4, pool="gap", image_size=(32, 128)))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = vitkit.load(path, **kw)
+        assert model.cfg.num_heads == 4 and model.cfg.pool == "gap", path
+        assert_same_logits(model, ref, (32, 128))

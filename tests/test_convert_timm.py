@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import pytest
@@ -237,3 +238,83 @@ def test_crop_mode_is_read_and_written(tmp_path):
                                             mlp_dim=96, num_classes=3, crop_pct=0.9))
     out = write(centre, tmp_path / "centre", to="timm")
     assert json.loads((out / "config.json").read_text())["pretrained_cfg"]["crop_mode"] == "center"
+
+
+# --- what a bare timm state dict leaves open: assumed with a warning naming the argument ------------------------
+def load_noting(path, **kw):
+    """The model vitkit.load gives, and the messages of the UserWarnings it gave."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = vitkit.load(path, **kw)
+    return model, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+
+
+def assert_noted(notes, pattern):
+    assert any(re.search(pattern, n) for n in notes), f"no warning matches {pattern!r}: {notes}"
+
+
+def assert_same_logits(model, ref, size):
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim, heads, assumed", [
+    (64, 4, r"assumed 1 head of 64 \(the 64-wide convention\)"),
+    (192, 6, r"assumed 3 heads of 64 as ViT-Ti of width 192 and MLP 768 \(Table 1\)"),  # a vit_tiny with 6 heads
+])
+def test_a_bare_timm_file_says_which_heads_it_assumed(tmp_path, dim, heads, assumed):
+    ref = tiny_timm(embed_dim=dim, num_heads=heads, depth=1)
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    model, notes = load_noting(tmp_path / "w.safetensors")
+    assert model.cfg.num_heads != heads
+    assert_noted(notes, r"w\.safetensors holds no config that gives its number of heads: " + assumed
+                 + r"; pass num_heads= if the model has another count")
+    model, notes = load_noting(tmp_path / "w.safetensors", num_heads=heads)
+    assert model.cfg.num_heads == heads and not [n for n in notes if "gives its number of heads" in n], notes
+    assert_same_logits(model, ref, (32, 32))
+
+
+def test_a_bare_timm_file_of_gap_with_the_class_token_says_it_assumed_token_pooling(tmp_path):
+    """global_pool='avg', fc_norm=False keeps the class token: the same tensors as a token-pooling model."""
+    ref = tiny_timm(embed_dim=64, num_heads=1, depth=1, global_pool="avg", fc_norm=False)
+    torch.save(ref.state_dict(), tmp_path / "gap.pth")
+    model, notes = load_noting(tmp_path / "gap.pth")
+    assert model.cfg.pool == "token"
+    assert_noted(notes, r"gap\.pth holds no config that gives its pooling: assumed pool='token' .*pass pool='gap'")
+    model, notes = load_noting(tmp_path / "gap.pth", pool="gap")
+    assert model.cfg.pool == "gap" and not [n for n in notes if "gives its pooling" in n], notes
+    assert_same_logits(model, ref, (32, 32))
+
+
+def test_a_bare_timm_file_says_it_assumed_a_square_grid(tmp_path):
+    """A 4x16 grid (32x128 images) has the 64 rows of an 8x8 one (64x64)."""
+    ref = tiny_timm(img_size=(32, 128), embed_dim=64, num_heads=1, depth=1)
+    save_file(ref.state_dict(), str(tmp_path / "wide.safetensors"))
+    model, notes = load_noting(tmp_path / "wide.safetensors")
+    assert model.cfg.image_size == (64, 64)
+    assert_noted(notes, r"wide\.safetensors holds no config that gives its image size: assumed a square 8x8 grid "
+                        r"of 8-pixel patches \(64x64 images\) for its 64 position rows; pass image_size=\(H, W\)")
+    model, notes = load_noting(tmp_path / "wide.safetensors", image_size=(32, 128))
+    assert model.cfg.image_size == (32, 128) and not [n for n in notes if "gives its image size" in n], notes
+    assert_same_logits(model, ref, (32, 128))
+
+
+def test_a_timm_file_with_its_config_says_nothing(tmp_path):
+    """timm's own writer (save_for_hf, as push_to_hf_hub) records heads, size and pooling: nothing assumed, for
+    the folder and for its weights file; nor when model_args lack global_pool but config.json's top level
+    (which timm always writes) has it."""
+    from timm.models._hub import save_for_hf
+
+    args = dict(img_size=(32, 128), patch_size=8, embed_dim=64, depth=1, num_heads=4, global_pool="avg",
+                fc_norm=False)
+    ref = randomize_(timm.create_model("vit_base_patch16_224", num_classes=10, **args)).eval()
+    save_for_hf(ref, str(tmp_path / "t"), model_args=args, safe_serialization=True)
+    del args["global_pool"], args["fc_norm"]
+    timm_folder(tmp_path / "top", ref, "vit_base_patch16_224", args)
+    for path in (tmp_path / "t", tmp_path / "t" / "model.safetensors", tmp_path / "top"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = vitkit.load(path)
+        assert (model.cfg.num_heads, model.cfg.pool, model.cfg.image_size) == (4, "gap", (32, 128)), path
+        assert_same_logits(model, ref, (32, 128))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -32,11 +34,13 @@ def test_state_dict_equals_torchvision(tmp_path):
 
 
 def test_pre_logits_and_the_vit_name_gives_heads(tmp_path):
-    """torchvision's representation layer is vitkit's pre_logits; a `vit_b_*` name gives ViT-B's 12 heads."""
+    """torchvision's representation layer is vitkit's pre_logits; a `vit_b_*` name gives ViT-B's 12 heads (said,
+    as this model is not ViT-B's width)."""
     ref = tiny_tv(hidden_dim=96, num_heads=12, representation_size=48, num_classes=7)
     torch.save(ref.state_dict(), tmp_path / "vit_b_16-c867db91.pth")
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"assumed 12 heads, as ViT-B/16 \(which the name "
+                                                          r"vit_b_16 names\) has, though its width is 96, not 768"):
         ours = vitkit.load(tmp_path / "vit_b_16-c867db91.pth")
         assert (ours.cfg.num_heads, ours.cfg.representation_size) == (12, 48)
         assert_same(ours(x), ref(x), "torchvision with pre_logits vs torchvision")
@@ -49,3 +53,28 @@ def test_training_checkpoint_wrapper(tmp_path):
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert_same(vitkit.load(tmp_path / "checkpoint.pth")(x), ref(x), "torchvision training checkpoint")
+
+
+def load_noting(path, **kw):
+    """The model vitkit.load gives, and the messages of the UserWarnings it gave."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = vitkit.load(path, **kw)
+    return model, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+
+
+def test_a_torchvision_file_says_which_heads_it_assumed_and_nothing_else(tmp_path):
+    """torchvision's ViT is square and pools by its class token, so only the heads of its fused q;k;v are
+    assumed: 4 heads of 16 in a 64-wide model load as one head of 64, said; num_heads=4 gives the model."""
+    ref = tiny_tv(hidden_dim=64, num_heads=4, num_layers=1, num_classes=5)
+    torch.save(ref.state_dict(), tmp_path / "w.pth")
+    model, notes = load_noting(tmp_path / "w.pth")
+    assert model.cfg.num_heads == 1
+    assert len(notes) == 1 and notes[0].startswith(
+        f"{tmp_path / 'w.pth'} holds no config that gives its number of heads: assumed 1 head of 64 (the 64-wide "
+        "convention); pass num_heads= if the model has another count; on the command line, `vitkit convert")
+    model, notes = load_noting(tmp_path / "w.pth", num_heads=4)
+    assert model.cfg.num_heads == 4 and notes == []
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)

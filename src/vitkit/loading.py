@@ -10,7 +10,9 @@ The architecture is read from the tensors: widths, depth, patch, MLP size and cl
 heads from the npz query kernel or from config.json. timm and torchvision fuse q;k;v, so their heads
 cannot be read from shapes: they come from config.json (timm's model_args, or the architecture's preset),
 else the preset whose width matches (Table 1, DeiT), else 64-wide heads. The image size comes from the
-position table (a non-square grid needs `image_size=` or a config). What differs between sources is
+position table (a non-square grid needs `image_size=` or a config), and a timm or vitkit model with a class
+token may pool by it or by GAP (`pool=`). Whatever a bare file leaves open and vitkit assumes (heads, a square
+grid, token pooling) is a UserWarning that names the argument that sets it. What differs between sources is
 recorded in the config: tanh GELU for Google's Flax models, LayerNorm eps (1e-12 for Hugging Face files
 without a config), normalisation mean/std (0.5 for Google and timm's ViTs, ImageNet's for torchvision).
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import CheckpointError, load_vitkit, read_meta, read_tensors
-from .config import ViTConfig
+from .config import POOLS, ViTConfig
 from .convert.common import Converted, Hints, build_model
 from .convert.detect import (
     EXTENSIONS,
@@ -45,13 +47,17 @@ WRAPPER_KEYS = ("state_dict", "model", "model_state", "module", "state_dict_ema"
 
 
 def load(path_or_name: str | os.PathLike, map_location: str | torch.device = "cpu",
-         image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> VisionTransformer:
+         image_size: int | tuple[int, int] | None = None, num_heads: int | None = None,
+         pool: str | None = None) -> VisionTransformer:
     """The model a checkpoint or hub name holds, in eval mode, with `model.class_names` (list or None).
 
-    `image_size` and `num_heads` are needed only where the file cannot tell them: a non-square position
-    table without a config, or a fused-q;k;v file whose heads are not 64 wide and that has no config.
+    `image_size`, `num_heads` and `pool` are needed only where the file cannot tell them: a bare state dict
+    (no config) whose grid is not square, whose fused q;k;v heads are not the ones its width suggests, or
+    whose model has a class token but pools by averaging the patch tokens (`pool="gap"`). Where vitkit has
+    to assume one of them, it says so in a UserWarning that names the argument; an argument given wins over
+    the file's config. vitkit's own folders hold their whole config and ignore them.
     """
-    hints = Hints(num_heads=num_heads)
+    hints = _hints(num_heads, pool)
     p = _resolve(path_or_name, hints)
     if p.is_dir() and folder_format(p)[0] == "vitkit":  # the native format's own loader and its checks
         return load_vitkit(p, map_location)
@@ -59,10 +65,16 @@ def load(path_or_name: str | os.PathLike, map_location: str | torch.device = "cp
 
 
 def read_checkpoint(path_or_name: str | os.PathLike, image_size: int | tuple[int, int] | None = None,
-                    num_heads: int | None = None) -> Converted:
+                    num_heads: int | None = None, pool: str | None = None) -> Converted:
     """The tensors (vitkit names), config and class names of a checkpoint, without building the model."""
-    hints = Hints(num_heads=num_heads)
+    hints = _hints(num_heads, pool)
     return _read_path(_resolve(path_or_name, hints), _size_hint(hints, image_size))
+
+
+def _hints(num_heads: int | None, pool: str | None) -> Hints:
+    if pool is not None and pool not in POOLS:
+        raise ValueError(f"pool={pool!r}: choose from {', '.join(POOLS)}")
+    return Hints(num_heads=num_heads, pool=pool)
 
 
 def _size_hint(hints: Hints, image_size: int | tuple[int, int] | None) -> Hints:
@@ -133,11 +145,13 @@ def _read_folder(folder: Path, hints: Hints) -> Converted:
 
 
 def _merge(from_file: Hints, from_caller: Hints) -> Hints:
-    """The caller's explicit image size and heads win over the file's; the hub name over config's name."""
+    """The caller's explicit image size, heads and pooling win over the file's; the hub name over config's name."""
     if from_caller.image_size:
         from_file.image_size = from_caller.image_size
     if from_caller.num_heads:
         from_file.num_heads = from_caller.num_heads
+    if from_caller.pool:
+        from_file.pool = from_caller.pool
     if from_caller.name:
         from_file.name = from_caller.name
     return from_file

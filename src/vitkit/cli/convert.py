@@ -20,6 +20,9 @@ def convert(
     num_heads: int = typer.Option(0, "--num-heads", min=0, help="Heads of the source (0: infer), needed only for a "
                                                          "fused-q;k;v file without a config whose heads are not "
                                                          "64 wide."),
+    pool: str = typer.Option("", "--pool", help="token or gap: the source's pooling, needed only for a file "
+                                                 "without a config whose model averages the patch tokens and "
+                                                 "keeps its class token (timm's global_pool='avg')."),
     force: bool = typer.Option(False, "--force", help="Write into DST even if it holds other files."),
 ) -> None:
     """Convert a ViT checkpoint between formats; the written tensors reproduce the source exactly.
@@ -37,7 +40,7 @@ def convert(
     if dst.is_dir() and any(dst.iterdir()) and not force:
         raise UsageError(f"{dst}: folder is not empty", "pass --force to write into it anyway")
     size = _parse_size(image_size) if image_size else None
-    model = load(src, image_size=size, num_heads=num_heads or None)
+    model = load(src, image_size=size, num_heads=num_heads or None, pool=pool or None)
     with warnings.catch_warnings(record=True) as notes:  # what the target format will do differently
         warnings.simplefilter("always")
         try:

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import sys
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..checkpoint import CheckpointError, check_state_dict
-from ..config import VARIANTS, ViTConfig, get_preset
+from ..config import VARIANTS, Preset, ViTConfig, get_preset
 from ..model import VisionTransformer
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -140,28 +144,69 @@ def _abbrev(keys: list[str], limit: int = 40) -> str:
 
 
 # --- the architecture from the shapes -----------------------------------------------------------------
-def heads_for(dim: int, mlp_dim: int, hints: Hints) -> int:
-    """Number of heads of a fused q;k;v projection, which shapes cannot tell.
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # src/vitkit/: warnings name the code that called it
 
-    In order: the hint (a config file or the caller); the preset the name resolves to, when its width
-    matches; the paper's variant with this width and MLP size (Table 1, DeiT's Ti and S); else the 64-wide
-    head convention (one head below 64 channels).
+
+def warn_assumed(message: str) -> None:
+    """A UserWarning for what the file does not say and vitkit assumed, attributed to the first caller outside
+    vitkit (the line that called `vitkit.load`), so that it names the user's code, not vitkit's."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    message += ("; on the command line, `vitkit convert FILE FOLDER --num-heads N --image-size HxW --pool P` "
+                "writes it once as a vitkit folder that says all three")
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def named_preset(name: str) -> Preset | None:
+    """The preset a checkpoint's name names: a timm or paper name ("vit_base_patch16_224.augreg_in21k"), a
+    release file's ("vit_base_patch16_224-80ecf9dd"), or DeiT's ("deit_tiny_patch16_224", timm's plain ViT)."""
+    if not name:
+        return None
+    base = name.split("-", 1)[0] if "/" not in name else name
+    for candidate in dict.fromkeys((name, base, re.sub(r"^deit_", "vit_", base))):
+        try:
+            return get_preset(candidate)
+        except (KeyError, TypeError):
+            continue
+    return None
+
+
+def is_the_preset(preset: Preset | None, dim: int, depth: int, mlp_dim: int, patch: int,
+                  hybrid_layers: tuple[int, ...] | None) -> bool:
+    """Whether the tensors are exactly the named preset's architecture (so that the name fixes what shapes
+    cannot: the heads, the pooling, the image size)."""
+    if preset is None:
+        return False
+    c = preset.config
+    return (c.dim, c.depth, c.mlp_dim, c.patch_size, c.hybrid_layers) == (dim, depth, mlp_dim, patch, hybrid_layers)
+
+
+def heads_for(dim: int, mlp_dim: int, hints: Hints, exact: bool = False) -> tuple[int, str]:
+    """Number of heads of a fused q;k;v projection, which shapes cannot tell, and how it was guessed ("" when
+    it is known).
+
+    In order: the hint (a config file, the npz query kernel, the caller: known); the preset the name
+    resolves to, when its width matches (known when `exact`: the tensors are that preset's); the paper's
+    variant with this width and MLP size (Table 1, DeiT's Ti and S); else the 64-wide head convention (one
+    head below 64 channels). The last three are guesses, and `infer_config` warns of them.
     """
     if hints.num_heads:
-        return hints.num_heads
-    if hints.name:
-        try:
-            preset = get_preset(hints.name).config
-        except KeyError:
-            preset = None
-        if preset is not None and preset.dim == dim:
-            return preset.num_heads
-    for width, _depth, heads, mlp in VARIANTS.values():
+        return hints.num_heads, ""
+    preset = named_preset(hints.name)
+    if preset is not None and preset.config.dim == dim:
+        return preset.config.num_heads, "" if exact else (f"as {preset.name} has, the model its name {hints.name!r} "
+                                                          "names (though its other shapes are not that model's)")
+    for variant, (width, _depth, heads, mlp) in VARIANTS.items():
         if (width, mlp) == (dim, mlp_dim):
-            return heads
+            return heads, f"as ViT-{variant} of width {width} and MLP {mlp} (Table 1)"
     if dim % HEAD_DIM_CONVENTION == 0:
-        return dim // HEAD_DIM_CONVENTION
-    return 1
+        return dim // HEAD_DIM_CONVENTION, f"(the {HEAD_DIM_CONVENTION}-wide convention)"
+    return 1, f"(the width {dim} is not a multiple of {HEAD_DIM_CONVENTION}, the usual head width)"
+
+
+def _heads_text(heads: int, dim: int) -> str:
+    return f"{heads} head{'s' if heads != 1 else ''} of {dim // heads}"
 
 
 _SIZE_IN_NAME = re.compile(r"(?:^|[_\-.])(?:res_?)?(\d{2,4})(?:x(\d{2,4}))?(?=$|[_\-.])")
@@ -172,13 +217,16 @@ def sizes_in_name(name: str) -> list[tuple[int, int]]:
     return [(int(h), int(w or h)) for h, w in _SIZE_IN_NAME.findall(name)]
 
 
-def grid_for(rows: int, stride: int, hints: Hints, source: str) -> tuple[int, int]:
+def grid_for(rows: int, stride: int, hints: Hints, source: str, square_only: bool = False,
+             sizes: tuple[tuple[int, int], ...] = ()) -> tuple[int, int]:
     """The (gh, gw) patch grid of a position table with `rows` patch rows.
 
-    The image size comes from the hint when there is one, else from a size in the name that fits, else the
-    grid is taken as square; a non-square table with no hint is an error, since its shape cannot be guessed.
+    The image size comes from the hint when there is one, else from a size in the name (or `sizes`, the
+    named preset's) that fits, else the grid is taken as square: known for a format that has only square
+    grids (`square_only`, torchvision), else a guess that is warned of (a 4x16 table has the rows of an 8x8
+    one). A non-square table with no hint is an error, since its shape cannot be guessed.
     """
-    candidates = ([hints.image_size] if hints.image_size else []) + sizes_in_name(hints.name)
+    candidates = ([hints.image_size] if hints.image_size else []) + sizes_in_name(hints.name) + list(sizes)
     for h, w in candidates:
         if h % stride == 0 and w % stride == 0 and (h // stride) * (w // stride) == rows:
             return h // stride, w // stride
@@ -190,6 +238,11 @@ def grid_for(rows: int, stride: int, hints: Hints, source: str) -> tuple[int, in
     if side * side != rows:
         raise CheckpointError(f"{source}: the position table has {rows} patch rows, not a square grid; give "
                               "the image size (e.g. vitkit.load(path, image_size=(H, W)))")
+    if not square_only and rows > 1:
+        px = side * stride
+        warn_assumed(f"{source} holds no config that gives its image size: assumed a square {side}x{side} grid "
+                     f"of {stride}-pixel patches ({px}x{px} images) for its {rows} position rows; pass "
+                     "image_size=(H, W) if the images are not square")
     return side, side
 
 
@@ -230,8 +283,16 @@ def count_indexed(state: dict[str, Any], pattern: str) -> int:
     return n
 
 
-def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str) -> ViTConfig:
-    """The ViTConfig that `state` (vitkit names) fits: widths, depth, patch, heads, image size, head."""
+def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, square_only: bool = False,
+                 token_or_gap: bool = False) -> ViTConfig:
+    """The ViTConfig that `state` (vitkit names) fits: widths, depth, patch, heads, image size, head.
+
+    What the shapes do not fix (the heads of a fused q;k;v, a square grid, the pooling) comes from the hints;
+    where they say nothing, it is assumed and a UserWarning says what was assumed and which argument of
+    `vitkit.load` sets it. `square_only`: the format has only square images (torchvision). `token_or_gap`: a
+    model with a class token may pool by it or by averaging the patch tokens (timm's global_pool='avg' keeps
+    the class token); in other formats a class token means token pooling.
+    """
     def shape(key: str) -> tuple[int, ...]:
         if key not in state:
             raise CheckpointError(f"{source}: missing key {key!r} (vitkit name), needed to read the architecture")
@@ -256,10 +317,16 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str) -> V
         raise CheckpointError(f"{source}: no encoder blocks found (no 'blocks.0.norm1.weight' after renaming)")
     mlp_dim = shape("blocks.0.mlp.fc1.weight")[0]
     class_token = "cls_token" in state
+    preset = named_preset(hints.name)
+    exact = is_the_preset(preset, dim, depth, mlp_dim, patch, fields.get("hybrid_layers"))
+    heads, how = heads_for(dim, mlp_dim, hints, exact)
+    if how:
+        warn_assumed(f"{source} holds no config that gives its number of heads: assumed {_heads_text(heads, dim)} "
+                     f"{how}; pass num_heads= if the model has another count")
     fields.update(patch_size=patch, dim=dim, depth=depth, mlp_dim=mlp_dim, class_token=class_token,
-                  qkv_bias="blocks.0.attn.qkv.bias" in state,
-                  num_heads=heads_for(dim, mlp_dim, hints))
-    fields["pool"] = hints.pool or ("token" if class_token else "gap")
+                  qkv_bias="blocks.0.attn.qkv.bias" in state, num_heads=heads)
+    fields["pool"] = hints.pool or hints.config.get("pool") or _pool_for(class_token, token_or_gap, preset, exact,
+                                                                         source)
     fields["num_classes"] = shape("head.weight")[0] if "head.weight" in state else 0
     fields["representation_size"] = shape("pre_logits.weight")[0] if "pre_logits.weight" in state else None
     prefix = 1 if class_token else 0
@@ -271,7 +338,8 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str) -> V
         fields["pos_embed"] = hints.config.get("pos_embed", "none")
         rows = None
     if rows is not None:
-        gh, gw = grid_for(rows, stride, hints, source)
+        known = (tuple(preset.config.image_size),) if exact else ()
+        gh, gw = grid_for(rows, stride, hints, source, square_only, known)
         fields["image_size"] = (gh * stride, gw * stride)
     elif hints.image_size:
         fields["image_size"] = hints.image_size
@@ -286,6 +354,20 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str) -> V
         return ViTConfig(**{k: v for k, v in fields.items() if k in valid})
     except ValueError as e:
         raise CheckpointError(f"{source}: the tensors describe no valid ViT ({e})") from None
+
+
+def _pool_for(class_token: bool, token_or_gap: bool, preset: Preset | None, exact: bool, source: str) -> str:
+    """The pooling the tensors allow, when nothing says it: GAP without a class token, else the class token's
+    output: known where the format (or the named preset) has only that, else assumed, with a warning."""
+    if not class_token:
+        return "gap"
+    if exact and preset is not None:
+        return preset.config.pool
+    if token_or_gap:
+        warn_assumed(f"{source} holds no config that gives its pooling: assumed pool='token' (the class token's "
+                     "output, timm's global_pool='token'); pass pool='gap' if the model averages the patch tokens "
+                     "(timm's global_pool='avg' with its class token kept)")
+    return "token"
 
 
 def build_model(converted: Converted, map_location: str | torch.device = "cpu") -> VisionTransformer:

@@ -204,5 +204,7 @@ def from_npz(arrays: dict[str, np.ndarray], hints: Hints, source: str) -> Conver
         cfg_hints["pos_embed"] = "sincos-2d"  # big_vision's fixed table leaves no array behind
     for k, v in cfg_hints.items():
         hints.config.setdefault(k, v)
-    cfg = infer_config(state, hints, source)
+    # Google's released ViTs are square (224, 384 px; big_vision's too): a square grid is what they are, not a
+    # guess to warn of on every file (a name or image_size= still gives another size).
+    cfg = infer_config(state, hints, source, square_only=True)
     return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, layout)

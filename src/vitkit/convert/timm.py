@@ -5,6 +5,12 @@ register tokens, layer scale, attention pooling, q/k norms) is reported instead 
 A timm folder, as `timm.models.push_to_hf_hub` writes it and the Hugging Face hub serves it, holds
 `config.json` ({"architecture", "num_classes", "pretrained_cfg": {mean, std, input_size, ...}, "model_args"})
 and `model.safetensors` (or `pytorch_model.bin`).
+
+A bare state dict (timm's names, also vitkit's own) says nothing of what its shapes leave open: the heads of
+the fused q;k;v, whether a model with a class token pools by it or by averaging the patch tokens
+(global_pool='avg' with fc_norm=False keeps it), and whether its grid is square. Unless its name is a
+preset's whose shapes it has, these are assumed (as `infer_config` says) with a warning that names the
+argument of `vitkit.load` that sets them (num_heads=, pool=, image_size=).
 """
 
 from __future__ import annotations
@@ -77,8 +83,11 @@ def hints_from_config(config: dict[str, Any], source: str) -> Hints:
         size = (size, size)
     if size:
         hints.image_size = (int(size[0]), int(size[1]))
-    if args.get("global_pool") in ("avg", "token"):
-        hints.pool = "gap" if args["global_pool"] == "avg" else "token"
+    # model_args say how the model was built; timm's config.json also records the model's global_pool at the
+    # top level (save_config_for_hf), also when model_args are absent (the architecture's own pooling).
+    pool = args.get("global_pool", config.get("global_pool"))
+    if pool in ("avg", "token"):
+        hints.pool = "gap" if pool == "avg" else "token"
     cfg: dict[str, Any] = {}
     for ours, theirs in (("mean", "mean"), ("std", "std"), ("interpolation", "interpolation"),
                          ("crop_pct", "crop_pct")):
@@ -121,7 +130,8 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
     if "deit" in hints.name.lower() and "mean" not in hints.config:
         # DeiT's files (same names as timm's, no config) were trained on ImageNet-normalised pixels.
         hints.config.update(mean=IMAGENET_MEAN, std=IMAGENET_STD)
-    cfg = infer_config(state, hints, source)
+    # timm's global_pool='avg' may keep the class token (fc_norm=False): its names do not tell the pooling.
+    cfg = infer_config(state, hints, source, token_or_gap=True)
     return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, "timm")
 
 

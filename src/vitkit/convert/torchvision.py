@@ -1,9 +1,11 @@
 """torchvision's `vit_b_16`, `vit_b_32`, `vit_l_16`, `vit_l_32`, `vit_h_14` state dicts: a rename of timm's
 names (torchvision's `in_proj_weight` is already the fused q;k;v, rows q first).
 
-torchvision files carry no config: the heads come from the name or the width (Table 1), the image size
-from the position table, and the preprocessing is torchvision's ImageNet recipe (ImageNet mean/std,
-bilinear resize to 256 then a 224 centre crop).
+torchvision files carry no config. torchvision's ViT has only square images and pools by its class token, so
+the image size (from the position table) and the pooling are known; the heads come from a `vit_*` name (the
+paper's model it names), else they are guessed from the width (Table 1, 64-wide heads) with a warning that
+says so (`vitkit.load(path, num_heads=...)` sets them). The preprocessing is torchvision's ImageNet recipe
+(ImageNet mean/std, bilinear resize to 256 then a 224 centre crop).
 """
 
 from __future__ import annotations
@@ -11,7 +13,16 @@ from __future__ import annotations
 import torch
 
 from ..config import get_preset
-from .common import IMAGENET_MEAN, IMAGENET_STD, Converted, Hints, default_class_names, infer_config, rename
+from .common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Converted,
+    Hints,
+    default_class_names,
+    infer_config,
+    rename,
+    warn_assumed,
+)
 
 _LAYER = r"encoder\.layers\.encoder_layer_(\d+)\."
 RULES = [
@@ -38,11 +49,17 @@ def is_torchvision_state(keys: set[str]) -> bool:
     return "conv_proj.weight" in keys and "encoder.pos_embedding" in keys
 
 
-def torchvision_hints(hints: Hints) -> Hints:
-    """torchvision's preprocessing and LayerNorm eps; the heads of the paper's model a `vit_*` name names."""
+def torchvision_hints(hints: Hints, dim: int | None = None, source: str = "") -> Hints:
+    """torchvision's preprocessing and LayerNorm eps; the heads of the paper's model a `vit_*` name names
+    (a guess, warned of, when the file's width `dim` is not that model's)."""
     for tv, paper in NAMES.items():
         if tv in hints.name and hints.num_heads is None:
-            hints.num_heads = get_preset(paper).config.num_heads
+            preset = get_preset(paper).config
+            hints.num_heads = preset.num_heads
+            if dim is not None and dim != preset.dim:
+                warn_assumed(f"{source} holds no config that gives its number of heads: assumed {preset.num_heads} "
+                             f"heads, as {paper} (which the name {tv} names) has, though its width is {dim}, not "
+                             f"{preset.dim}; pass num_heads= if the model has another count")
             break
     defaults = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "interpolation": "bilinear", "crop_pct": 224 / 256,
                 "ln_eps": 1e-6, "gelu": "exact"}
@@ -53,6 +70,8 @@ def torchvision_hints(hints: Hints) -> Hints:
 
 def from_torchvision(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Converted:
     state = rename(state, RULES, source, "torchvision")
-    hints = torchvision_hints(hints)
-    cfg = infer_config(state, hints, source)
+    dim = state["patch_embed.proj.weight"].shape[0] if "patch_embed.proj.weight" in state else None
+    hints = torchvision_hints(hints, dim, source)
+    # torchvision's VisionTransformer takes one image_size (square) and classifies from its class token.
+    cfg = infer_config(state, hints, source, square_only=True)
     return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, "torchvision")
