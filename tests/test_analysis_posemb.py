@@ -42,3 +42,11 @@ def test_every_position_embedding_of_a_model(pos_embed):
 def test_wrong_grid_is_an_error():
     with pytest.raises(ValueError, match="needs 17"):
         position_similarity(torch.randn(1, 10, 8), (4, 4), num_prefix_tokens=1)
+
+
+def test_no_table_is_a_clear_error():
+    model = create_model("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64,
+                         pos_embed="none")
+    assert model.position_table() is None
+    with pytest.raises(TypeError, match=r"got NoneType: model.position_table\(\) gives it"):
+        position_similarity(model.position_table(), (4, 4), 1)

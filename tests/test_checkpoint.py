@@ -284,3 +284,15 @@ def test_class_names_that_do_not_fit_the_head_are_refused_at_load(checkpoint, na
     (folder / CONFIG_NAME).write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=r"config.json: .* for a model with 5 classes"):
         vitkit.load(folder)
+
+
+def test_loading_to_a_gpu_the_machine_lacks_says_so(tmp_path, monkeypatch):
+    import torch
+
+    import vitkit
+
+    vitkit.save(vitkit.create_model("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=1, num_heads=2,
+                                    mlp_dim=64, num_classes=2), tmp_path / "m")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="map_location='cuda': torch finds no CUDA device"):
+        vitkit.load(tmp_path / "m", map_location="cuda")

@@ -578,3 +578,10 @@ def test_equal_to_timm_given_the_same_weights(overrides):
         torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
         _, attentions = ours.forward_features(x, return_attention=True)
     assert len(attentions) == cfg.depth
+
+
+def test_the_counts_take_a_preset_name_and_refuse_other_things():
+    assert count_parameters("ViT-B/16") == count_parameters(get_config("ViT-B/16")) == 86_567_656
+    assert count_flops("vit_small_patch16_224") == count_flops(get_config("ViT-S/16"))
+    with pytest.raises(TypeError, match="ViTConfig or a preset name, got int"):
+        count_parameters(16)

@@ -191,6 +191,13 @@ def test_resampling_matches_interpolating_each_channel_as_an_image():
         torch.testing.assert_close(out[1:, k], expected)
 
 
+def test_a_square_grid_may_be_one_int():
+    table = torch.randn(1 + 16, 8)
+    torch.testing.assert_close(resample_pos_embed(table, 4, 6), resample_pos_embed(table, (4, 4), (6, 6)))
+    with pytest.raises(ValueError, match="old_grid='4x4': give"):
+        resample_pos_embed(table, "4x4", 6)
+
+
 def test_resampling_errors_name_the_problem():
     with pytest.raises(ValueError, match="25 rows; a 4x4 grid with 1 prefix token\\(s\\) needs 17"):
         resample_pos_embed(torch.randn(25, 8), (4, 4), (8, 8))

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import vitkit
 from vitkit.config import ViTConfig
 from vitkit.model import count_parameters
 from vitkit.train.recipes import (
@@ -217,3 +218,13 @@ def test_cli_refuses_a_bad_value_before_creating_the_run_folder(tmp_path):
                           "--set", "threads=-1"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and not out.exists()
     assert bad.stderr.startswith("error: --set threads=-1: ") and "Traceback" not in bad.stderr
+
+
+def test_gap_by_override_drops_the_class_token_as_create_model_does():
+    """`--set model.pool=gap` is the paper's GAP (D.3), no class token, as create_model(pool="gap") and the
+    README say; with model.class_token=true set too it is timm's GAP that keeps its class token."""
+    cfg = apply_overrides(get_recipe("demo"), ["model.pool=gap"])
+    assert cfg.model.pool == "gap" and cfg.model.class_token is False
+    assert cfg.model == vitkit.create_model(get_recipe("demo").model, pool="gap").cfg
+    kept = apply_overrides(get_recipe("demo"), ["model.pool=gap", "model.class_token=true"])
+    assert kept.model.pool == "gap" and kept.model.class_token is True

@@ -57,6 +57,10 @@ def load(path_or_name: str | os.PathLike, map_location: str | torch.device = "cp
     to assume one of them, it says so in a UserWarning that names the argument; an argument given wins over
     the file's config. vitkit's own folders hold their whole config and ignore them.
     """
+    device = torch.device(map_location)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"map_location={str(map_location)!r}: torch finds no CUDA device on this machine; load to "
+                         "'cpu'")
     hints = _hints(num_heads, pool)
     p = _resolve(path_or_name, hints)
     if p.is_dir() and folder_format(p)[0] == "vitkit":  # the native format's own loader and its checks

@@ -258,7 +258,11 @@ class Block(nn.Module):
 
 class VisionTransformer(nn.Module):
     """The ViT of `cfg`: eq. 1 (`embed`), the encoder blocks (eq. 2-3) and the final LayerNorm (eq. 4) in
-    `forward_features`, pooling and head in `forward_head`."""
+    `forward_features`, pooling and head in `forward_head`.
+
+    `forward` takes only the class token through the last block (eq. 4 reads z_L^0 alone): a hook on the last
+    block or on `norm` sees (B, 1, D) there; `forward_features` computes every token. A block returns
+    (tokens, attention or None), so `nn.Sequential(*model.blocks)` does not chain them."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -339,7 +343,8 @@ class VisionTransformer(nn.Module):
 
     # --- position embedding --------------------------------------------------------------------------
     def position_table(self) -> torch.Tensor | None:
-        """E_pos as a (1, tokens, D) table, whatever its parameterisation."""
+        """E_pos as a (1, tokens, D) table, whatever its parameterisation (learned, learned-2d halves
+        concatenated, fixed sin-cos); None for pos_embed='none'."""
         cfg = self.cfg
         if cfg.pos_embed == "learned":
             return self.pos_embed
@@ -444,21 +449,36 @@ def create_model(name: str | ViTConfig, **overrides) -> VisionTransformer:
     return VisionTransformer(cfg)
 
 
-def count_parameters(cfg: ViTConfig) -> int:
-    """Parameters of the model `cfg` builds, counted on the meta device (nothing is allocated)."""
+def _config(cfg: ViTConfig | str) -> ViTConfig:
+    """A config, or the preset a name names ("ViT-B/16", "vit_base_patch16_224")."""
+    if isinstance(cfg, ViTConfig):
+        return cfg
+    if isinstance(cfg, str):
+        from .config import get_config
+
+        return get_config(cfg)
+    raise TypeError(f"expected a ViTConfig or a preset name, got {type(cfg).__name__}")
+
+
+def count_parameters(cfg: ViTConfig | str) -> int:
+    """Parameters of the model `cfg` (a config or a preset name) builds, counted on the meta device (nothing is
+    allocated)."""
+    cfg = _config(cfg)
     with torch.device("meta"):
         model = VisionTransformer(cfg)
     return sum(p.numel() for p in model.parameters())
 
 
-def count_flops(cfg: ViTConfig) -> float:
-    """Forward FLOPs per image (2 per multiply-add) of the transformer, patch projection and head.
+def count_flops(cfg: ViTConfig | str) -> float:
+    """Forward FLOPs per image (2 per multiply-add) of the transformer, patch projection and head, for a config
+    or a preset name.
 
     Per layer: 12 T D^2 (qkv, projection, MLP at 4D) generalised to any MLP size, plus 2 T^2 D for the
     attention matrix and its product with the values. A hybrid's ResNet has no short closed form: its
     patch embedding (ResNet and projection) is counted by torch's FlopCounterMode on the meta device (nothing
     is allocated).
     """
+    cfg = _config(cfg)
     T, D = cfg.num_tokens, cfg.dim
     per_layer = T * (4 * D * D + 2 * D * cfg.mlp_dim) + 2 * T * T * D
     if cfg.hybrid_layers is not None:

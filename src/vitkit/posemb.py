@@ -23,14 +23,25 @@ def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) ->
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()
 
 
+def _grid(grid: int | tuple[int, int], name: str) -> tuple[int, int]:
+    """(rows, columns) of a grid given as such or as one int for a square one."""
+    if isinstance(grid, int):
+        return grid, grid
+    try:
+        rows, cols = (int(g) for g in grid)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={grid!r}: give (rows, columns) of patches, or one int for a square grid") from None
+    return rows, cols
+
+
 # How a position table can be resampled (resample_pos_embed's `mode`).
 POSEMB_MODES = ("bicubic", "bilinear", "bilinear-corners")
 
 
 def resample_pos_embed(
     pos_embed: torch.Tensor,
-    old_grid: tuple[int, int],
-    new_grid: tuple[int, int],
+    old_grid: int | tuple[int, int],
+    new_grid: int | tuple[int, int],
     num_prefix_tokens: int = 1,
     mode: str = "bicubic",
     antialias: bool = True,
@@ -52,6 +63,7 @@ def resample_pos_embed(
     """
     if mode not in POSEMB_MODES:
         raise ValueError(f"mode must be one of {', '.join(POSEMB_MODES)}; got {mode!r}")
+    old_grid, new_grid = _grid(old_grid, "old_grid"), _grid(new_grid, "new_grid")
     squeeze = pos_embed.dim() == 2
     table = pos_embed.unsqueeze(0) if squeeze else pos_embed
     gh, gw = old_grid

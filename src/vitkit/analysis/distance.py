@@ -26,6 +26,9 @@ def attention_distance(attention: torch.Tensor, grid_size: tuple[int, int], patc
                        num_prefix_tokens: int) -> torch.Tensor:
     """Mean attention distance of one layer, per image and head: (B, heads, T, T) -> (B, heads), pixels.
 
+    `patch_size` is the pixels from one token's patch to the next: `cfg.patch_stride` (for a hybrid, the
+    ResNet's stride times its 1-pixel patches; `cfg.patch_size` there is 1).
+
     The prefix (class token) rows and columns are left out, and each query's attention over the patches
     is re-normalised to sum to one before weighting the distances.
     """
@@ -45,6 +48,7 @@ def attention_distance(attention: torch.Tensor, grid_size: tuple[int, int], patc
 
 def mean_attention_distance(attentions: Sequence[torch.Tensor], grid_size: tuple[int, int], patch_size: float,
                             num_prefix_tokens: int) -> torch.Tensor:
-    """All layers at once: a list of (B, heads, T, T) -> (layers, heads), averaged over the B images."""
+    """All layers at once: a list of (B, heads, T, T) -> (layers, heads), averaged over the B images; pixels,
+    with `patch_size` the token stride in pixels (`cfg.patch_stride`, see attention_distance)."""
     return torch.stack([attention_distance(a, grid_size, patch_size, num_prefix_tokens).mean(dim=0)
                         for a in attentions])

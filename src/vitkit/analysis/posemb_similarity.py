@@ -16,6 +16,10 @@ def position_similarity(table: torch.Tensor, grid_size: tuple[int, int], num_pre
     `table` is (T, D) or (1, T, D) with T = num_prefix_tokens + gh * gw (the class-token row, if any, is
     dropped). Map i holds the similarity of patch i (raster order) with every patch of the grid.
     """
+    if not isinstance(table, torch.Tensor):
+        raise TypeError(f"position_similarity takes a position table tensor, got {type(table).__name__}: "
+                        "model.position_table() gives it for any parameterisation (a model with pos_embed='none' "
+                        "has none)")
     if table.dim() == 3:
         if table.shape[0] != 1:
             raise ValueError(f"position table must be (1, T, D) or (T, D), got shape {tuple(table.shape)}")

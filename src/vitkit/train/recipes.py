@@ -554,6 +554,11 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) ->
         key, text = (part.strip() for part in item.split("=", 1))
         key = ALIASES.get(key, key)
         changes[key] = (parse_value(text, field_type(key), key), f"{key}={text}")
+    # As create_model and get_config: GAP from scratch means no class token (the paper's D.3) unless
+    # class_token is set too (timm's GAP that keeps its class token); fine-tuning keeps the checkpoint's.
+    init = changes["init"][0] if "init" in changes else cfg.init
+    if changes.get("model.pool", (None,))[0] == "gap" and "model.class_token" not in changes and not init:
+        changes["model.class_token"] = (False, "model.pool=gap")
     # `init` first: the model becomes the checkpoint's architecture, and the model settings set alongside are
     # applied to (and checked against) it rather than the recipe's.
     if "init" in changes:
