@@ -318,3 +318,13 @@ def test_a_timm_file_with_its_config_says_nothing(tmp_path):
             model = vitkit.load(path)
         assert (model.cfg.num_heads, model.cfg.pool, model.cfg.image_size) == (4, "gap", (32, 128)), path
         assert_same_logits(model, ref, (32, 128))
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_384"])
+def test_a_bare_timm_file_takes_timms_crop(tmp_path, name):
+    """Without a config, the evaluation crop is timm's default for its ViTs (0.9 at 224 px, 1.0 at 384), not
+    vitkit's own 0.875."""
+    ref = timm.create_model(name, depth=1, num_classes=3)
+    save_file(ref.state_dict(), str(tmp_path / f"{name}.safetensors"))
+    model = vitkit.load(tmp_path / f"{name}.safetensors")
+    assert model.cfg.crop_pct == ref.pretrained_cfg["crop_pct"]

@@ -132,6 +132,9 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
         hints.config.update(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     # timm's global_pool='avg' may keep the class token (fc_norm=False): its names do not tell the pooling.
     cfg = infer_config(state, hints, source, token_or_gap=True)
+    if "crop_pct" not in hints.config:
+        # timm's own default for its ViTs: 0.9 of the image at 224 px, the whole image at 384 and above.
+        cfg = cfg.replace(crop_pct=1.0 if max(cfg.image_size) >= 384 else 0.9)
     return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, "timm")
 
 
