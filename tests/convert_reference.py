@@ -115,3 +115,28 @@ def timm_to_npz_arrays(model, big_vision: bool = False, scan: bool = False,
     if big_vision:
         a = {f"params/{k}": v for k, v in a.items()}
     return a
+
+
+# --- what vitkit.load says it assumed of a bare file --------------------------------------------------------
+def load_noting(path, **kw):
+    """The model vitkit.load gives, and the messages of the UserWarnings it gave."""
+    import warnings
+
+    import vitkit
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = vitkit.load(path, **kw)
+    return model, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+
+
+def assert_noted(notes: list[str], pattern: str) -> None:
+    import re
+
+    assert any(re.search(pattern, n) for n in notes), f"no warning matches {pattern!r}: {notes}"
+
+
+def assert_same_logits(model, ref, size) -> None:
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)

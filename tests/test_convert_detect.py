@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import warnings
 import zipfile
 
@@ -13,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import vitkit
-from convert_reference import randomize_
+from convert_reference import assert_noted, assert_same_logits, load_noting, randomize_
 from vitkit.checkpoint import CheckpointError
 from vitkit.convert.detect import NPZ, SAFETENSORS, TORCH, sniff_file
 
@@ -175,22 +174,7 @@ def vitkit_model(**kw):
     return randomize_(vitkit.create_model(vitkit.ViTConfig(**args))).eval()
 
 
-def load_noting(path, **kw):
-    """The model vitkit.load gives, and the messages of every warning it gave."""
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        model = vitkit.load(path, **kw)
-    return model, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
 
-
-def assert_noted(notes, pattern):
-    assert any(re.search(pattern, n) for n in notes), f"no warning matches {pattern!r}: {notes}"
-
-
-def assert_same_logits(model, ref, size):
-    x = torch.randn(2, 3, *size)
-    with torch.no_grad():
-        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
 
 
 def test_a_bare_file_says_it_assumed_the_heads(tmp_path):

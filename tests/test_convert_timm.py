@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import warnings
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import vitkit
-from convert_reference import assert_same, randomize_
+from convert_reference import assert_noted, assert_same, assert_same_logits, load_noting, randomize_
 from vitkit.checkpoint import CheckpointError
 from vitkit.convert import write
 
@@ -241,22 +240,7 @@ def test_crop_mode_is_read_and_written(tmp_path):
 
 
 # --- what a bare timm state dict leaves open: assumed with a warning naming the argument ------------------------
-def load_noting(path, **kw):
-    """The model vitkit.load gives, and the messages of the UserWarnings it gave."""
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        model = vitkit.load(path, **kw)
-    return model, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
 
-
-def assert_noted(notes, pattern):
-    assert any(re.search(pattern, n) for n in notes), f"no warning matches {pattern!r}: {notes}"
-
-
-def assert_same_logits(model, ref, size):
-    x = torch.randn(2, 3, *size)
-    with torch.no_grad():
-        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("dim, heads, assumed", [

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 import vitkit
-from convert_reference import assert_same, randomize_
+from convert_reference import assert_same, load_noting, randomize_
 from vitkit.convert.common import IMAGENET_MEAN, IMAGENET_STD
 
 tv = pytest.importorskip("torchvision.models.vision_transformer")
@@ -54,13 +52,6 @@ def test_training_checkpoint_wrapper(tmp_path):
     with torch.no_grad():
         assert_same(vitkit.load(tmp_path / "checkpoint.pth")(x), ref(x), "torchvision training checkpoint")
 
-
-def load_noting(path, **kw):
-    """The model vitkit.load gives, and the messages of the UserWarnings it gave."""
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        model = vitkit.load(path, **kw)
-    return model, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
 
 
 def test_a_torchvision_file_says_which_heads_it_assumed_and_nothing_else(tmp_path):
