@@ -268,8 +268,7 @@ def _train_and_test(data: str, train_split: str, test_split: str, data_dir: Path
     from .main import UsageError
 
     train_set, test_set = resolve(data, train_split, data_dir), resolve(data, test_split, data_dir)
-    root = getattr(train_set, "root", None)
-    if root is not None and root == getattr(test_set, "root", None):
+    if getattr(test_set, "split_of_root", False):  # a folder without split folders: its own images
         raise UsageError(f"{data} has no {train_split}/ and {test_split}/ sub-folders: its {test_split} images would "
                          f"be the {train_split} images themselves",
                          "give a folder with train/ and test/ sub-folders of class folders")

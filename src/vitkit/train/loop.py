@@ -108,7 +108,7 @@ def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Datas
         train_set = resolve(d.name, d.train_split, d.data_dir, d.download, d.skip_bad_images)
         if val_set is None and d.val_split:
             val_set = resolve(d.name, d.val_split, d.data_dir, d.download, d.skip_bad_images)
-            if getattr(train_set, "root", None) is not None and train_set.root == getattr(val_set, "root", None):
+            if getattr(val_set, "split_of_root", False):  # a folder without split folders: its own images
                 warnings.warn(f"{d.name} has no {d.train_split}/ and {d.val_split}/ sub-folders: the {d.val_split} "
                               "split is the training images themselves, so its accuracy (and the choice of best/) "
                               "says how well they are fitted, not how the model generalises; give the folder "
