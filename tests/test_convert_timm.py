@@ -312,3 +312,10 @@ def test_a_bare_timm_file_takes_timms_crop(tmp_path, name):
     save_file(ref.state_dict(), str(tmp_path / f"{name}.safetensors"))
     model = vitkit.load(tmp_path / f"{name}.safetensors")
     assert model.cfg.crop_pct == ref.pretrained_cfg["crop_pct"]
+
+
+def test_writing_a_flax_hybrid_for_timm_notes_timms_constants(tmp_path):
+    model = vitkit.create_model("R26+ViT-S/32", image_size=32, dim=32, depth=1, num_heads=2, mlp_dim=64,
+                                num_classes=3, hybrid_norm="flax")
+    with pytest.warns(UserWarning, match=r"timm's hybrid ResNet standardises .* \(flax\)"):
+        write(model, tmp_path / "out", to="timm")

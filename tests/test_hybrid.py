@@ -48,6 +48,23 @@ def test_standardize_weight():
     s = standardize_weight(w).reshape(8, -1)
     torch.testing.assert_close(s.mean(1), torch.zeros(8), atol=1e-5, rtol=0)
     torch.testing.assert_close(s.var(1, unbiased=False), torch.ones(8), atol=1e-4, rtol=0)
+    # Flax's (vit_jax/models_resnet.py): (w - mean) / (std + 1e-5), written out for kernels of std 0.01
+    small = (torch.randn(8, 4, 3, 3, dtype=torch.float64) * 0.01).float()
+    flat = small.double().reshape(8, -1)
+    centred = flat - flat.mean(1, keepdim=True)
+    expected = centred / (centred.pow(2).mean(1, keepdim=True).sqrt() + 1e-5)
+    torch.testing.assert_close(standardize_weight(small, "flax").reshape(8, -1).double(), expected, rtol=1e-5,
+                               atol=1e-6)
+    assert (standardize_weight(small, "flax") - standardize_weight(small)).abs().max() > 1e-4
+
+
+def test_hybrid_norm_sets_the_groupnorm_eps_and_is_checked():
+    cfg = get_config("R26+ViT-S/32", image_size=32, dim=32, depth=1, num_heads=2, mlp_dim=64)
+    eps = {m.eps for m in create_model(cfg.replace(hybrid_norm="flax")).modules()
+           if isinstance(m, torch.nn.GroupNorm)}
+    assert eps == {1e-6} and cfg.hybrid_norm == "timm"
+    with pytest.raises(ValueError, match="hybrid_norm='jax'"):
+        cfg.replace(hybrid_norm="jax")
 
 
 @pytest.mark.parametrize(

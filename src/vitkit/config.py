@@ -23,6 +23,10 @@ POS_EMBEDS: tuple[str, ...] = ("learned", "learned-2d", "sincos-2d", "none")
 GELUS: tuple[str, ...] = ("exact", "tanh")
 AttnInit = Literal["xavier", "mimetic"]
 ATTN_INITS: tuple[str, ...] = ("xavier", "mimetic")
+# The constants of a hybrid ResNet's weight standardisation and GroupNorm: timm's (w / sqrt(var + 1e-8), eps
+# 1e-5), or those of the paper's Flax code (vit_jax/models_resnet.py: w / (std + 1e-5), GroupNorm eps 1e-6).
+HybridNorm = Literal["timm", "flax"]
+HYBRID_NORMS: tuple[str, ...] = ("timm", "flax")
 INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")  # vitkit.data.transforms maps each
 # How evaluation fits an image to image_size: "center" keeps the aspect ratio, resizes to cover
 # image_size / crop_pct and centre-crops (timm's default); "squash" resizes straight to image_size, ignoring the
@@ -98,6 +102,9 @@ class ViTConfig:
     attn_init: AttnInit = "xavier"
     hybrid_layers: tuple[int, ...] | None = None
     hybrid_width: int = 64  # BiT ResNet root width; only with hybrid_layers
+    # The ResNet's normalisation constants (HYBRID_NORMS): "timm", or "flax" as Google's .npz hybrids were
+    # trained; they differ by ~1e-3 relative in the tokens. Only with hybrid_layers.
+    hybrid_norm: HybridNorm = "timm"
     # Preprocessing that belongs to the weights (recorded in checkpoints).
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -121,6 +128,8 @@ class ViTConfig:
             errors.append(f"gelu={self.gelu!r} (choose from {', '.join(GELUS)})")
         if self.attn_init not in ATTN_INITS:
             errors.append(f"attn_init={self.attn_init!r} (choose from {', '.join(ATTN_INITS)})")
+        if self.hybrid_norm not in HYBRID_NORMS:
+            errors.append(f"hybrid_norm={self.hybrid_norm!r} (choose from {', '.join(HYBRID_NORMS)})")
         for key in ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim"):
             if getattr(self, key) < 1:
                 errors.append(f"{key}={getattr(self, key)} must be a positive integer")
@@ -204,7 +213,7 @@ class ViTConfig:
         for key in ("class_token", "qkv_bias"):
             if not isinstance(getattr(self, key), bool):
                 errors.append(f"{key}={getattr(self, key)!r} must be true or false")
-        for key in ("pool", "pos_embed", "gelu", "attn_init", "interpolation", "crop_mode", "name"):
+        for key in ("pool", "pos_embed", "gelu", "attn_init", "hybrid_norm", "interpolation", "crop_mode", "name"):
             if not isinstance(getattr(self, key), str):
                 errors.append(f"{key}={getattr(self, key)!r} must be a string")
         for key in ("mean", "std"):

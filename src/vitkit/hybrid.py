@@ -21,12 +21,13 @@ import torch.nn.functional as F
 
 from .config import HYBRID_GROUPS, ViTConfig
 
-# timm builds these hybrids' convolutions with `StdConv2dSame(eps=1e-8)`, w / sqrt(var + 1e-8); Google's
-# Flax code divides by (std + 1e-5). For trained kernels (std ~ 1e-2) the two differ by ~1e-3 relative in the
-# kernels; we follow timm, whose outputs the tests match.
-STD_CONV_EPS = 1e-8
+# The normalisation constants, by ViTConfig.hybrid_norm. timm builds these hybrids' convolutions with
+# `StdConv2dSame(eps=1e-8)`, w / sqrt(var + 1e-8), and GroupNorms of eps 1e-5 (torch's default); Google's Flax
+# code, which trained the .npz hybrids, divides by (std + 1e-5) and normalises groups with eps 1e-6. For trained
+# kernels (std ~ 1e-2) the two differ by ~1e-3 relative in the kernels.
+STD_CONV_EPS = {"timm": 1e-8, "flax": 1e-5}
+GN_EPS = {"timm": 1e-5, "flax": 1e-6}
 GROUPS = HYBRID_GROUPS  # GroupNorm groups, as BiT
-GN_EPS = 1e-5  # torch's and timm's GroupNorm default (Flax's GroupNorm uses 1e-6)
 
 
 def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
@@ -48,35 +49,41 @@ def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> t
     return F.pad(x, (left, right, top, bottom), value=value)
 
 
-def standardize_weight(w: torch.Tensor, eps: float = STD_CONV_EPS) -> torch.Tensor:
+def standardize_weight(w: torch.Tensor, norm: str = "timm") -> torch.Tensor:
     """Weight standardisation: each output filter shifted to mean 0 and scaled to variance 1 (biased
-    variance over its input channels and kernel positions)."""
+    variance over its input channels and kernel positions): by sqrt(var + 1e-8) as timm ("timm"), or by
+    (std + 1e-5) as the Flax code ("flax")."""
     flat = w.reshape(w.shape[0], -1)
     mean = flat.mean(dim=1, keepdim=True)
     var = flat.var(dim=1, unbiased=False, keepdim=True)
-    return ((flat - mean) / torch.sqrt(var + eps)).reshape_as(w)
+    scale = var.sqrt() + STD_CONV_EPS["flax"] if norm == "flax" else torch.sqrt(var + STD_CONV_EPS["timm"])
+    return ((flat - mean) / scale).reshape_as(w)
+
+
+def group_norm(channels: int, norm: str) -> nn.GroupNorm:
+    """The ResNet's GroupNorm (GROUPS groups) with the eps of `norm`."""
+    return nn.GroupNorm(GROUPS, channels, eps=GN_EPS[norm])
 
 
 class StdConv2d(nn.Conv2d):
     """A bias-free convolution with a weight-standardised kernel and TensorFlow 'SAME' padding."""
 
-    def __init__(self, in_chans: int, out_chans: int, kernel_size: int, stride: int = 1,
-                 eps: float = STD_CONV_EPS):
+    def __init__(self, in_chans: int, out_chans: int, kernel_size: int, stride: int = 1, norm: str = "timm"):
         super().__init__(in_chans, out_chans, kernel_size, stride=stride, padding=0, bias=False)
-        self.eps = eps
+        self.norm = norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = pad_same(x, self.kernel_size[0], self.stride[0])
-        return F.conv2d(x, standardize_weight(self.weight, self.eps), None, self.stride)
+        return F.conv2d(x, standardize_weight(self.weight, self.norm), None, self.stride)
 
 
 class Stem(nn.Module):
     """The root block: a 7x7 stride-2 convolution, GroupNorm, ReLU, then a 3x3 stride-2 'SAME' max-pool."""
 
-    def __init__(self, in_chans: int, width: int):
+    def __init__(self, in_chans: int, width: int, norm: str = "timm"):
         super().__init__()
-        self.conv = StdConv2d(in_chans, width, 7, stride=2)
-        self.norm = nn.GroupNorm(GROUPS, width, eps=GN_EPS)
+        self.conv = StdConv2d(in_chans, width, 7, stride=2, norm=norm)
+        self.norm = group_norm(width, norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.norm(self.conv(x)))  # (B, width, H/2, W/2)
@@ -87,10 +94,10 @@ class Stem(nn.Module):
 class Downsample(nn.Module):
     """The projection shortcut of a stage's first unit: a strided 1x1 convolution and GroupNorm."""
 
-    def __init__(self, in_chans: int, out_chans: int, stride: int):
+    def __init__(self, in_chans: int, out_chans: int, stride: int, norm: str = "timm"):
         super().__init__()
-        self.conv = StdConv2d(in_chans, out_chans, 1, stride=stride)
-        self.norm = nn.GroupNorm(GROUPS, out_chans, eps=GN_EPS)
+        self.conv = StdConv2d(in_chans, out_chans, 1, stride=stride, norm=norm)
+        self.norm = group_norm(out_chans, norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.conv(x))
@@ -100,16 +107,16 @@ class Bottleneck(nn.Module):
     """A bottleneck unit, post-activation: 1x1 -> 3x3 (strided) -> 1x1, each followed by GroupNorm, ReLU
     after the first two and after the residual sum."""
 
-    def __init__(self, in_chans: int, out_chans: int, stride: int, project: bool):
+    def __init__(self, in_chans: int, out_chans: int, stride: int, project: bool, norm: str = "timm"):
         super().__init__()
         mid = out_chans // 4
-        self.downsample = Downsample(in_chans, out_chans, stride) if project else None
-        self.conv1 = StdConv2d(in_chans, mid, 1)
-        self.norm1 = nn.GroupNorm(GROUPS, mid, eps=GN_EPS)
-        self.conv2 = StdConv2d(mid, mid, 3, stride=stride)
-        self.norm2 = nn.GroupNorm(GROUPS, mid, eps=GN_EPS)
-        self.conv3 = StdConv2d(mid, out_chans, 1)
-        self.norm3 = nn.GroupNorm(GROUPS, out_chans, eps=GN_EPS)
+        self.downsample = Downsample(in_chans, out_chans, stride, norm) if project else None
+        self.conv1 = StdConv2d(in_chans, mid, 1, norm=norm)
+        self.norm1 = group_norm(mid, norm)
+        self.conv2 = StdConv2d(mid, mid, 3, stride=stride, norm=norm)
+        self.norm2 = group_norm(mid, norm)
+        self.conv3 = StdConv2d(mid, out_chans, 1, norm=norm)
+        self.norm3 = group_norm(out_chans, norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = self.downsample(x) if self.downsample is not None else x
@@ -122,10 +129,11 @@ class Bottleneck(nn.Module):
 class Stage(nn.Module):
     """`depth` bottleneck units; the first projects the shortcut and carries the stride."""
 
-    def __init__(self, in_chans: int, out_chans: int, depth: int, stride: int):
+    def __init__(self, in_chans: int, out_chans: int, depth: int, stride: int, norm: str = "timm"):
         super().__init__()
         self.blocks = nn.ModuleList(
-            Bottleneck(in_chans if i == 0 else out_chans, out_chans, stride if i == 0 else 1, project=i == 0)
+            Bottleneck(in_chans if i == 0 else out_chans, out_chans, stride if i == 0 else 1, project=i == 0,
+                       norm=norm)
             for i in range(depth)
         )
 
@@ -143,15 +151,16 @@ def stage_widths(width: int, num_stages: int) -> list[int]:
 class ResNetBackbone(nn.Module):
     """The stem and the stages; stride 4 after the stem, then 2 more in every stage after the first."""
 
-    def __init__(self, in_chans: int, layers: tuple[int, ...], width: int):
+    def __init__(self, in_chans: int, layers: tuple[int, ...], width: int, norm: str = "timm"):
         super().__init__()
         if width % GROUPS:
             raise ValueError(f"hybrid_width={width} must be a multiple of the {GROUPS} GroupNorm groups")
-        self.stem = Stem(in_chans, width)
+        self.stem = Stem(in_chans, width, norm)
         widths = stage_widths(width, len(layers))
         chans = [width, *widths]
         self.stages = nn.ModuleList(
-            Stage(chans[i], chans[i + 1], depth, stride=1 if i == 0 else 2) for i, depth in enumerate(layers)
+            Stage(chans[i], chans[i + 1], depth, stride=1 if i == 0 else 2, norm=norm)
+            for i, depth in enumerate(layers)
         )
         self.num_features = widths[-1]
 
@@ -170,7 +179,7 @@ class HybridEmbed(nn.Module):
         super().__init__()
         if not cfg.hybrid_layers:
             raise ValueError("HybridEmbed needs cfg.hybrid_layers (units per ResNet stage)")
-        self.backbone = ResNetBackbone(cfg.in_chans, cfg.hybrid_layers, cfg.hybrid_width)
+        self.backbone = ResNetBackbone(cfg.in_chans, cfg.hybrid_layers, cfg.hybrid_width, cfg.hybrid_norm)
         self.proj = nn.Conv2d(self.backbone.num_features, cfg.dim, kernel_size=cfg.patch_size,
                               stride=cfg.patch_size)
         self.reset_parameters()

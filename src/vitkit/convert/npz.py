@@ -202,6 +202,8 @@ def from_npz(arrays: dict[str, np.ndarray], hints: Hints, source: str) -> Conver
     cfg_hints = {"gelu": "tanh", "ln_eps": 1e-6, "mean": INCEPTION_MEAN, "std": INCEPTION_STD}
     if big_vision:
         cfg_hints["pos_embed"] = "sincos-2d"  # big_vision's fixed table leaves no array behind
+    if any(k.startswith("patch_embed.backbone.") for k in state):
+        cfg_hints["hybrid_norm"] = "flax"  # the ResNet's constants these weights were trained with
     for k, v in cfg_hints.items():
         hints.config.setdefault(k, v)
     # Google's released ViTs are square (224, 384 px; big_vision's too): a square grid is what they are, not a

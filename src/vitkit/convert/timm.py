@@ -179,6 +179,10 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
     if problems:
         raise ValueError("cannot write this model for timm: " + "; ".join(problems)
                          + "; write it as vitkit instead")
+    if cfg.hybrid_layers is not None and cfg.hybrid_norm != "timm":
+        warnings.warn("timm's hybrid ResNet standardises its kernels by sqrt(var + 1e-8) with GroupNorm eps 1e-5, "
+                      f"this model ({cfg.hybrid_norm}) by (std + 1e-5) with eps 1e-6: timm's outputs will differ "
+                      "slightly (about 1e-3 relative in the tokens)", stacklevel=2)
     if cfg.ln_eps < TIMM_LN_EPS * (1 - 1e-9):
         # Hugging Face's configs say 1e-12 (for weights Google trained with 1e-6): a change of the normalised
         # value by about eps / (2 variance), relative, below 1e-4 for any token of variance 0.005 or more.
