@@ -81,6 +81,24 @@ def test_predict_files_and_folders_with_a_bad_file(tmp_path):
     assert preds[-1].probs[0] == pytest.approx(p.max().item(), rel=1e-5)
 
 
+def test_classify_yields_each_batch_as_it_is_done(tmp_path, monkeypatch):
+    """A large folder's first labels come after one batch: with batches of 2, the first two predictions are
+    given when only the first two of six files have been opened; a bad file is reported where it is met."""
+    import vitkit.train.predict as P
+
+    paths = write_pngs(tmp_path / "imgs", 6, seed=11)
+    (tmp_path / "imgs" / "img2b.png").write_bytes(b"")  # sorts after img2.png
+    opened = []
+    real = P.open_image
+    monkeypatch.setattr(P, "open_image", lambda path, mode: (opened.append(path), real(path, mode))[1])
+    results = P.classify(random_model(), [tmp_path / "imgs"], batch_size=2)
+    first, second = next(results), next(results)
+    assert [first.path, second.path] == paths[:2] and len(opened) == 2
+    rest = list(results)
+    assert [type(r).__name__ for r in rest] == ["Failure", "Prediction", "Prediction", "Prediction", "Prediction"]
+    assert rest[0].path.name == "img2b.png" and [r.path for r in rest[1:]] == paths[2:]
+
+
 def test_predict_refuses_a_model_without_a_classifier_and_names_that_do_not_fit(tmp_path):
     image = write_pngs(tmp_path / "imgs", 1, seed=11)
     headless = vitkit.create_model(CFG.replace(num_classes=0))

@@ -261,26 +261,30 @@ def predict(
 
     Unreadable files are reported one line each (the others are still classified) and make the exit code 1."""
 
-    from ..train.predict import predict as run
+    from ..train.predict import Prediction, classify
 
     model = _load(checkpoint)
     dev = parse_device(device)
     net = inference_model(model.to(dev), fast)
-    predictions, failures = run(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=dev)
-    for p in predictions:
-        if as_json:
-            typer.echo(json.dumps({"path": str(p.path), "labels": p.labels, "probs": p.probs}))
+    found = failed = 0
+    # Each result as it comes (a large folder shows its first labels after one batch).
+    for r in classify(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=dev):
+        if isinstance(r, Prediction):
+            found += 1
+            if as_json:
+                typer.echo(json.dumps({"path": str(r.path), "labels": r.labels, "probs": r.probs}))
+            else:
+                top = ", ".join(f"{label} {100 * prob:.1f} %" for label, prob in zip(r.labels, r.probs, strict=True))
+                typer.echo(f"{r.path}: {top}")
         else:
-            top = ", ".join(f"{label} {100 * prob:.1f} %" for label, prob in zip(p.labels, p.probs, strict=True))
-            typer.echo(f"{p.path}: {top}")
-    for f in failures:
-        if as_json:
-            typer.echo(json.dumps({"path": str(f.path), "error": f.message}), err=True)
-        else:
-            typer.echo(f"error: {f.message}", err=True)
-    if failures:
+            failed += 1
+            if as_json:
+                typer.echo(json.dumps({"path": str(r.path), "error": r.message}), err=True)
+            else:
+                typer.echo(f"error: {r.message}", err=True)
+    if failed:
         raise typer.Exit(1)
-    if not predictions:
+    if not found:
         from .main import UsageError
 
         raise UsageError("no images found in " + " ".join(map(str, paths)), "give image files or folders of them")

@@ -3,7 +3,7 @@ one-line error naming it; the others are still classified."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,11 +44,24 @@ def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Failure]
     return files, failures
 
 
-@torch.no_grad()
 def predict(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None = None, top_k: int = 5,
             class_names: list[str] | None = None, batch_size: int = 64,
             device: torch.device | str = "cpu") -> tuple[list[Prediction], list[Failure]]:
-    """Top-k predictions for every image in `paths` (files and folders), in order, and the failures."""
+    """Top-k predictions for every image in `paths` (files and folders), in order, and the failures: `classify`'s
+    results gathered."""
+    predictions: list[Prediction] = []
+    failures: list[Failure] = []
+    for r in classify(model, paths, cfg, top_k, class_names, batch_size, device):
+        (predictions if isinstance(r, Prediction) else failures).append(r)
+    return predictions, failures
+
+
+def classify(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None = None, top_k: int = 5,
+             class_names: list[str] | None = None, batch_size: int = 64,
+             device: torch.device | str = "cpu") -> Iterator[Prediction | Failure]:
+    """Top-k predictions for the images in `paths` (files and folders), in order, as each batch of `batch_size`
+    is classified, and a Failure for each path that does not exist or file that cannot be read, as it is met: a
+    folder of 50,000 images shows its first results after one batch, not after all of them."""
     cfg = cfg or model.cfg
     if cfg.num_classes == 0:
         raise ValueError("this model has no classifier (num_classes=0): it gives features, not labels; give it a "
@@ -57,29 +70,28 @@ def predict(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None
     if len(names) != cfg.num_classes:
         raise ValueError(f"{len(names)} class names for a model with {cfg.num_classes} classes")
     transform = build_eval_transform(cfg)
-    files, failures = expand_paths(paths)
+    files, missing = expand_paths(paths)
+    yield from missing
     mode = "L" if cfg.in_chans == 1 else "RGB"
-    predictions: list[Prediction] = []
     k = min(top_k, cfg.num_classes)
     batch: list[tuple[Path, torch.Tensor]] = []
 
-    def flush() -> None:
-        if not batch:
-            return
+    @torch.no_grad()
+    def classified() -> list[Prediction]:
         x = torch.stack([t for _, t in batch]).to(device)
-        probs = model(x).float().softmax(dim=-1).cpu()
-        top = probs.topk(k, dim=-1)
-        for (path, _), p, i in zip(batch, top.values, top.indices, strict=True):
-            predictions.append(Prediction(path, [names[j] for j in i.tolist()], p.tolist()))
+        top = model(x).float().softmax(dim=-1).cpu().topk(k, dim=-1)
+        done = [Prediction(path, [names[j] for j in i.tolist()], p.tolist())
+                for (path, _), p, i in zip(batch, top.values, top.indices, strict=True)]
         batch.clear()
+        return done
 
     for f in files:
         try:
             batch.append((f, transform(open_image(f, mode))))
         except (BadImageError, OSError) as e:
-            failures.append(Failure(f, str(e) if str(f) in str(e) else f"{f}: {e}"))
+            yield Failure(f, str(e) if str(f) in str(e) else f"{f}: {e}")
             continue
         if len(batch) == batch_size:
-            flush()
-    flush()
-    return predictions, failures
+            yield from classified()
+    if batch:
+        yield from classified()
