@@ -308,3 +308,20 @@ def test_split_name_is_the_split_read():
 
     assert split_name("fashion-mnist", "val") == "test" and split_name("cifar10", "test") == "test"
     assert split_name("/no/such/folder", "val") == "val"
+
+
+@pytest.mark.parametrize("value", [200, 40_000])
+def test_a_16_bit_pgm_is_16_bit_however_dark(tmp_path, value):
+    """Pillow opens a 16-bit PGM as mode 'I', as a 32-bit image: its decoder's layout says it is 16-bit, so a
+    frame of value 200 is 200 / 257 (as the same array saved as a 16-bit PNG), not 200 of 255."""
+    import numpy as np
+    from PIL import Image
+
+    a = np.full((4, 4), value, np.uint16)
+    (tmp_path / "x.pgm").write_bytes(b"P5\n4 4\n65535\n" + a.astype(">u2").tobytes())
+    Image.fromarray(a).save(tmp_path / "x.png")
+    pgm, png = open_image(tmp_path / "x.pgm", "L"), open_image(tmp_path / "x.png", "L")
+    assert np.array_equal(np.asarray(pgm), np.asarray(png)) and int(np.asarray(pgm)[0, 0]) == round(value / 257)
+    eight = tmp_path / "y.pgm"
+    eight.write_bytes(b"P5\n4 4\n255\n" + bytes([200] * 16))
+    assert int(np.asarray(open_image(eight, "L"))[0, 0]) == 200

@@ -73,12 +73,12 @@ class BadImageError(ValueError):
         self.path = Path(path) if path is not None else None
 
 
-def _high_depth_to_8bit(im: Image.Image) -> Image.Image:
+def _high_depth_to_8bit(im: Image.Image, sixteen_bit: bool = False) -> Image.Image:
     """16/32-bit integer ('I', 'I;16*') and float ('F') images to 'L', by scaling, not clipping (Pillow's
     convert('L') clips 16-bit values at 255).
 
-    Integer images are taken as 16-bit when their mode says so or a value exceeds 255 (a 16-bit PNG opens as
-    'I' or 'I;16'), and as 8-bit otherwise. Float images in [0, 1] are scaled by 255, in [0, 255] kept; any
+    Integer images are taken as 16-bit when their mode or the file (`sixteen_bit`: a 16-bit PGM opens as 'I')
+    says so, or a value exceeds 255, and as 8-bit otherwise: a dark 16-bit frame is not brightened 257 times. Float images in [0, 1] are scaled by 255, in [0, 255] kept; any
     other range is stretched from its minimum to its maximum.
     """
     a = np.asarray(im).astype(np.float64)
@@ -91,7 +91,7 @@ def _high_depth_to_8bit(im: Image.Image) -> Image.Image:
             a = a * 255.0
         elif lo < 0.0 or hi > 255.0:
             a = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
-    elif im.mode.startswith("I;16") or (a.size and a.max() > 255):
+    elif im.mode.startswith("I;16") or sixteen_bit or (a.size and a.max() > 255):
         a = np.clip(a, 0, 65535) / 257.0  # 65535 / 257 = 255
     a = np.clip(np.rint(a), 0, 255).astype(np.uint8)
     return Image.fromarray(a, mode="L")
@@ -112,14 +112,15 @@ def _flatten_alpha(im: Image.Image) -> Image.Image:
     return Image.alpha_composite(background, rgba).convert("RGB")
 
 
-def convert_mode(im: Image.Image, mode: str = "RGB") -> Image.Image:
-    """Any Pillow image as 'RGB' or 'L' (grey uses ITU-R 601 luma, Pillow's convert('L'))."""
+def convert_mode(im: Image.Image, mode: str = "RGB", sixteen_bit: bool = False) -> Image.Image:
+    """Any Pillow image as 'RGB' or 'L' (grey uses ITU-R 601 luma, Pillow's convert('L')). `sixteen_bit`: the
+    file says its integer samples are 16-bit (see _high_depth_to_8bit)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose RGB or L")
     if im.mode == mode:
         return im
     if im.mode in ("I", "F") or im.mode.startswith("I;16"):
-        im = _high_depth_to_8bit(im)
+        im = _high_depth_to_8bit(im, sixteen_bit)
     elif im.mode == "LAB":
         im = _lab_to_rgb(im)
     elif im.mode in ("La", "RGBa"):  # premultiplied alpha: undo it first
@@ -164,8 +165,11 @@ def open_image(path: str | os.PathLike[str], mode: str = "RGB") -> Image.Image:
                     raise BadImageError(
                         f"{path}: {width}x{height} pixels is over the limit of {MAX_IMAGE_PIXELS:,} "
                         "(a decompression bomb?); refused", path)
+                # Which raw layout the file decodes from, known only before load(): a 16-bit PGM/PPM opens as
+                # mode 'I' like any 32-bit image, and only its decoder's 'I;16B' says that 65535 is white.
+                sixteen_bit = any("16" in str(getattr(tile, "args", "")) for tile in im.tile)
                 im.load()
-                return convert_mode(im, mode)
+                return convert_mode(im, mode, sixteen_bit)
     except BadImageError:
         raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
