@@ -57,7 +57,13 @@ def plain_ops_required() -> bool:
     - while forward-mode AD is on (a torch.autograd.forward_ad.dual_level): none of them has a forward
       derivative (under torch.func.jvp the compiled operators and oneDNN's dropped the tangent silently).
     Three reads of the thread's or process's state (a fraction of a microsecond in all), no tensor looked at."""
-    return torch._C._is_tracing() or _functorch_interpreter() is not None or _forward_ad._current_level >= 0
+    return torch._C._is_tracing() or forward_ad_may_be_on()
+
+
+def forward_ad_may_be_on() -> bool:
+    """Whether forward-mode AD is on (a torch.autograd.forward_ad.dual_level) or may be (inside a torch.func
+    transform: jvp and jacfwd among them)."""
+    return _forward_ad._current_level >= 0 or _functorch_interpreter() is not None
 
 
 def eager_fp32_on_cpu(x: torch.Tensor) -> bool:

@@ -15,12 +15,12 @@ import contextlib
 import math
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ViTConfig
 from .gelu import GELU  # nn.GELU on vitkit's CPU operator
+from .kernels import forward_ad_may_be_on
 from .linear import Linear, linear  # nn.Linear and F.linear, through oneDNN on the CPU
 from .posemb import resample_pos_embed, sincos_2d
 from .qkv_attention import qkv_attention, qkv_attention_applies  # MSA on vitkit's CPU operator
@@ -105,12 +105,6 @@ EXPLICIT_ATTENTION_MAX_TOKENS = 128
 def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
     """Whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T, D)."""
     return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
-
-
-def forward_ad_may_be_on() -> bool:
-    """Whether forward-mode AD is on (a torch.autograd.forward_ad.dual_level) or may be (inside a torch.func
-    transform: jvp and jacfwd among them)."""
-    return _forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
