@@ -27,6 +27,10 @@ ATTN_INITS: tuple[str, ...] = ("xavier", "mimetic")
 # 1e-5), or those of the paper's Flax code (vit_jax/models_resnet.py: w / (std + 1e-5), GroupNorm eps 1e-6).
 HybridNorm = Literal["timm", "flax"]
 HYBRID_NORMS: tuple[str, ...] = ("timm", "flax")
+# How a position table is resampled to another grid (vitkit.posemb.resample_pos_embed's `mode`): bicubic or
+# bilinear on pixel areas as timm, or bilinear corner to corner as the paper's code (scipy.ndimage.zoom).
+PosembMode = Literal["bicubic", "bilinear", "bilinear-corners"]
+POSEMB_MODES: tuple[str, ...] = ("bicubic", "bilinear", "bilinear-corners")
 INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")  # vitkit.data.transforms maps each
 # How evaluation fits an image to image_size: "center" keeps the aspect ratio, resizes to cover
 # image_size / crop_pct and centre-crops (timm's default); "squash" resizes straight to image_size, ignoring the

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .config import POSEMB_MODES
+
 
 def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) -> torch.Tensor:
     """The fixed 2D sine-cosine table of big_vision's `posemb_sincos_2d`, shape (gh * gw, dim).
@@ -32,10 +34,6 @@ def _grid(grid: int | tuple[int, int], name: str) -> tuple[int, int]:
     except (TypeError, ValueError):
         raise ValueError(f"{name}={grid!r}: give (rows, columns) of patches, or one int for a square grid") from None
     return rows, cols
-
-
-# How a position table can be resampled (resample_pos_embed's `mode`).
-POSEMB_MODES = ("bicubic", "bilinear", "bilinear-corners")
 
 
 def resample_pos_embed(

@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-LOSSES = ("softmax", "sigmoid")
+from .recipes import Loss
+
+LOSSES = typing.get_args(Loss)  # the names OptimConfig.loss takes
 
 
 def targets(y: torch.Tensor, num_classes: int, label_smoothing: float = 0.0) -> torch.Tensor:

@@ -17,14 +17,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..config import TRAINING_RATES, ViTConfig, get_config, is_finite_number, is_integer
+from ..config import (
+    POSEMB_MODES,
+    TRAINING_RATES,
+    PosembMode,
+    ViTConfig,
+    get_config,
+    is_finite_number,
+    is_integer,
+)
 from ..data.augment import AugmentConfig
 
 Optimizer = Literal["adamw", "sgd"]
 Schedule = Literal["cosine", "linear", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "bf16-native"]
 Loss = Literal["softmax", "sigmoid"]
-PosembInterpolation = Literal["bicubic", "bilinear", "bilinear-corners"]
 
 
 # --- checking values ----------------------------------------------------------------------------------------
@@ -224,7 +231,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(crop="none", hflip=0.0))
     init: str = ""
-    posemb_interpolation: PosembInterpolation = "bicubic"
+    posemb_interpolation: PosembMode = "bicubic"
     epochs: float = 10.0
     steps: int = 0
     full_token_epochs: float = 0.0
@@ -246,9 +253,8 @@ class TrainConfig:
         errors = range_errors(self, TRAIN_RANGES) + nonfinite_errors(self.augment, "augment.")
         if self.precision not in typing.get_args(Precision):
             errors.append(f"precision={self.precision!r} (choose from {', '.join(typing.get_args(Precision))})")
-        if self.posemb_interpolation not in typing.get_args(PosembInterpolation):
-            errors.append(f"posemb_interpolation={self.posemb_interpolation!r} (choose from "
-                          f"{', '.join(typing.get_args(PosembInterpolation))})")
+        if self.posemb_interpolation not in POSEMB_MODES:
+            errors.append(f"posemb_interpolation={self.posemb_interpolation!r} (choose from {', '.join(POSEMB_MODES)})")
         if device_error(self.device):
             errors.append(device_error(self.device))
         if errors:  # the checks below compare and divide these
