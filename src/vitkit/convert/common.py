@@ -147,15 +147,23 @@ def _abbrev(keys: list[str], limit: int = 40) -> str:
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # src/vitkit/: warnings name the code that called it
 
 
-def warn_assumed(message: str) -> None:
-    """A UserWarning for what the file does not say and vitkit assumed, attributed to the first caller outside
-    vitkit (the line that called `vitkit.load`), so that it names the user's code, not vitkit's."""
+def warn_assumed(source: str, what: str, assumed: str, advice: str) -> None:
+    """A UserWarning that `source` holds no config that gives its `what` (number of heads, image size, pooling),
+    that vitkit `assumed` it, and how to say it (`advice`: the argument of vitkit.load; the convert options
+    follow). Attributed to the first caller outside vitkit (the line that called `vitkit.load`), so that it
+    names the user's code, not vitkit's."""
     level, frame = 2, sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
-    message += ("; on the command line, `vitkit convert FILE FOLDER --num-heads N --image-size HxW --pool P` "
-                "writes it once as a vitkit folder that says all three")
+    message = (f"{source} holds no config that gives its {what}: assumed {assumed}; {advice}; on the command line, "
+               "`vitkit convert FILE FOLDER --num-heads N --image-size HxW --pool P` writes it once as a vitkit "
+               "folder that says all three")
     warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def warn_assumed_heads(source: str, assumed: str) -> None:
+    """warn_assumed for the heads of a fused q;k;v, which no shape tells."""
+    warn_assumed(source, "number of heads", assumed, "pass num_heads= if the model has another count")
 
 
 def named_preset(name: str) -> Preset | None:
@@ -240,9 +248,8 @@ def grid_for(rows: int, stride: int, hints: Hints, source: str, square_only: boo
                               "the image size (e.g. vitkit.load(path, image_size=(H, W)))")
     if not square_only and rows > 1:
         px = side * stride
-        warn_assumed(f"{source} holds no config that gives its image size: assumed a square {side}x{side} grid "
-                     f"of {stride}-pixel patches ({px}x{px} images) for its {rows} position rows; pass "
-                     "image_size=(H, W) if the images are not square")
+        warn_assumed(source, "image size", f"a square {side}x{side} grid of {stride}-pixel patches ({px}x{px} "
+                     f"images) for its {rows} position rows", "pass image_size=(H, W) if the images are not square")
     return side, side
 
 
@@ -321,8 +328,7 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, squa
     exact = is_the_preset(preset, dim, depth, mlp_dim, patch, fields.get("hybrid_layers"))
     heads, how = heads_for(dim, mlp_dim, hints, exact)
     if how:
-        warn_assumed(f"{source} holds no config that gives its number of heads: assumed {_heads_text(heads, dim)} "
-                     f"{how}; pass num_heads= if the model has another count")
+        warn_assumed_heads(source, f"{_heads_text(heads, dim)} {how}")
     fields.update(patch_size=patch, dim=dim, depth=depth, mlp_dim=mlp_dim, class_token=class_token,
                   qkv_bias="blocks.0.attn.qkv.bias" in state, num_heads=heads)
     fields["pool"] = hints.pool or hints.config.get("pool") or _pool_for(class_token, token_or_gap, preset, exact,
@@ -364,9 +370,9 @@ def _pool_for(class_token: bool, token_or_gap: bool, preset: Preset | None, exac
     if exact and preset is not None:
         return preset.config.pool
     if token_or_gap:
-        warn_assumed(f"{source} holds no config that gives its pooling: assumed pool='token' (the class token's "
-                     "output, timm's global_pool='token'); pass pool='gap' if the model averages the patch tokens "
-                     "(timm's global_pool='avg' with its class token kept)")
+        warn_assumed(source, "pooling", "pool='token' (the class token's output, timm's global_pool='token')",
+                     "pass pool='gap' if the model averages the patch tokens (timm's global_pool='avg' with its class "
+                     "token kept)")
     return "token"
 
 

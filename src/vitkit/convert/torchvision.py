@@ -21,7 +21,7 @@ from .common import (
     default_class_names,
     infer_config,
     rename,
-    warn_assumed,
+    warn_assumed_heads,
 )
 
 _LAYER = r"encoder\.layers\.encoder_layer_(\d+)\."
@@ -57,9 +57,8 @@ def torchvision_hints(hints: Hints, dim: int | None = None, source: str = "") ->
             preset = get_preset(paper).config
             hints.num_heads = preset.num_heads
             if dim is not None and dim != preset.dim:
-                warn_assumed(f"{source} holds no config that gives its number of heads: assumed {preset.num_heads} "
-                             f"heads, as {paper} (which the name {tv} names) has, though its width is {dim}, not "
-                             f"{preset.dim}; pass num_heads= if the model has another count")
+                warn_assumed_heads(source, f"{preset.num_heads} heads, as {paper} (which the name {tv} names) has, "
+                                           f"though its width is {dim}, not {preset.dim}")
             break
     defaults = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "interpolation": "bilinear", "crop_pct": 224 / 256,
                 "ln_eps": 1e-6, "gelu": "exact"}
