@@ -164,7 +164,8 @@ def eval(
     split: str = typer.Option("test", "--split", help="Split: test, val or train."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
     batch_size: int = typer.Option(256, "--batch-size", "-b", min=1, help="Images per forward pass."),
-    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only N images, spread evenly over the split so that every class keeps its share (0: all)."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only N images, spread evenly over the split so "
+                                                         "that every class keeps its share (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
                              help="Folder for metrics.json and confusion.png (default: eval-DATA inside a "
                                   "checkpoint folder, beside a checkpoint file, or here for a hub name)."),
@@ -176,7 +177,6 @@ def eval(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Top-1, top-5, loss and per-class accuracy on a dataset, and a confusion-matrix PNG."""
-
     from ..data import resolve
     from ..data.subsets import spread_subset
     from ..train.evaluate import confusion_png, evaluate
@@ -260,7 +260,6 @@ def predict(
     """Top-k labels with probabilities for image files and folders.
 
     Unreadable files are reported one line each (the others are still classified) and make the exit code 1."""
-
     from ..train.predict import Prediction, classify
 
     model = _load(checkpoint)

@@ -45,6 +45,11 @@ class EvalResult:
         """Whether top-5 says anything: with 5 classes or fewer every label is among the top 5 (it is 1)."""
         return self.confusion.shape[0] > 5
 
+    @property
+    def reported_top5(self) -> float | None:
+        """top5, or None with 5 classes or fewer (see has_top5): what the logs and JSON files record."""
+        return self.top5 if self.has_top5 else None
+
     def summary(self) -> str:
         """'top-1 87.50 %, top-5 99.10 %' (top-1 alone with 5 classes or fewer)."""
         return f"top-1 {100 * self.top1:.2f} %" + (f", top-5 {100 * self.top5:.2f} %" if self.has_top5 else "")
@@ -61,7 +66,7 @@ class EvalResult:
         fewer (see has_top5)."""
         names = self.class_names or [str(i) for i in range(self.confusion.shape[0])]
         return {
-            "top1": self.top1, "top5": self.top5 if self.has_top5 else None, "loss": _finite_or_none(self.loss), "count": self.count,
+            "top1": self.top1, "top5": self.reported_top5, "loss": _finite_or_none(self.loss), "count": self.count,
             "skipped": self.skipped,
             "per_class": {name: _finite_or_none(acc) for name, acc in zip(names, self.per_class, strict=True)},
             "confusion": self.confusion.tolist(),

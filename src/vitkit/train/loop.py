@@ -118,7 +118,8 @@ def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Datas
     if not classes:
         raise ValueError("the training set has no `.classes`; give it a list of class names")
     if val_set is not None:
-        val_set = spread_subset(with_classes(val_set, classes, f"the {split} split", "the training split"), d.val_limit)
+        val_set = with_classes(val_set, classes, f"the {split} split", "the training split")
+        val_set = spread_subset(val_set, d.val_limit)
     return spread_subset(train_set, d.limit), val_set, classes
 
 
@@ -454,7 +455,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         if val_set is None:
             return None
         r = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank, ctx.world)
-        log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.top5 if r.has_top5 else None)
+        log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.reported_top5)
         if ctx.is_main:
             msg = (f"step {step_now}/{total} {split} {r.summary()} "
                    f"loss {r.loss:.4f}" + (f" ({r.skipped} unreadable image(s) skipped)" if r.skipped else ""))

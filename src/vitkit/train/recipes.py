@@ -254,7 +254,8 @@ class TrainConfig:
         if self.precision not in typing.get_args(Precision):
             errors.append(f"precision={self.precision!r} (choose from {', '.join(typing.get_args(Precision))})")
         if self.posemb_interpolation not in POSEMB_MODES:
-            errors.append(f"posemb_interpolation={self.posemb_interpolation!r} (choose from {', '.join(POSEMB_MODES)})")
+            errors.append(f"posemb_interpolation={self.posemb_interpolation!r} "
+                          f"(choose from {', '.join(POSEMB_MODES)})")
         if device_error(self.device):
             errors.append(device_error(self.device))
         if errors:  # the checks below compare and divide these
