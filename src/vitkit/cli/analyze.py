@@ -187,7 +187,7 @@ def distance(
     split: str = typer.Option("test", help="Split: test, val or train."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
-    num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over (the first N)."),
+    num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over: N spread evenly over the split, so every class has its share."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
     out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),
@@ -201,6 +201,7 @@ def distance(
     from ..analysis.features import iterate_batches
     from ..analysis.figures import plot_attention_distance, save_figure
     from ..data import resolve
+    from ..data.subsets import spread_subset
     from ..data.transforms import build_eval_transform
     from .main import UsageError
 
@@ -210,12 +211,11 @@ def distance(
     cfg = model.cfg
     dev = parse_device(device)
     model = model.to(dev).eval()
-    dataset = resolve(data, split, data_dir)
+    dataset = spread_subset(resolve(data, split, data_dir), num_images)
     total = torch.zeros(cfg.depth, cfg.num_heads, dtype=torch.float64)
     seen = 0
-    n = min(num_images, len(dataset))
-    with torch.inference_mode(), tqdm(total=n, desc="attention distance", unit="img") as bar:
-        for x, _ in iterate_batches(dataset, batch_size, build_eval_transform(cfg), limit=n):
+    with torch.inference_mode(), tqdm(total=len(dataset), desc="attention distance", unit="img") as bar:
+        for x, _ in iterate_batches(dataset, batch_size, build_eval_transform(cfg)):
             _, attns = model.forward_features(x.to(dev), return_attention=True)
             for i, a in enumerate(attns):
                 total[i] += attention_distance(a, cfg.grid_size, cfg.patch_stride, cfg.num_prefix_tokens).sum(0).cpu()
