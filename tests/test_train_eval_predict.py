@@ -135,6 +135,10 @@ def test_cli_eval_and_predict(tmp_path):
     ok = run_cli("predict", tmp_path / "ckpt", imgs[0], "--json")
     assert ok.returncode == 0, ok.stderr
     assert len(json.loads(ok.stdout)["labels"]) == 5
+    # A bar asked for goes to stderr, and stdout keeps only the results' lines.
+    bar = run_cli("predict", tmp_path / "ckpt", tmp_path / "pred", "--top-k", "2", "--progress")
+    assert bar.stdout == r.stdout and "predict" in bar.stderr and "/3 " in bar.stderr
+    assert any(line.startswith("error: ") and "zero.png" in line for line in bar.stderr.splitlines())
 
 
 def test_cli_eval_and_predict_options(tmp_path, capsys):

@@ -256,31 +256,43 @@ def predict(
                                  "that cannot be read is an object with its `error` (on stderr)."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", show_default=False,
+                                         help="A progress bar on stderr (by default only when stderr is a "
+                                              "terminal; the results' lines are never mixed with it)."),
 ) -> None:
     """Top-k labels with probabilities for image files and folders.
 
     Unreadable files are reported one line each (the others are still classified) and make the exit code 1."""
-    from ..train.predict import Prediction, classify
+    import sys
+
+    from tqdm.auto import tqdm
+
+    from ..train.predict import Prediction, classify, expand_paths
 
     model = _load(checkpoint)
     dev = parse_device(device)
     net = inference_model(model.to(dev), fast)
     found = failed = 0
-    # Each result as it comes (a large folder shows its first labels after one batch).
-    for r in classify(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=dev):
-        if isinstance(r, Prediction):
-            found += 1
-            if as_json:
-                typer.echo(json.dumps({"path": str(r.path), "labels": r.labels, "probs": r.probs}))
+    files = set(expand_paths(paths)[0])  # for the bar's total; classify finds them again, with the missing paths
+    # tqdm's disable=None: a bar only where stderr is a terminal. Each result is written as it comes (a large
+    # folder shows its first labels after one batch), through tqdm.write, which lifts the bar first.
+    with tqdm(total=len(files), desc="predict", unit="img", leave=False,
+              disable=None if progress is None else not progress) as bar:
+        for r in classify(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=dev):
+            if isinstance(r, Prediction):
+                found += 1
+                bar.update(1)
+                if as_json:
+                    line = json.dumps({"path": str(r.path), "labels": r.labels, "probs": r.probs})
+                else:
+                    line = f"{r.path}: " + ", ".join(f"{label} {100 * prob:.1f} %"
+                                                     for label, prob in zip(r.labels, r.probs, strict=True))
+                bar.write(line, file=sys.stdout)
             else:
-                top = ", ".join(f"{label} {100 * prob:.1f} %" for label, prob in zip(r.labels, r.probs, strict=True))
-                typer.echo(f"{r.path}: {top}")
-        else:
-            failed += 1
-            if as_json:
-                typer.echo(json.dumps({"path": str(r.path), "error": r.message}), err=True)
-            else:
-                typer.echo(f"error: {r.message}", err=True)
+                failed += 1
+                bar.update(r.path in files)  # a path that does not exist is no image of the total
+                line = json.dumps({"path": str(r.path), "error": r.message}) if as_json else f"error: {r.message}"
+                bar.write(line, file=sys.stderr)
     if failed:
         raise typer.Exit(1)
     if not found:
