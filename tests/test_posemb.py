@@ -194,8 +194,9 @@ def test_resampling_matches_interpolating_each_channel_as_an_image():
 def test_a_square_grid_may_be_one_int():
     table = torch.randn(1 + 16, 8)
     torch.testing.assert_close(resample_pos_embed(table, 4, 6), resample_pos_embed(table, (4, 4), (6, 6)))
-    with pytest.raises(ValueError, match="old_grid='4x4': give"):
-        resample_pos_embed(table, "4x4", 6)
+    for bad in ("4x4", "4", 4.7, (4.0, 4), (4, 4, 1), True):
+        with pytest.raises(ValueError, match=r"old_grid=.* must be an int or a \(rows, columns\) pair of ints"):
+            resample_pos_embed(table, bad, 6)
 
 
 def test_resampling_errors_name_the_problem():

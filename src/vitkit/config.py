@@ -56,13 +56,14 @@ def _sequence(x: Any) -> tuple | None:
     return tuple(x)
 
 
-def _pair(x: Any) -> tuple[int, int]:
-    """An int or an (height, width) pair of ints as (height, width); ValueError for anything else."""
+def int_pair(x: Any, name: str = "image_size", what: str = "(height, width)") -> tuple[int, int]:
+    """An int or a pair of ints as a pair (an image's (height, width), a grid's (rows, columns)); ValueError,
+    naming `name`, for anything else: floats, strings and bools too."""
     if is_integer(x):
         return (int(x), int(x))
     if isinstance(x, (tuple, list)) and len(x) == 2 and all(is_integer(v) for v in x):
         return (int(x[0]), int(x[1]))
-    raise ValueError(f"image_size={x!r} must be an int or a (height, width) pair of ints")
+    raise ValueError(f"{name}={x!r} must be an int or a {what} pair of ints")
 
 
 # Rates that act only in training (regularisers, each in [0, 1)): a fine-tuning run takes them from its recipe,
@@ -194,7 +195,7 @@ class ViTConfig:
             object.__setattr__(self, key, value)
 
         try:
-            put("image_size", _pair(self.image_size))
+            put("image_size", int_pair(self.image_size))
         except ValueError as e:
             errors.append(str(e))
         for key in ("patch_size", "in_chans", "num_classes", "dim", "depth", "num_heads", "mlp_dim", "hybrid_width"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .config import POSEMB_MODES
+from .config import POSEMB_MODES, int_pair
 
 
 def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) -> torch.Tensor:
@@ -23,17 +23,6 @@ def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) ->
     y = y.reshape(-1, 1) * omega  # (gh*gw, dim/4)
     x = x.reshape(-1, 1) * omega
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()
-
-
-def _grid(grid: int | tuple[int, int], name: str) -> tuple[int, int]:
-    """(rows, columns) of a grid given as such or as one int for a square one."""
-    if isinstance(grid, int):
-        return grid, grid
-    try:
-        rows, cols = (int(g) for g in grid)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={grid!r}: give (rows, columns) of patches, or one int for a square grid") from None
-    return rows, cols
 
 
 def resample_pos_embed(
@@ -61,7 +50,8 @@ def resample_pos_embed(
     """
     if mode not in POSEMB_MODES:
         raise ValueError(f"mode must be one of {', '.join(POSEMB_MODES)}; got {mode!r}")
-    old_grid, new_grid = _grid(old_grid, "old_grid"), _grid(new_grid, "new_grid")
+    old_grid = int_pair(old_grid, "old_grid", "(rows, columns)")
+    new_grid = int_pair(new_grid, "new_grid", "(rows, columns)")
     squeeze = pos_embed.dim() == 2
     table = pos_embed.unsqueeze(0) if squeeze else pos_embed
     gh, gw = old_grid
