@@ -73,3 +73,15 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_any_work(monkeyp
     monkeypatch.setattr(loop.os, "access", lambda path, mode: os.fspath(path) != os.fspath(tmp_path))
     with pytest.raises(ValueError, match=rf"--out {tmp_path / 'run'}: {tmp_path} is not writable"):
         loop.check_run_folder(tmp_path / "run", resume=False)
+
+
+def test_an_unknown_model_is_one_line_but_a_bug_s_key_error_keeps_its_traceback(capsys):
+    from vitkit.cli.main import explain
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--model", "ViT-Q/16"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "error: unknown model 'ViT-Q/16'" in err and "vitkit models" in err
+    # Any other KeyError is a bug: re-raised, not dressed up as a wrong model name.
+    with pytest.raises(KeyError, match="ema_updates"):
+        explain(KeyError("ema_updates"), ["train"])

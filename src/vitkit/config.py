@@ -377,6 +377,10 @@ def list_models() -> list[str]:
     return list(PRESETS)
 
 
+class UnknownModelError(KeyError):
+    """A model name that no preset has (a KeyError, as a dict lookup would raise)."""
+
+
 def get_preset(name: str) -> Preset:
     """Resolve "ViT-B/16", "ViT-B/16@384", "B/16", "R50+B/16" or "vit_base_patch16_384" to a preset."""
     if not isinstance(name, str):
@@ -400,7 +404,7 @@ def get_preset(name: str) -> Preset:
             canon += f"@{res}"
         if canon in PRESETS:
             return PRESETS[canon]
-    raise KeyError(f"unknown model {name!r}; `vitkit models` lists the presets (e.g. 'ViT-B/16', 'vit_base_patch16_224')")
+    raise UnknownModelError(f"unknown model {name!r}; `vitkit models` lists the presets (e.g. 'ViT-B/16', 'vit_base_patch16_224')")
 
 
 # The fields that shape the network (not its preprocessing, training rates or class count).

@@ -79,6 +79,7 @@ def explain(error: Exception, argv: list[str] | None) -> None:
     from safetensors import SafetensorError
 
     from ..checkpoint import CheckpointError
+    from ..config import UnknownModelError
 
     e = error
     if isinstance(e, UsageError):
@@ -91,8 +92,8 @@ def explain(error: Exception, argv: list[str] | None) -> None:
                                     PermissionError))
         fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "),
              "check the path" if path_error else FILESYSTEM_HINT)
-    elif isinstance(e, KeyError):
-        fail(str(e.args[0]) if e.args else str(e), "`vitkit models` lists the presets")
+    elif isinstance(e, UnknownModelError):  # its message names `vitkit models`
+        fail(str(e.args[0]))
     elif isinstance(e, ValueError):
         fail(str(e), command_help(argv))
     elif isinstance(e, SafetensorError):  # what safetensors raises for the same, when it writes
