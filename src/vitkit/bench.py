@@ -158,9 +158,6 @@ class BenchConfig:
             raise ValueError(f"sgemm_size={self.sgemm_size} is too small to measure a peak")
 
 
-QUICK = BenchConfig(models=("ViT-S/16",), batch_sizes=(1,), repeats=3, warmup=1)
-
-
 @dataclass
 class Measurement:
     """The times of one contender in one cell, and what follows from them."""

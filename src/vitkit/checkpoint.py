@@ -90,18 +90,6 @@ def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[st
     return folder
 
 
-def is_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a folder holding a vitkit config.json (and, if it is a file, its folder)."""
-    p = Path(path)
-    folder = p if p.is_dir() else p.parent
-    cfg = folder / CONFIG_NAME
-    if not cfg.is_file():
-        return False
-    try:
-        return json.loads(cfg.read_text()).get("format") == FORMAT
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The parsed config.json of a vitkit checkpoint folder, with a clear error for anything else."""
@@ -174,9 +162,3 @@ def load_vitkit(path: str | os.PathLike, map_location: str | torch.device = "cpu
     model.load_state_dict(state)
     model.class_names = [str(n) for n in names] if names is not None else None
     return model.to(map_location).eval()
-
-
-def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
-    """Load a checkpoint, inferring everything from the file itself. The model comes back in eval mode,
-    with `model.class_names` (a list or None)."""
-    return load_vitkit(path, map_location)

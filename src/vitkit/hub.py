@@ -24,7 +24,6 @@ from .checkpoint import CheckpointError
 from .convert.detect import SHARD_INDEXES, WEIGHT_FILES, read_json, shard_names
 
 PREFIX = "hf-hub:"
-CONFIG_FILES = ("config.json", "preprocessor_config.json")  # the second is optional
 _TIMM_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)?")
 _TRUE = ("1", "true", "yes", "on")
 _FILE_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".json")

@@ -68,12 +68,6 @@ def load(path_or_name: str | os.PathLike, map_location: str | torch.device = "cp
     return build_model(_read_path(p, _size_hint(hints, image_size)), map_location)
 
 
-def read_checkpoint(path_or_name: str | os.PathLike, image_size: int | tuple[int, int] | None = None,
-                    num_heads: int | None = None, pool: str | None = None) -> Converted:
-    """The tensors (vitkit names), config and class names of a checkpoint, without building the model."""
-    hints = _hints(num_heads, pool)
-    return _read_path(_resolve(path_or_name, hints), _size_hint(hints, image_size))
-
 
 def _hints(num_heads: int | None, pool: str | None) -> Hints:
     if pool is not None and pool not in POOLS:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
 from .model import VisionTransformer, resample_state_dict
 
 # Config fields that change the shapes of the pre-trained weights: a transfer cannot override them.
@@ -62,7 +60,3 @@ def prepare_finetune(
 
 def _name(source: object) -> str:
     return repr(str(source)) if not isinstance(source, VisionTransformer) else "the given model"
-
-
-def num_trainable(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

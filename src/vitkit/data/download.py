@@ -24,14 +24,6 @@ class DownloadError(ValueError):
     command line prints it as one line; the message names the URL or the file."""
 
 
-def md5_of_file(path: str | os.PathLike[str]) -> str:
-    """The hex MD5 of a file's bytes."""
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def download_file(url: str, dest: str | os.PathLike[str], md5: str | None = None, progress: bool = True) -> Path:
     """Download `url` to `dest` and return `dest`.
