@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import vitkit
 from train_helpers import synthetic_dataset
+from vitkit.data.transforms import normalize_batch
 from vitkit.train import get_recipe, train
 from vitkit.train.losses import classification_loss, targets
 
@@ -65,7 +67,14 @@ def test_a_sigmoid_run_trains_from_a_minus_ten_bias(tmp_path):
                                    "log_every=1", "ema=0"])
     train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
     with (tmp_path / "run" / "metrics.csv").open() as f:
-        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+        rows = list(csv.DictReader(f))
+    losses = [float(r["loss"]) for r in rows if r["split"] == "train"]
     k = len(data.classes)
     assert losses[0] == pytest.approx((k - 1) * math.log1p(math.exp(-10)) + math.log1p(math.exp(10)), rel=1e-3)
     assert losses[-1] < losses[0] - 1
+    # The validation loss is the same quantity as the training loss: the sigmoid loss of the last weights.
+    last = vitkit.load(tmp_path / "run" / "last")
+    with torch.no_grad():
+        logits = last(normalize_batch(data.images, last.cfg))
+    val = [float(r["loss"]) for r in rows if r["split"] == "val"][-1]
+    assert val == pytest.approx(sigmoid_xent(logits, F.one_hot(data.targets, k).float()).item(), rel=1e-4)

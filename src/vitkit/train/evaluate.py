@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,8 @@ from .stopping import ignore_stop_signals
 
 @dataclass
 class EvalResult:
-    """Metrics over `count` images. `confusion[i, j]` counts images of class i predicted as class j.
+    """Metrics over `count` images. `loss` is the mean of evaluate's `loss_fn` (softmax cross-entropy unless the
+    run trains with another loss). `confusion[i, j]` counts images of class i predicted as class j.
     `skipped`: unreadable image files left out (an image folder with `skip_bad_images`)."""
 
     top1: float
@@ -117,9 +118,13 @@ def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, batch_size: int = 256,
              device: torch.device | str = "cpu", autocast_dtype: torch.dtype | None = None, rank: int = 0,
-             world: int = 1, workers: int = 0, progress: bool = False) -> EvalResult:
-    """Evaluate `model` (its own `cfg` by default) on `dataset`; see EvalResult."""
+             world: int = 1, workers: int = 0, progress: bool = False,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> EvalResult:
+    """Evaluate `model` (its own `cfg` by default) on `dataset`; see EvalResult. `loss_fn(logits, labels)` is the
+    batch's mean loss, softmax cross-entropy by default (a training run passes its own, so that its train and val
+    losses are one quantity)."""
     cfg = cfg or model.cfg
+    loss_fn = loss_fn or F.cross_entropy
     device = torch.device(device)
     k = cfg.num_classes
     was_training = model.training
@@ -144,7 +149,7 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
             raise ValueError(f"the model has {logits.shape[1]} outputs but the config says {k} classes")
         if int(y.max()) >= k:
             raise ValueError(f"the data has label {int(y.max())} but the model only {k} classes")
-        sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
+        sums[0] += loss_fn(logits, y).item() * len(y)
         sums[1] += topk_correct(logits, y, 5)
         sums[2] += len(y)
         confusion += torch.bincount(y.cpu() * k + logits.argmax(1).cpu(), minlength=k * k).view(k, k)

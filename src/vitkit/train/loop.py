@@ -411,6 +411,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     eval_model = ema.module if ema is not None else model
     amp = autocast_dtype(cfg.precision, device)
     loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
+    val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
 
     def final_outputs(step_now: int, seconds: float, result: EvalResult | None, names: list[str]) -> None:
         # Each process skipped the bad files of its own share of the data: the list is all of theirs.
@@ -454,7 +455,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
         nonlocal best
         if val_set is None:
             return None
-        r = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank, ctx.world)
+        r = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank, ctx.world,
+                     loss_fn=val_loss)
         log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.reported_top5)
         if ctx.is_main:
             msg = (f"step {step_now}/{total} {split} {r.summary()} "
