@@ -422,9 +422,16 @@ def changes_from_preset(cfg: ViTConfig) -> list[str]:
     return [f"{k}={getattr(cfg, k)}" for k in ARCHITECTURE_FIELDS if getattr(cfg, k) != getattr(preset, k)]
 
 
+def gap_drops_class_token(overrides: dict[str, Any]) -> bool:
+    """Whether config `overrides` ask for GAP pooling and leave `class_token` unsaid: then the model is the
+    paper's GAP variant, without a class token (App. D.3). `class_token=True` alongside keeps one (timm's GAP
+    models). create_model, get_config and `vitkit train --set model.pool=gap` from scratch all follow this."""
+    return overrides.get("pool") == "gap" and "class_token" not in overrides
+
+
 def get_config(name: str, **overrides: Any) -> ViTConfig:
     """The preset's config with `overrides` applied (e.g. num_classes=10, image_size=384)."""
     cfg = get_preset(name).config
-    if overrides.get("pool") == "gap" and "class_token" not in overrides:
-        overrides["class_token"] = False  # the paper's GAP models have no class token
+    if gap_drops_class_token(overrides):
+        overrides["class_token"] = False
     return cfg.replace(**overrides) if overrides else cfg

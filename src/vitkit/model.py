@@ -432,10 +432,10 @@ def create_model(name: str | ViTConfig, **overrides) -> VisionTransformer:
 
     Overrides replace config fields, e.g. `create_model("ViT-S/16", num_classes=10, image_size=384)`.
     """
-    from .config import get_config
+    from .config import gap_drops_class_token, get_config
 
     if isinstance(name, ViTConfig):
-        if overrides.get("pool") == "gap" and "class_token" not in overrides:
+        if gap_drops_class_token(overrides):
             overrides["class_token"] = False
         cfg = name.replace(**overrides) if overrides else name
     else:

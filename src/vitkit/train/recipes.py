@@ -22,6 +22,7 @@ from ..config import (
     TRAINING_RATES,
     PosembMode,
     ViTConfig,
+    gap_drops_class_token,
     get_config,
     is_finite_number,
     is_integer,
@@ -568,7 +569,9 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) ->
     # As create_model and get_config: GAP from scratch means no class token (the paper's D.3) unless
     # class_token is set too (timm's GAP that keeps its class token); fine-tuning keeps the checkpoint's.
     init = changes["init"][0] if "init" in changes else cfg.init
-    if changes.get("model.pool", (None,))[0] == "gap" and "model.class_token" not in changes and not init:
+    model_changes = {key.removeprefix("model."): value for key, (value, _) in changes.items()
+                     if key.startswith("model.")}
+    if gap_drops_class_token(model_changes) and not init:
         changes["model.class_token"] = (False, "model.pool=gap")
     # `init` first: the model becomes the checkpoint's architecture, and the model settings set alongside are
     # applied to (and checked against) it rather than the recipe's.
