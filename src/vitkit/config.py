@@ -11,6 +11,7 @@ import dataclasses
 import math
 import numbers
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,19 +19,19 @@ Pool = Literal["token", "gap"]
 PosEmbed = Literal["learned", "learned-2d", "sincos-2d", "none"]
 Gelu = Literal["exact", "tanh"]
 
-POOLS: tuple[str, ...] = ("token", "gap")
-POS_EMBEDS: tuple[str, ...] = ("learned", "learned-2d", "sincos-2d", "none")
-GELUS: tuple[str, ...] = ("exact", "tanh")
+POOLS: tuple[str, ...] = typing.get_args(Pool)
+POS_EMBEDS: tuple[str, ...] = typing.get_args(PosEmbed)
+GELUS: tuple[str, ...] = typing.get_args(Gelu)
 AttnInit = Literal["xavier", "mimetic"]
-ATTN_INITS: tuple[str, ...] = ("xavier", "mimetic")
+ATTN_INITS: tuple[str, ...] = typing.get_args(AttnInit)
 # The constants of a hybrid ResNet's weight standardisation and GroupNorm: timm's (w / sqrt(var + 1e-8), eps
 # 1e-5), or those of the paper's Flax code (vit_jax/models_resnet.py: w / (std + 1e-5), GroupNorm eps 1e-6).
 HybridNorm = Literal["timm", "flax"]
-HYBRID_NORMS: tuple[str, ...] = ("timm", "flax")
+HYBRID_NORMS: tuple[str, ...] = typing.get_args(HybridNorm)
 # How a position table is resampled to another grid (vitkit.posemb.resample_pos_embed's `mode`): bicubic or
 # bilinear on pixel areas as timm, or bilinear corner to corner as the paper's code (scipy.ndimage.zoom).
 PosembMode = Literal["bicubic", "bilinear", "bilinear-corners"]
-POSEMB_MODES: tuple[str, ...] = ("bicubic", "bilinear", "bilinear-corners")
+POSEMB_MODES: tuple[str, ...] = typing.get_args(PosembMode)
 INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")  # vitkit.data.transforms maps each
 # How evaluation fits an image to image_size: "center" keeps the aspect ratio, resizes to cover
 # image_size / crop_pct and centre-crops (timm's default); "squash" resizes straight to image_size, ignoring the
