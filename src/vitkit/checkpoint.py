@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from .config import ViTConfig
-from .files import permit_as_created
+from .files import write_model_folder
 from .inference import OPTIMIZED
 from .model import VisionTransformer
 
@@ -40,20 +39,6 @@ def preprocessing(cfg: ViTConfig) -> dict[str, Any]:
     }
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write through a temporary file in the same folder, then rename: a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        permit_as_created(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[str] | None = None,
          extra: dict[str, Any] | None = None) -> Path:
     """Write `model` to the folder `path` (created if needed). Returns the folder.
@@ -74,8 +59,6 @@ def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[st
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     with torch.device("meta"):  # the same check load runs, before anything is written
         check_state_dict(VisionTransformer(cfg), state, f"the model to save to {path}")
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -85,9 +68,7 @@ def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[st
     }
     if extra:
         meta.update(extra)
-    _atomic_write(folder / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
-    _atomic_write(folder / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"))
-    return folder
+    return write_model_folder(path, state, FORMAT, {CONFIG_NAME: meta})
 
 
 

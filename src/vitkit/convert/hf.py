@@ -15,14 +15,14 @@ vitkit's `pre_logits`; a `ViTModel` has no classifier, so it becomes a vitkit mo
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, _atomic_write
+from ..checkpoint import CheckpointError
+from ..files import write_model_folder
 from ..model import VisionTransformer
 from .common import Converted, Hints, default_class_names, fuse_qkv, infer_config, rename, split_qkv
 
@@ -200,12 +200,5 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
 
 def write_hf(model: VisionTransformer, folder: str | Path, class_names: list[str] | None = None) -> Path:
     """A folder `transformers.ViTForImageClassification.from_pretrained` (or ViTModel) reads."""
-    from safetensors.torch import save_file
-
     state, config, preprocessor = to_hf(model, class_names)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    _atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    for name, data in (("config.json", config), ("preprocessor_config.json", preprocessor)):
-        _atomic_write(folder / name, lambda tmp, data=data: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
-    return folder
+    return write_model_folder(folder, state, "pt", {"config.json": config, "preprocessor_config.json": preprocessor})

@@ -15,7 +15,6 @@ argument of `vitkit.load` that sets them (num_heads=, pool=, image_size=).
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -23,8 +22,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, _atomic_write
+from ..checkpoint import CheckpointError
 from ..config import CROP_MODES, ViTConfig, get_preset
+from ..files import write_model_folder
 from ..model import VisionTransformer
 from .common import (
     IMAGENET_MEAN,
@@ -222,11 +222,5 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
 def write_timm(model: VisionTransformer, folder: str | Path, class_names: list[str] | None = None) -> Path:
     """A timm hub folder: config.json and model.safetensors (what `timm.create_model('local-dir:...')` and
     vitkit read)."""
-    from safetensors.torch import save_file
-
     state, config = to_timm(model, class_names)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    _atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
-    return folder
+    return write_model_folder(folder, state, "pt", {"config.json": config})
