@@ -9,7 +9,8 @@ import torch.nn as nn
 
 
 class EMA:
-    """Keeps `decay * average + (1 - decay) * weights` after every optimizer step, in fp32.
+    """Keeps `decay * average + (1 - decay) * weights` after every optimizer step, in the weights' own dtype
+    (fp32 in vitkit's training, whose mixed precision keeps fp32 weights and autocasts the computation).
 
     `module` is a copy of the model holding the averaged parameters (buffers are copied, not averaged); use it
     for evaluation. The first updates use a smaller decay, min(decay, (1 + n) / (10 + n)) after n updates, so
