@@ -225,6 +225,38 @@ def test_randaugment_batch_per_image_and_deterministic():
     assert torch.equal(randaugment_batch(x, 0, 9, gen()), x)
 
 
+TORCHVISION_RA_NAMES = {"identity": "Identity", "shear_x": "ShearX", "shear_y": "ShearY", "translate_x": "TranslateX",
+                        "translate_y": "TranslateY", "rotate": "Rotate", "brightness": "Brightness", "color": "Color",
+                        "contrast": "Contrast", "sharpness": "Sharpness", "posterize": "Posterize",
+                        "solarize": "Solarize", "autocontrast": "AutoContrast", "equalize": "Equalize"}
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_randaugment_ops_are_torchvisions(channels):
+    """The batched RandAugment's ops, their strength at every magnitude and their sign equal those of
+    torchvision's v2.RandAugment, which the per-image pipeline runs (31 magnitude bins), and each op's output
+    equals v2's on the same strength, bit for bit."""
+    from vitkit.data.transforms import _RA_OPS, RANDAUGMENT_LEVELS, _apply_ra_op
+
+    h, w = 20, 28
+    x = batch(4, channels, h, w, seed=5)
+    reference = v2.RandAugment(num_magnitude_bins=RANDAUGMENT_LEVELS + 1)
+    space = reference._AUGMENTATION_SPACE
+    assert [TORCHVISION_RA_NAMES[name] for name, _, _ in _RA_OPS] == list(space)
+    for name, strength, signed in _RA_OPS:
+        levels_of, tv_signed = space[TORCHVISION_RA_NAMES[name]]
+        levels = levels_of(RANDAUGMENT_LEVELS + 1, h, w)
+        assert signed == tv_signed, name
+        unit = 255.0 if name == "solarize" else 1.0  # v2 gives the threshold as a share of uint8's maximum
+        for m in (0, 9, 17, 30):
+            expected = float(levels[m]) if levels is not None else 0.0
+            assert strength(m, h, w) == pytest.approx(expected * unit, rel=1e-6, abs=1e-6), (name, m)
+            for v in ((expected, -expected) if signed else (expected,)):
+                tv = reference._apply_image_or_video_transform(x, TORCHVISION_RA_NAMES[name], v,
+                                                               InterpolationMode.BILINEAR, reference._fill)
+                assert torch.equal(_apply_ra_op(x, name, v * unit), tv), (name, m, v)
+
+
 def test_augment_batch_deterministic_given_generator():
     x = batch(32)
     aug = AugmentConfig(crop="pad-crop", pad=2, hflip=0.5, randaugment="2,9", random_erasing=0.5)

@@ -245,19 +245,23 @@ _RA_OPS: tuple[tuple[str, Callable[[int, int, int], float], bool], ...] = (
 
 
 def _apply_ra_op(x: torch.Tensor, name: str, v: float) -> torch.Tensor:
-    """One RandAugment operation of strength v on a uint8 batch (the same v for every image in x)."""
+    """One RandAugment operation of strength v on a uint8 batch (the same v for every image in x), as
+    torchvision's v2.RandAugment applies it, which the per-image pipeline runs: the geometric ops with fill=None
+    (zeros outside the image, with no blending at its edge, which a given fill of 0 would do) and the shears
+    about the top-left corner."""
     bilinear = InterpolationMode.BILINEAR
     if name == "identity":
         return x
     if name in ("shear_x", "shear_y"):
         deg = math.degrees(math.atan(v))
         shear = [deg, 0.0] if name == "shear_x" else [0.0, deg]
-        return TF.affine(x, angle=0.0, translate=[0, 0], scale=1.0, shear=shear, interpolation=bilinear, fill=0)
+        return TF.affine(x, angle=0.0, translate=[0, 0], scale=1.0, shear=shear, interpolation=bilinear, fill=None,
+                         center=[0, 0])
     if name in ("translate_x", "translate_y"):
         t = [int(v), 0] if name == "translate_x" else [0, int(v)]
-        return TF.affine(x, angle=0.0, translate=t, scale=1.0, shear=[0.0, 0.0], interpolation=bilinear, fill=0)
+        return TF.affine(x, angle=0.0, translate=t, scale=1.0, shear=[0.0, 0.0], interpolation=bilinear, fill=None)
     if name == "rotate":
-        return TF.rotate(x, v, interpolation=bilinear, fill=0)
+        return TF.rotate(x, v, interpolation=bilinear, fill=None)
     if name == "brightness":
         return TF.adjust_brightness(x, 1.0 + v)
     if name == "color":
