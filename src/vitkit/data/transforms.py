@@ -169,6 +169,23 @@ def random_pad_crop_batch(images: torch.Tensor, pad: int, generator: torch.Gener
     return picked.gather(3, cols)  # (B, C, H, W)
 
 
+def _rectangle_draws(b: int, area: int, scale: tuple[float, float], ratio: tuple[float, float],
+                     generator: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RRC_ATTEMPTS rectangles per image as torchvision's RandomResizedCrop and RandomErasing draw them: an area
+    a = `area` x uniform(`scale`) and a log-uniform aspect ratio r in `ratio`; returns round(sqrt(a r)) and
+    round(sqrt(a / r)), each (B, RRC_ATTEMPTS) (RandomResizedCrop takes the first as the width, RandomErasing as
+    the height)."""
+    a = area * _uniform(b * RRC_ATTEMPTS, *scale, generator, device).view(b, RRC_ATTEMPTS)
+    r = torch.exp(_uniform(b * RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, device))
+    r = r.view(b, RRC_ATTEMPTS)
+    return torch.round(torch.sqrt(a * r)), torch.round(torch.sqrt(a / r))
+
+
+def _first_fitting(sides: torch.Tensor, fits: torch.Tensor) -> torch.Tensor:
+    """Per row of (B, attempts) `sides`, the value of the first attempt that `fits` (of the first if none does)."""
+    return sides.gather(1, fits.float().argmax(dim=1)[:, None]).squeeze(1)
+
+
 def random_resized_crop_boxes(
     b: int, h: int, w: int, scale: tuple[float, float], ratio: tuple[float, float],
     generator: torch.Generator | None = None, device=None,
@@ -176,17 +193,10 @@ def random_resized_crop_boxes(
     """Per image a crop box (x1, y1, x2, y2) in pixels, drawn as torchvision's RandomResizedCrop does: area
     fraction uniform in `scale`, log aspect ratio uniform in log `ratio`, the first of RRC_ATTEMPTS draws that
     fits, else the whole image cropped to the nearest allowed ratio. Shape (B, 4), float."""
-    area = h * w
-    target = area * _uniform(b * RRC_ATTEMPTS, *scale, generator, device).view(b, RRC_ATTEMPTS)
-    log_r = _uniform(b * RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, device)
-    aspect = torch.exp(log_r).view(b, RRC_ATTEMPTS)
-    cw = torch.round(torch.sqrt(target * aspect))
-    ch = torch.round(torch.sqrt(target / aspect))
+    cw, ch = _rectangle_draws(b, h * w, scale, ratio, generator, device)
     fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
-    first = fits.float().argmax(dim=1)  # index of the first fitting draw (0 if none fits)
     any_fit = fits.any(dim=1)
-    cw = cw.gather(1, first[:, None]).squeeze(1)
-    ch = ch.gather(1, first[:, None]).squeeze(1)
+    cw, ch = _first_fitting(cw, fits), _first_fitting(ch, fits)
     # Fallback: the central crop of the whole image at the nearest allowed aspect ratio.
     in_ratio = w / h
     if in_ratio < ratio[0]:
@@ -335,15 +345,9 @@ def random_erase_batch(
         return x
     b, _, h, w = x.shape
     dev = x.device
-    area = h * w * _uniform(b * RRC_ATTEMPTS, *scale, generator, dev).view(b, RRC_ATTEMPTS)
-    aspect = torch.exp(_uniform(b * RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, dev))
-    aspect = aspect.view(b, RRC_ATTEMPTS)
-    eh = torch.round(torch.sqrt(area * aspect))
-    ew = torch.round(torch.sqrt(area / aspect))
+    eh, ew = _rectangle_draws(b, h * w, scale, ratio, generator, dev)
     fits = (eh < h) & (ew < w) & (eh > 0) & (ew > 0)
-    first = fits.float().argmax(dim=1)
-    eh = eh.gather(1, first[:, None]).squeeze(1).long()
-    ew = ew.gather(1, first[:, None]).squeeze(1).long()
+    eh, ew = _first_fitting(eh, fits).long(), _first_fitting(ew, fits).long()
     top = _randint((h - eh + 1).clamp(min=1), generator)
     left = _randint((w - ew + 1).clamp(min=1), generator)
     erase = (torch.rand(b, generator=generator, device=dev) < p) & fits.any(dim=1)
