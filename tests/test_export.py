@@ -112,3 +112,14 @@ def test_the_check_scales_with_the_logits(tiny):
     model, _, path = tiny
     check = check_onnx(model, path)
     assert check.max_abs_logit > 0 and check.tolerance == 1e-4 * max(1.0, check.max_abs_logit)
+
+
+def test_export_leaves_the_callers_model_as_it_was_and_refuses_an_optimized_one(tiny, tmp_path):
+    model, _, path = tiny
+    training = vitkit.create_model(model.cfg).train()
+    export_onnx(training, tmp_path / "train.onnx")
+    check_onnx(training, tmp_path / "train.onnx", batch_sizes=(1,))
+    assert training.training  # exported and checked in eval mode, through a copy
+    with pytest.raises(ValueError, match="export the model you passed to vitkit.optimize"):
+        export_onnx(vitkit.optimize(model), tmp_path / "optimized.onnx")
+    assert not (tmp_path / "optimized.onnx").exists()

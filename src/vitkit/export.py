@@ -8,6 +8,7 @@ enough to use the model.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .checkpoint import preprocessing
+from .inference import OPTIMIZED
 from .model import VisionTransformer
 
 INPUT_NAME = "pixel_values"
@@ -48,9 +50,23 @@ class ExportCheck:
         return max(self.max_abs_diff.values())
 
 
+def _exportable(model: nn.Module) -> nn.Module:
+    """`model` as export and its check run it, fp32 in eval mode on the CPU: the model itself if it is so
+    already, else a copy made so (the caller's model keeps its mode, dtype and device). vitkit.optimize's output
+    is refused: its packed layers are operators of this machine that no exporter knows."""
+    done = getattr(model, OPTIMIZED, None)
+    if done is not None:
+        raise ValueError(f"this model comes from vitkit.optimize(precision={done!r}), whose layers run on this "
+                         "machine's own operators: export the model you passed to vitkit.optimize")
+    params = list(model.parameters())
+    if not model.training and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
+        return model
+    return copy.deepcopy(model).float().eval().cpu()
+
+
 def export_onnx(model: VisionTransformer, path: str | Path, class_names: list[str] | None = None,
                 opset: int | None = None) -> Path:
-    """Write `model` (fp32, eval mode, CPU) to `path` as ONNX with a dynamic batch axis; returns the path.
+    """Write `model` (as fp32, in eval mode, on the CPU; a copy where it is not so already) to `path` as ONNX with a dynamic batch axis; returns the path.
     `opset`: the ONNX operator set, MIN_OPSET up to what the installed onnx knows (None: the exporter's)."""
     import onnx
 
@@ -61,8 +77,8 @@ def export_onnx(model: VisionTransformer, path: str | Path, class_names: list[st
     if opset is not None and not MIN_OPSET <= opset <= newest:
         raise ValueError(f"opset {opset}: a ViT needs opset {MIN_OPSET} or newer (LayerNormalization), and the "
                          f"installed onnx {onnx.__version__} knows up to {newest}")
+    model = _exportable(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = model.float().eval().cpu()
     cfg = model.cfg
     example = torch.randn(2, cfg.in_chans, *cfg.image_size)
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -96,11 +112,11 @@ def check_onnx(model: nn.Module, path: str | Path, batch_sizes: tuple[int, ...] 
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (inp,) = session.get_inputs()
+    model = _exportable(model)
     cfg = model.cfg
     gen = torch.Generator().manual_seed(seed)
     diffs = {}
     largest = 0.0
-    model = model.float().eval().cpu()
     for b in batch_sizes:
         x = torch.randn(b, cfg.in_chans, *cfg.image_size, generator=gen)
         with torch.inference_mode():
