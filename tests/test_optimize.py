@@ -291,6 +291,40 @@ def test_an_optimized_model_is_neither_saved_nor_optimized_again(precision, tmp_
             copy.deepcopy(fast)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_an_optimized_model_gives_no_state_dict_that_lacks_its_weights(precision, tmp_path):
+    """Packed and int8 weights are no parameters: a state dict (or a pickle) of the optimized model would lack
+    every linear weight and load into a different model, silently. Both raise, saying what to save instead."""
+    fast = optimize(tiny_model(), precision)
+    if not any(isinstance(m, (PackedLinear, DynamicInt8Linear)) for m in fast.modules()):
+        pytest.skip("no packed layers on this machine: the state dict is a plain one")
+    with pytest.raises(TypeError, match="save the model you passed to vitkit.optimize"):
+        fast.state_dict()
+    with pytest.raises(TypeError, match="save the model you passed to vitkit.optimize"):
+        torch.save(fast, tmp_path / "fast.pt")
+
+
+def test_torch_compiles_wrapper_is_refused():
+    with pytest.raises(ValueError, match="not torch.compile's wrapper"):
+        optimize(torch.compile(tiny_model()))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_an_optimized_model_ignores_cpu_autocast(precision):
+    """Its packed and int8 layers compute in fp32 only; under bf16 autocast it gives its fp32 result (the
+    attention's output used to reach them in bf16 and be refused)."""
+    model, x = tiny_model(), torch.randn(3, 3, 32, 32)
+    fast = optimize(model, precision)
+    with torch.inference_mode():
+        expected = fast(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = fast(x)
+            features = fast.forward_features(x, return_attention=True)[0]
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(features, fast.forward_features(x, return_attention=True)[0], rtol=0, atol=1e-6)
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="precision='fp16'"):
         optimize(tiny_model(), "fp16")

@@ -22,7 +22,8 @@
   vitkit.kernels; `VITKIT_KERNELS=0` turns it off): one parallel region per block in which each thread goes
   through its own share of the tokens, two meeting points between the threads instead of one per operator
   (ViT-S/16 on our 2-core CPU 1.04-1.34x faster at batch 1, 1.06x at batch 16); the activations' int8 scales
-  are then per share of the tokens. The patch projection, the LayerNorms and the classifier stay in fp32. The
+  are then per share of the tokens. Either way an image's int8 scales depend on the other images of its call,
+  so its logits change slightly with the batch it is in (fp32's do not). The patch projection, the LayerNorms and the classifier stay in fp32. The
   function changes slightly: the Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions
   (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
@@ -75,7 +76,23 @@ def onednn_linear_available() -> bool:
     return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-class PackedLinear(nn.Module):
+NOT_SAVED = ("a model from vitkit.optimize has no state dict and cannot be pickled (its packed or int8 weights "
+             "are opaque operators of this machine): save the model you passed to vitkit.optimize, and optimize it "
+             "again after loading")
+
+
+class _Unsaved(nn.Module):
+    """A layer of optimize's output whose weights live in an opaque packed form, outside its parameters: a state
+    dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED)."""
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        raise TypeError(NOT_SAVED)
+
+    def __getstate__(self):
+        raise TypeError(NOT_SAVED)
+
+
+class PackedLinear(_Unsaved):
     """An inference-only nn.Linear whose weight lives in oneDNN's blocked layout, optionally followed by a
     fused GELU (`activation="gelu"`). `batch_hint` is the number of rows the packing is tuned for (any number
     works). With `few_rows`, the layer also keeps its weight in the plain layout and multiplies inputs of at
@@ -264,6 +281,11 @@ class FusedBlock(Block):
             self.register_buffer("value_bias", None if b_v is None else b_v.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # The packed and int8 layers compute in fp32 only: as an fp32 model's own kernels would, the block
+            # ignores autocast (which would hand them bf16 attention outputs).
+            with torch.autocast("cpu", enabled=False):
+                return self.forward(x.float(), return_attention, queries)
         if return_attention or self.training:
             return super().forward(x, return_attention, queries)
         if self.int8_kernel and queries is None:
@@ -303,7 +325,7 @@ def fuse_blocks(model: nn.Module) -> nn.Module:
     return model
 
 
-class DynamicInt8Linear(nn.Module):
+class DynamicInt8Linear(_Unsaved):
     """nn.Linear with int8 weights (symmetric, one scale per output channel) and activations quantised
     per call (asymmetric uint8, one scale per tensor), through fbgemm's `quantized::linear_dynamic`.
 
@@ -497,6 +519,9 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
                          "optimize the original model instead")
     if compile not in (True, False, "auto"):
         raise ValueError(f"compile={compile!r}: choose True, False or 'auto'")
+    if hasattr(model, "_orig_mod"):  # torch.compile's wrapper: its graphs would be traced through packed layers
+        raise ValueError("vitkit.optimize takes the model itself, not torch.compile's wrapper of it: "
+                         "vitkit.optimize(model, compile=True) compiles it")
     device = _model_device(model)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if precision in ("fp32", "int8") and dtype != torch.float32:
