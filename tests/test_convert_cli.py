@@ -125,3 +125,16 @@ def test_a_bare_file_is_described_once_by_the_options_its_warnings_name(tmp_path
     assert written.cfg == source.cfg.replace(name="bare", crop_pct=0.9)
     for k, v in source.state_dict().items():
         assert torch.equal(written.state_dict()[k], v), k
+
+
+def test_the_checkpoint_hint_points_to_info_except_from_info(tmp_path, capsys):
+    """A checkpoint error's hint suggests `vitkit info PATH`, but not to `vitkit info` itself (it just failed)."""
+    (tmp_path / "junk.safetensors").write_bytes(b"not a checkpoint at all")
+    for command, suggests in ((["convert", tmp_path / "junk.safetensors", tmp_path / "out"], True),
+                              (["info", tmp_path / "junk.safetensors"], False)):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*map(str, command)])
+        assert exit_info.value.code != 0
+        err = capsys.readouterr().err
+        assert "junk.safetensors" in err and "hint: vitkit loads its own folders" in err, err
+        assert ("`vitkit info PATH` tells what one holds" in err) == suggests, err

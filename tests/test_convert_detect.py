@@ -232,3 +232,33 @@ def test_nothing_is_said_when_nothing_is_assumed(tmp_path):
             model = vitkit.load(path, **kw)
         assert model.cfg.num_heads == 4 and model.cfg.pool == "gap", path
         assert_same_logits(model, ref, (32, 128))
+
+
+def test_a_shard_index_that_disagrees_with_its_shards_is_an_error(tmp_path):
+    """A tensor the index names but no shard holds would be missing; one two shards hold is ambiguous (the later
+    shard's copy would silently win): both named, with the index."""
+    from safetensors.torch import load_file
+
+    state = tiny_state()
+    names = sorted(state)
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in halves.items():
+        save_file({k: state[k] for k in keys}, str(folder / shard))
+    weight_map = {k: shard for shard, keys in halves.items() for k in keys}
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    model = vitkit.load(folder, num_heads=1, image_size=32)
+    assert all(torch.equal(model.state_dict()[k], state[k]) for k in names)
+    first = folder / "model-00001-of-00002.safetensors"
+    save_file({**load_file(str(first)), names[-1]: torch.zeros_like(state[names[-1]])}, str(first))
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors\.index\.json: tensors more than one shard holds: "
+                                              rf"{names[-1]} \(in model-00001-of-00002\.safetensors, "
+                                              rf"model-00002-of-00002\.safetensors\)$"):
+        vitkit.load(folder, num_heads=1, image_size=32)
+    save_file({k: state[k] for k in halves[first.name][1:]}, str(first))
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors\.index\.json: tensors it names that no shard holds "
+                                              rf"\['{names[0]}'\]"):
+        vitkit.load(folder, num_heads=1, image_size=32)

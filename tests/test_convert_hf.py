@@ -149,3 +149,46 @@ def test_preprocessing_is_vit_image_processors_squash(tmp_path):
     config["vitkit_config"] = {"crop_pct": 0.9}
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     assert (vitkit.load(tmp_path / "hf").cfg.crop_mode, vitkit.load(tmp_path / "hf").cfg.crop_pct) == ("center", 0.9)
+
+
+def test_transformers_fields_win_over_a_stale_vitkit_config(tmp_path):
+    """transformers keeps vitkit_config when it re-saves a config someone changed: what transformers computes
+    with (hidden_act, layer_norm_eps, the preprocessor's mean and std) wins; vitkit_config keeps the crop."""
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
+                                          mlp_dim=96, num_classes=3, gelu="tanh", crop_pct=0.9)).eval()
+    with pytest.warns(UserWarning, match="no centre crop"):
+        folder = write(ours, tmp_path / "out", to="hf")
+    ref = transformers.ViTForImageClassification.from_pretrained(folder)
+    ref.config.hidden_act, ref.config.layer_norm_eps = "gelu", 1e-3  # a changed model, re-saved
+    ref = transformers.ViTForImageClassification(ref.config).eval()
+    ref.load_state_dict(transformers.ViTForImageClassification.from_pretrained(folder).state_dict())
+    ref.save_pretrained(tmp_path / "changed")
+    assert "vitkit_config" in json.loads((tmp_path / "changed" / "config.json").read_text())
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32}, resample=3,
+                                               image_mean=[0.1, 0.2, 0.3], image_std=[0.4, 0.5, 0.6])
+    processor.save_pretrained(tmp_path / "changed")
+    back = vitkit.load(tmp_path / "changed")
+    assert (back.cfg.gelu, back.cfg.ln_eps, back.cfg.mean, back.cfg.std) == ("exact", 1e-3, (0.1, 0.2, 0.3),
+                                                                              (0.4, 0.5, 0.6))
+    assert (back.cfg.crop_mode, back.cfg.crop_pct) == ("center", 0.9)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(back(x), ref(x).logits, "re-saved HF folder with a stale vitkit_config vs transformers")
+
+
+def test_a_pooler_narrower_than_the_model_round_trips(tmp_path):
+    """ViTModel's pooler_output_size may differ from hidden_size: read as the pre-logits width, and written back
+    as pooler_output_size, so that transformers and vitkit read the same function."""
+    ref = randomize_(transformers.ViTModel(hf_config(pooler_output_size=40))).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    ours = vitkit.load(tmp_path / "hf")
+    assert ours.cfg.representation_size == 40
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing for transformers to do differently
+        folder = write(ours, tmp_path / "out", to="hf")
+    assert json.loads((folder / "config.json").read_text())["pooler_output_size"] == 40
+    back = transformers.ViTModel.from_pretrained(folder).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(back(x).pooler_output, ref(x).pooler_output, "vitkit written as HF with a 40-wide pooler")
+        assert_same(vitkit.load(folder)(x), ref(x).pooler_output, "HF -> vitkit -> HF -> vitkit")

@@ -8,8 +8,16 @@ import pytest
 import torch
 
 import vitkit
-from convert_reference import assert_same, randomize_, timm_to_npz_arrays
+from convert_reference import (
+    assert_noted,
+    assert_same,
+    assert_same_logits,
+    load_noting,
+    randomize_,
+    timm_to_npz_arrays,
+)
 from vitkit.checkpoint import CheckpointError
+from vitkit.posemb import sincos_2d
 
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
@@ -106,11 +114,20 @@ def test_big_vision_gap_model(tmp_path):
 
 
 def test_big_vision_sincos_has_no_table(tmp_path):
+    """No table to count the grid from: 224 px is assumed, and said, naming image_size=, which gives the model."""
     ref = tiny_timm(class_token=False, global_pool="avg", fc_norm=False)
+    with torch.no_grad():
+        ref.pos_embed.copy_(sincos_2d((SIZE // 8, SIZE // 8), 64)[None])  # the fixed table at the trained size
     arrays = timm_to_npz_arrays(ref, big_vision=True)
     del arrays["params/pos_embedding"]
-    model = vitkit.load(save_npz(tmp_path / "sincos.npz", arrays))
-    assert model.cfg.pos_embed == "sincos-2d"
+    path = save_npz(tmp_path / "sincos.npz", arrays)
+    model, notes = load_noting(path)
+    assert (model.cfg.pos_embed, model.cfg.image_size) == ("sincos-2d", (224, 224))
+    assert_noted(notes, r"sincos\.npz holds no config that gives its image size: assumed 224x224 images \(a 28x28 "
+                        r"grid of 8-pixel patches\) for its fixed sincos-2d position embedding.*pass image_size=")
+    model, notes = load_noting(path, image_size=SIZE)
+    assert not [n for n in notes if "image size" in n], notes
+    assert_same_logits(model, ref, (SIZE, SIZE))
 
 
 def narrow_timm_hybrid(layers, seed: int):

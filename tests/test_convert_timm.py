@@ -319,3 +319,86 @@ def test_writing_a_flax_hybrid_for_timm_notes_timms_constants(tmp_path):
                                 num_classes=3, hybrid_norm="flax")
     with pytest.warns(UserWarning, match=r"timm's hybrid ResNet standardises .* \(flax\)"):
         write(model, tmp_path / "out", to="timm")
+
+
+def test_a_hub_folder_without_model_args_takes_its_heads_from_timms_builder(tmp_path):
+    """The hub serves timm's folders without model_args: vit_base_patch16_gap_224 is 768 wide with 16 heads of 48
+    (not ViT-B's 12, nor 64-wide ones), which timm's builder of the architecture says, built on the meta device."""
+    ref = randomize_(timm.create_model("vit_base_patch16_gap_224", img_size=32, patch_size=8, depth=1, mlp_ratio=1.0,
+                                       num_classes=3)).eval()
+    assert ref.blocks[0].attn.num_heads == 16
+    folder = timm_folder(tmp_path / "t", ref, "vit_base_patch16_gap_224", {})
+    config = json.loads((tmp_path / "t" / "config.json").read_text())
+    del config["model_args"]
+    (tmp_path / "t" / "config.json").write_text(json.dumps(config))
+    model, notes = load_noting(folder)
+    assert not [n for n in notes if "number of heads" in n], notes
+    assert (model.cfg.num_heads, model.cfg.pool) == (16, "gap")
+    with torch.no_grad():
+        x = torch.randn(2, 3, 32, 32)
+        assert_same(model(x), ref(x), "timm hub folder without model_args vs timm")
+    config["architecture"] = "no_such_architecture"  # timm cannot say: still the warned guess
+    (tmp_path / "t" / "config.json").write_text(json.dumps(config))
+    model, notes = load_noting(folder)
+    assert model.cfg.num_heads == 12
+    assert_noted(notes, r"holds no config that gives its number of heads: assumed 12 heads")
+
+
+def test_a_bare_timm_file_says_it_guessed_the_class_tokens_position_row(tmp_path):
+    """A 6x8 grid and the class token's row have 49 rows, those of a 7x7 grid with no_embed_class: read as the
+    latter with a warning naming image_size=, which then reads it right."""
+    ref = tiny_timm(img_size=(48, 64), embed_dim=64, num_heads=1, depth=1)
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    model, notes = load_noting(tmp_path / "w.safetensors")
+    assert model.cfg.image_size == (56, 56)
+    assert_noted(notes, r"w\.safetensors holds no config that gives its class token's position row: assumed none "
+                        r"\(timm's no_embed_class=True\): its 49 position rows a 7x7 grid of patches, not 48 patches "
+                        r"and the class token's row; pass image_size=\(H, W\)")
+    model, notes = load_noting(tmp_path / "w.safetensors", image_size=(48, 64))
+    assert not [n for n in notes if "position row" in n], notes
+    assert_same_logits(model, ref, (48, 64))
+
+
+def test_a_non_square_no_embed_class_table_is_counted_right(tmp_path):
+    """A 6x10 grid without the class token's row: 60 rows, which the error counts both ways."""
+    ref = tiny_timm(img_size=(48, 80), embed_dim=64, num_heads=1, depth=1, no_embed_class=True)
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    with pytest.raises(CheckpointError, match=r"w\.safetensors: the position table has 60 rows, not a square grid "
+                                              r"of patches with the class token's row \(59 patches\) or without it "
+                                              r"\(60, timm's no_embed_class\); give the image size"):
+        vitkit.load(tmp_path / "w.safetensors")
+    model, _ = load_noting(tmp_path / "w.safetensors", image_size=(48, 80))
+    assert_same_logits(model, ref, (48, 80))
+
+
+def test_a_model_without_position_embedding_is_written_for_timm(tmp_path):
+    """timm's pos_embed='none': read from timm, written back, and timm builds the same function from the folder."""
+    ref = tiny_timm(pos_embed="none", depth=1)
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    ours, _ = load_noting(tmp_path / "w.safetensors", image_size=32)
+    assert ours.cfg.pos_embed == "none"
+    assert_same_logits(ours, ref, (32, 32))
+    folder = write(ours, tmp_path / "out", to="timm")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_args"]["pos_embed"] == "none"
+    theirs = timm.create_model(config["architecture"], num_classes=config["num_classes"], **config["model_args"])
+    theirs.load_state_dict(load_file(str(folder / "model.safetensors")))
+    assert_same_logits(theirs.eval(), ref, (32, 32))
+    assert vitkit.load(folder).cfg == ours.cfg
+
+
+def test_a_transformers_timm_wrapper_folder(tmp_path):
+    """transformers' TimmWrapperForImageClassification saves timm's names under `timm_model.`, with timm's
+    architecture and model_args (here without num_heads, which timm's builder then gives) in config.json."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.TimmWrapperConfig(architecture="vit_base_patch16_gap_224", num_labels=3,
+                                            model_args={"depth": 1, "img_size": 32, "patch_size": 8, "mlp_ratio": 1.0})
+    ref = randomize_(transformers.TimmWrapperForImageClassification(config)).eval()
+    ref.save_pretrained(tmp_path / "w")
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["model_type"] == "timm_wrapper"
+    model, notes = load_noting(tmp_path / "w")
+    assert (model.cfg.num_heads, model.class_names) == (16, None)
+    assert not [n for n in notes if "number of heads" in n], notes
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(model(x), ref(pixel_values=x).logits, "transformers TimmWrapper folder vs transformers")

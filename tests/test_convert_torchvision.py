@@ -7,6 +7,7 @@ import torch
 
 import vitkit
 from convert_reference import assert_same, load_noting, randomize_
+from vitkit.checkpoint import CheckpointError
 from vitkit.convert.common import IMAGENET_MEAN, IMAGENET_STD
 
 tv = pytest.importorskip("torchvision.models.vision_transformer")
@@ -68,4 +69,38 @@ def test_a_torchvision_file_says_which_heads_it_assumed_and_nothing_else(tmp_pat
     assert model.cfg.num_heads == 4 and notes == []
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
+
+
+def test_swag_weights_get_swags_preprocessing(tmp_path):
+    """torchvision's SWAG weights (384, 512, 518 px) are evaluated with a bicubic resize to the full size and no
+    crop, not the 224 recipe's resize to 256 and crop; vitkit's transform then equals torchvision's."""
+    import numpy as np
+    from PIL import Image
+    from torchvision.models import ViT_B_16_Weights
+
+    from vitkit.data.transforms import build_eval_transform
+
+    ref = tiny_tv(image_size=384, patch_size=32, num_layers=1, hidden_dim=64, mlp_dim=32, num_classes=3)
+    torch.save(ref.state_dict(), tmp_path / "w.pth")
+    model, _ = load_noting(tmp_path / "w.pth", num_heads=2)
+    assert (model.cfg.image_size, model.cfg.interpolation, model.cfg.crop_pct) == ((384, 384), "bicubic", 1.0)
+    swag = ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1.transforms()
+    assert (swag.crop_size, swag.resize_size, swag.interpolation.value) == ([384], [384], "bicubic")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (400, 500, 3), dtype=np.uint8))
+    ours = build_eval_transform(model.cfg)(image)
+    theirs = swag(image)
+    # one uint8 level apart at most (rounding), in normalised units; the 224 recipe's crop differs everywhere
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1.01 / 255 / min(IMAGENET_STD))
+
+
+def test_heads_a_name_gives_that_do_not_divide_the_width_are_an_error_that_says_so(tmp_path):
+    ref = tiny_tv(hidden_dim=64, num_heads=4, num_layers=1, num_classes=5)
+    torch.save(ref.state_dict(), tmp_path / "vit_b_16-c867db91.pth")
+    with pytest.raises(CheckpointError, match=r"vit_b_16-c867db91\.pth: its width 64 is not divisible by 12, the "
+                                              r"heads of ViT-B/16, which its name \(vit_b_16\) names; pass num_heads="):
+        vitkit.load(tmp_path / "vit_b_16-c867db91.pth")
+    model, _ = load_noting(tmp_path / "vit_b_16-c867db91.pth", num_heads=4)
+    with torch.no_grad():
+        x = torch.randn(2, 3, 32, 32)
         torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)

@@ -8,13 +8,15 @@ files, the R50 hybrid); timm state dicts and hub folders (.safetensors, or .pth/
 
 The architecture is read from the tensors: widths, depth, patch, MLP size and classes from shapes, the
 heads from the npz query kernel or from config.json. timm and torchvision fuse q;k;v, so their heads
-cannot be read from shapes: they come from config.json (timm's model_args, or the architecture's preset),
-else the preset whose width matches (Table 1, DeiT), else 64-wide heads. The image size comes from the
-position table (a non-square grid needs `image_size=` or a config), and a timm or vitkit model with a class
-token may pool by it or by GAP (`pool=`). Whatever a bare file leaves open and vitkit assumes (heads, a square
-grid, token pooling) is a UserWarning that names the argument that sets it. What differs between sources is
-recorded in the config: tanh GELU for Google's Flax models, LayerNorm eps (1e-12 for Hugging Face files
-without a config), normalisation mean/std (0.5 for Google and timm's ViTs, ImageNet's for torchvision).
+cannot be read from shapes: they come from config.json (timm's model_args, the architecture's preset, or
+timm's builder of the architecture), else the preset whose width matches (Table 1, DeiT), else 64-wide heads.
+The image size comes from the position table (a non-square grid needs `image_size=` or a config), and a timm
+or vitkit model with a class token may pool by it or by GAP (`pool=`). Whatever a bare file leaves open and
+vitkit assumes (heads, a square grid, token pooling) is a UserWarning that names the argument that sets it.
+What differs between sources is recorded in the config: tanh GELU for Google's Flax models, LayerNorm eps
+(1e-12 for Hugging Face files without a config), normalisation mean/std (0.5 for Google and timm's ViTs,
+ImageNet's for torchvision). A sharded folder's index must agree with its shards: each tensor it names held
+by exactly one of them.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from .convert.detect import (
     SAFETENSORS,
     TORCH,
     check_extension,
+    check_shards,
     folder_format,
     read_json,
+    shard_index,
     sniff_file,
     state_format,
     weight_files,
@@ -124,14 +128,18 @@ def _read_folder(folder: Path, hints: Hints) -> Converted:
             raise CheckpointError(f"{folder / 'config.json'}: bad model config ({e})") from None
         weights = folder / "model.safetensors"
         return Converted(cfg, read_tensors(weights), meta.get("class_names"), str(weights), "vitkit")
-    files = weight_files(folder)
+    shards = {f: _read_file(f) for f in weight_files(folder)}
+    index = shard_index(folder)
+    if index is not None:
+        check_shards(index, {f.name: set(tensors) for f, tensors in shards.items()})
     state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(_read_file(f))
+    for tensors in shards.values():
+        state.update(tensors)
     if fmt == "timm":
-        from .convert.timm import from_timm, hints_from_config
+        from .convert.timm import from_timm, hints_from_config, unwrap_timm_wrapper
 
-        return from_timm(state, _merge(hints_from_config(config, source), hints), source)
+        return from_timm(unwrap_timm_wrapper(state, config), _merge(hints_from_config(config, source), hints),
+                         source)
     if fmt == "hf":
         from .convert.hf import from_hf, hints_from_config
 

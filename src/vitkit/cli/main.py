@@ -85,8 +85,10 @@ def explain(error: Exception, argv: list[str] | None) -> None:
     if isinstance(e, UsageError):
         fail(str(e), e.hint)
     elif isinstance(e, CheckpointError):
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
         fail(str(e), "vitkit loads its own folders (config.json + model.safetensors), Google .npz, timm, "
-                     "Hugging Face and torchvision files, and hub names; `vitkit info PATH` tells what one holds")
+                     "Hugging Face and torchvision files, and hub names"
+                     + ("" if words[:1] == ["info"] else "; `vitkit info PATH` tells what one holds"))
     elif isinstance(e, OSError):  # a wrong path; a read-only or full filesystem, a quota
         path_error = isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
                                     PermissionError))

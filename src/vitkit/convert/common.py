@@ -50,6 +50,9 @@ class Hints:
     config: dict[str, Any] = field(default_factory=dict)
     class_names: list[str] | None = None
     no_embed_class: bool | None = None  # the class token gets no position row (timm's no_embed_class)
+    # The timm architecture a timm config.json names, and its model_args: timm's builder fills in the rest.
+    architecture: str = ""
+    architecture_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -266,15 +269,6 @@ def add_class_row(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
-def patches_for_hint(state: dict[str, torch.Tensor], hints: Hints) -> int | None:
-    """Patches the hinted image size gives with this state's patch stride (None without a size hint)."""
-    if not hints.image_size or "patch_embed.proj.weight" not in state:
-        return None
-    stride = patch_stride_of(state)
-    h, w = hints.image_size
-    return (h // stride) * (w // stride)
-
-
 def patch_stride_of(state: dict[str, torch.Tensor]) -> int:
     """Pixels per token: the patch size, times the hybrid ResNet's stride (4, then 2 per further stage)."""
     stride = state["patch_embed.proj.weight"].shape[-1]
@@ -349,9 +343,14 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, squa
         fields["image_size"] = (gh * stride, gw * stride)
     elif hints.image_size:
         fields["image_size"] = hints.image_size
-    else:  # no table (a fixed sin-cos embedding): the largest size the name mentions, else 224
+    else:  # no table (a fixed sin-cos embedding, or none): the largest size the name mentions, else 224
         sizes = [s for s in sizes_in_name(hints.name) if s[0] % stride == 0 and s[1] % stride == 0]
         fields["image_size"] = max(sizes) if sizes else (224, 224)
+        if not sizes and fields["pos_embed"] != "none":  # the size sets the fixed table, so the function
+            side = 224 // stride
+            warn_assumed(source, "image size", f"224x224 images (a {side}x{side} grid of {stride}-pixel patches) for "
+                         f"its fixed {fields['pos_embed']} position embedding, which leaves no table to count",
+                         "pass image_size=(H, W) if the model was trained at another size")
     for key, value in hints.config.items():
         fields.setdefault(key, value)
     fields.setdefault("name", hints.name)

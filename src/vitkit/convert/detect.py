@@ -119,13 +119,49 @@ def weight_files(folder: Path, required: bool = True) -> list[Path]:
     return []
 
 
-def shard_names(index: Path) -> list[str]:
-    """The shard files a shard index's weight_map names, each checked to be a plain name (a file next to the
-    index, never a path that leads elsewhere)."""
+def shard_index(folder: Path) -> Path | None:
+    """The shard index whose shards `weight_files` reads for this folder (None when it reads one file)."""
+    if any((folder / name).is_file() for name in WEIGHT_FILES):
+        return None
+    return next((folder / name for name in SHARD_INDEXES if (folder / name).is_file()), None)
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """A shard index's weight_map: tensor name -> the shard file that holds it."""
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index}: no \"weight_map\" from tensor names to shard files")
-    shards = sorted(set(map(str, weight_map.values())))
+    return {str(k): str(v) for k, v in weight_map.items()}
+
+
+def check_shards(index: Path, held: dict[str, set[str]]) -> None:
+    """That the shards (`held`: shard file name -> the tensor names it holds) hold what the index says: a tensor
+    the index names that no shard holds would be missing from the model, one that two shards hold is ambiguous
+    (which is the model's?); both are listed in one error naming the index."""
+    holders: dict[str, list[str]] = {}
+    for shard, names in sorted(held.items()):
+        for name in names:
+            holders.setdefault(name, []).append(shard)
+    absent = sorted(k for k in read_weight_map(index) if k not in holders)
+    twice = {k: v for k, v in sorted(holders.items()) if len(v) > 1}
+    problems = []
+    if absent:
+        problems.append(f"tensors it names that no shard holds {_few(absent)}")
+    if twice:
+        problems.append("tensors more than one shard holds: " + "; ".join(
+            f"{k} (in {', '.join(v)})" for k, v in list(twice.items())[:10]) + ("; ..." if len(twice) > 10 else ""))
+    if problems:
+        raise CheckpointError(f"{index}: " + "; ".join(problems))
+
+
+def _few(items: list[str], limit: int = 10) -> str:
+    return str(items) if len(items) <= limit else f"{items[:limit]} and {len(items) - limit} more"
+
+
+def shard_names(index: Path) -> list[str]:
+    """The shard files a shard index's weight_map names, each checked to be a plain name (a file next to the
+    index, never a path that leads elsewhere)."""
+    shards = sorted(set(read_weight_map(index).values()))
     elsewhere = [s for s in shards if Path(s).name != s or s in (".", "..")]
     if elsewhere:
         raise CheckpointError(f"{index}: shards must be files next to the index, not {elsewhere}")

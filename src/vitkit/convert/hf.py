@@ -59,39 +59,35 @@ def is_hf_state(keys: set[str]) -> bool:
 
 
 def hints_from_config(config: dict[str, Any], preprocessor: dict[str, Any] | None, source: str) -> Hints:
-    """What config.json and preprocessor_config.json say: heads, image size, activation, eps, labels."""
+    """What config.json and preprocessor_config.json say: heads, image size, activation, eps, labels.
+
+    A folder vitkit wrote also holds `vitkit_config`, for what transformers' fields cannot say (crop, name,
+    ...). transformers keeps that entry when it re-saves a config someone changed, so it may be stale: the
+    fields transformers reads (hidden_act, layer_norm_eps, image_size, num_attention_heads, the preprocessor's
+    mean, std and resample) win over it.
+    """
     if config.get("model_type", "vit") != "vit":
         raise CheckpointError(f"{source}: a Hugging Face {config.get('model_type')!r} model, not a plain ViT "
                               "(model_type 'vit')")
-    hints = Hints(name=str(config.get("_name_or_path", "")))
-    hints.num_heads = config.get("num_attention_heads")
-    size = config.get("image_size")
-    if size is not None:
-        hints.image_size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-    act = config.get("hidden_act", "gelu")
-    if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
-        raise CheckpointError(f"{source}: hidden_act={act!r} is not one vitkit has "
-                              "(gelu, gelu_new, gelu_pytorch_tanh)")
+    if config.get("pooler_act", "tanh") != "tanh":
+        raise CheckpointError(f"{source}: pooler_act={config['pooler_act']!r}; vitkit's pre-logits use tanh")
+    written = config.get("vitkit_config") or {}  # a folder vitkit wrote: the fields HF cannot hold
+    # (written before ViTConfig had crop_mode: the model's own preprocessing then always centre-cropped)
     cfg: dict[str, Any] = {
-        "gelu": "exact" if act == "gelu" else "tanh",
-        "ln_eps": float(config.get("layer_norm_eps", HF_LAYER_NORM_EPS)),
+        "ln_eps": HF_LAYER_NORM_EPS,
         # ViTImageProcessor resizes straight to the model's size (aspect ratio not kept), no crop
         "crop_mode": "squash", "crop_pct": 1.0,
         "interpolation": "bilinear",  # ViTImageProcessor's default resample
+        **({"crop_mode": "center", **written} if written else {}),
+        **stated_by_hf(config, preprocessor, source),
     }
-    if config.get("pooler_act", "tanh") != "tanh":
-        raise CheckpointError(f"{source}: pooler_act={config['pooler_act']!r}; vitkit's pre-logits use tanh")
-    if preprocessor:
-        if preprocessor.get("image_mean") is not None:
-            cfg["mean"] = preprocessor["image_mean"]
-            cfg["std"] = preprocessor["image_std"]
-        if preprocessor.get("resample") in RESAMPLE:
-            cfg["interpolation"] = RESAMPLE[preprocessor["resample"]]
-    written = config.get("vitkit_config") or {}  # a folder vitkit wrote: the fields HF cannot hold
-    # (written before ViTConfig had crop_mode: the model's own preprocessing then always centre-cropped)
-    cfg.update({"crop_mode": "center", **written} if written else {})
-    if "image_size" in cfg:
-        hints.image_size = tuple(cfg["image_size"])
+    cfg.setdefault("gelu", "exact")  # transformers' default hidden_act, "gelu"
+    hints = Hints(name=str(config.get("_name_or_path", "")))
+    hints.num_heads = config.get("num_attention_heads") or written.get("num_heads")
+    size = config.get("image_size", written.get("image_size"))
+    if size is not None:
+        hints.image_size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    cfg.pop("image_size", None)
     hints.config = cfg
     labels = config.get("id2label")
     if labels:
@@ -100,6 +96,27 @@ def hints_from_config(config: dict[str, Any], preprocessor: dict[str, Any] | Non
         if names != [f"LABEL_{i}" for i in range(len(names))]:
             hints.class_names = names
     return hints
+
+
+def stated_by_hf(config: dict[str, Any], preprocessor: dict[str, Any] | None, source: str) -> dict[str, Any]:
+    """The ViTConfig fields that config.json and preprocessor_config.json state themselves (activation, eps,
+    mean, std, resampling): what transformers computes with, whatever else the folder says."""
+    out: dict[str, Any] = {}
+    if "hidden_act" in config:
+        act = config["hidden_act"]
+        if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise CheckpointError(f"{source}: hidden_act={act!r} is not one vitkit has "
+                                  "(gelu, gelu_new, gelu_pytorch_tanh)")
+        out["gelu"] = "exact" if act == "gelu" else "tanh"
+    if config.get("layer_norm_eps") is not None:
+        out["ln_eps"] = float(config["layer_norm_eps"])
+    if preprocessor:
+        if preprocessor.get("image_mean") is not None:
+            out["mean"] = preprocessor["image_mean"]
+            out["std"] = preprocessor["image_std"]
+        if preprocessor.get("resample") in RESAMPLE:
+            out["interpolation"] = RESAMPLE[preprocessor["resample"]]
+    return out
 
 
 def from_hf(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Converted:
@@ -130,8 +147,6 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
         problems.append("transformers has no ResNet hybrid ViT in its current versions")
     if cfg.num_classes > 0 and cfg.representation_size:
         problems.append("ViTForImageClassification has no pre-logits layer before its classifier")
-    if cfg.num_classes == 0 and cfg.representation_size not in (None, cfg.dim):
-        problems.append(f"ViTModel's pooler is {cfg.dim} wide, the pre-logits {cfg.representation_size}")
     if problems:
         raise ValueError("cannot write this model for Hugging Face transformers: " + "; ".join(problems))
     classify = cfg.num_classes > 0

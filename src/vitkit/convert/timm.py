@@ -4,7 +4,11 @@ register tokens, layer scale, attention pooling, q/k norms) is reported instead 
 
 A timm folder, as `timm.models.push_to_hf_hub` writes it and the Hugging Face hub serves it, holds
 `config.json` ({"architecture", "num_classes", "pretrained_cfg": {mean, std, input_size, ...}, "model_args"})
-and `model.safetensors` (or `pytorch_model.bin`).
+and `model.safetensors` (or `pytorch_model.bin`). The hub serves timm's own folders without `model_args`: a
+config that gives no num_heads then gets them (and the activation, class-token position, pooling) from timm's
+builder of the architecture with what model_args there are, run on the meta device, where timm is installed
+(unless a vitkit preset's name alone says them). transformers' TimmWrapper folders (model_type "timm_wrapper")
+hold the same config and timm's names under `timm_model.`.
 
 A bare state dict (timm's names, also vitkit's own) says nothing of what its shapes leave open: the heads of
 the fused q;k;v, whether a model with a class token pools by it or by averaging the patch tokens
@@ -35,8 +39,11 @@ from .common import (
     default_class_names,
     infer_config,
     is_square,
-    patches_for_hint,
+    named_preset,
+    patch_stride_of,
     rename,
+    sizes_in_name,
+    warn_assumed,
 )
 
 _BLOCK = r"blocks\.(\d+)\.(norm1|attn\.qkv|attn\.proj|norm2|mlp\.fc1|mlp\.fc2)\.(weight|bias)"
@@ -54,6 +61,7 @@ RULES = [
 ]
 
 TIMM_GELU_TANH = "gelu_tanh"
+TIMM_POS_EMBED = {"learned": "learn", "none": "none"}  # vitkit's position embeddings timm's ViT has, by its name
 TIMM_LN_EPS = 1e-6  # timm's VisionTransformer builds its LayerNorms with this epsilon; model_args cannot change it
 
 
@@ -70,11 +78,23 @@ def is_timm_state(keys: set[str]) -> bool:
     return "patch_embed.proj.weight" in keys or "patch_embed.backbone.stem.conv.weight" in keys
 
 
+TIMM_WRAPPER_PREFIX = "timm_model."  # transformers' TimmWrapperModel keeps the timm model under this name
+
+
+def unwrap_timm_wrapper(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The timm state dict inside a transformers TimmWrapper folder (config.json: model_type "timm_wrapper",
+    with timm's architecture and model_args): timm's names under `timm_model.`; other folders as they are."""
+    if config.get("model_type") != "timm_wrapper" or not all(k.startswith(TIMM_WRAPPER_PREFIX) for k in state):
+        return state
+    return {k[len(TIMM_WRAPPER_PREFIX):]: v for k, v in state.items()}
+
+
 def hints_from_config(config: dict[str, Any], source: str) -> Hints:
     """What a timm config.json says that the tensors do not."""
     pcfg = config.get("pretrained_cfg", config)  # older files kept everything at the top level
     args = config.get("model_args", {}) or {}
-    hints = Hints(name=str(config.get("architecture", "")))
+    hints = Hints(name=str(config.get("architecture", "")), architecture=str(config.get("architecture", "")),
+                  architecture_args=dict(args))
     if pcfg.get("tag"):
         hints.name += f".{pcfg['tag']}"
     hints.num_heads = args.get("num_heads")
@@ -110,21 +130,104 @@ def hints_from_config(config: dict[str, Any], source: str) -> Hints:
     names = config.get("label_names", pcfg.get("label_names"))
     if isinstance(names, dict):
         names = [names[k] for k in sorted(names, key=int)]
-    hints.class_names = list(names) if names else None
+    # transformers (a TimmWrapper folder) fills the names with "LABEL_i" when a model has none: not names.
+    hints.class_names = list(names) if names and list(names) != [f"LABEL_{i}" for i in range(len(names))] else None
     if "no_embed_class" in args:
         hints.no_embed_class = bool(args["no_embed_class"])
     return hints
 
 
+def architecture_defaults(architecture: str, model_args: dict[str, Any]) -> dict[str, Any] | None:
+    """What timm's builder of `architecture` (with `model_args`) makes that shapes cannot tell: width (to check
+    against the tensors'), heads, activation, LayerNorm eps, whether the class token has a position row, and the
+    pooling. Read from the model built on the meta device, so no weights are allocated. None without timm, for
+    a name timm does not know, or for a model that is not a ViT of timm's blocks."""
+    try:
+        import timm
+    except ImportError:
+        return None
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = timm.create_model(architecture, pretrained=False, **model_args)
+    except Exception:  # any builder's failure (an unknown name, arguments it refuses) only leaves the guess
+        return None
+    try:
+        block = model.blocks[0]
+        act = block.mlp.act
+        found = {"dim": int(model.embed_dim), "num_heads": int(block.attn.num_heads), "ln_eps": float(block.norm1.eps),
+                 "no_embed_class": bool(getattr(model, "no_embed_class", False)),
+                 "global_pool": getattr(model, "global_pool", None)}
+    except (AttributeError, IndexError, TypeError):
+        return None
+    found["gelu"] = {"none": "exact", "tanh": "tanh"}.get(act.approximate) if isinstance(act, torch.nn.GELU) else None
+    found["activation"] = type(act).__name__
+    return found
+
+
+def hints_from_architecture(hints: Hints, dim: int, source: str) -> Hints:
+    """The heads (and activation, eps, class-token position, pooling) of a timm folder whose config.json gives no
+    num_heads (the hub serves timm's own folders without model_args), from timm's builder of its architecture
+    with the model_args there are; a vitkit preset's name alone already says them (`heads_for`). Left to the
+    warned guess where timm is not installed, does not know the name, or builds another width than the tensors'."""
+    if hints.num_heads or not hints.architecture:
+        return hints
+    if named_preset(hints.architecture) is not None and not hints.architecture_args:
+        return hints
+    built = architecture_defaults(hints.architecture, hints.architecture_args)
+    if built is None or built["dim"] != dim:
+        return hints
+    if built["gelu"] is None:
+        raise CheckpointError(f"{source}: timm's {hints.architecture} uses the activation {built['activation']}, "
+                              "not one vitkit has (GELU, exact or tanh)")
+    hints.num_heads = built["num_heads"]
+    hints.config.setdefault("gelu", built["gelu"])
+    hints.config.setdefault("ln_eps", built["ln_eps"])
+    if hints.no_embed_class is None:
+        hints.no_embed_class = built["no_embed_class"]
+    if hints.pool is None and built["global_pool"] in ("avg", "token"):
+        hints.pool = "gap" if built["global_pool"] == "avg" else "token"
+    return hints
+
+
+def lacks_class_row(rows: int, stride: int, hints: Hints, source: str) -> bool:
+    """Whether a position table of `rows` rows beside a class token has no row for it (timm's no_embed_class),
+    when config.json does not say.
+
+    An image size (the caller's, or one the name mentions) gives the patch count, which decides. Else the shape
+    does: a square table is one row per patch of a square grid, a square plus one a square grid and the class
+    row. The first is a guess that is warned of (a 6x8 grid and the class row have the 49 rows of a 7x7 grid
+    without it); a table that is neither is an error naming both counts.
+    """
+    sizes = ([hints.image_size] if hints.image_size else []) + sizes_in_name(hints.name)
+    for h, w in sizes:
+        patches = (h // stride) * (w // stride)
+        if patches in (rows, rows - 1):
+            return patches == rows
+    if hints.image_size:
+        return False  # the grid's check names the size that does not fit
+    if is_square(rows) and not is_square(rows - 1):
+        side = math.isqrt(rows)
+        warn_assumed(source, "class token's position row", f"none (timm's no_embed_class=True): its {rows} position "
+                     f"rows a {side}x{side} grid of patches, not {rows - 1} patches and the class token's row",
+                     "pass image_size=(H, W) if the grid is another (its patch count then tells)")
+        return True
+    if not is_square(rows - 1):
+        raise CheckpointError(f"{source}: the position table has {rows} rows, not a square grid of patches with "
+                              f"the class token's row ({rows - 1} patches) or without it ({rows}, timm's "
+                              "no_embed_class); give the image size (e.g. vitkit.load(path, image_size=(H, W)))")
+    return False
+
+
 def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Converted:
     """A timm state dict (and what its config says) as vitkit tensors and config."""
     state = rename(state, RULES, source, "timm")
+    if "patch_embed.proj.weight" in state:
+        hints = hints_from_architecture(hints, state["patch_embed.proj.weight"].shape[0], source)
     no_embed_class = hints.no_embed_class
     if "cls_token" in state and "pos_embed" in state:
-        rows = state["pos_embed"].shape[1]
-        if no_embed_class is None:  # shapes decide: a table with one row per patch has no class row
-            patches = patches_for_hint(state, hints)
-            no_embed_class = rows == patches if patches else is_square(rows) and not is_square(rows - 1)
+        if no_embed_class is None:
+            no_embed_class = lacks_class_row(state["pos_embed"].shape[1], patch_stride_of(state), hints, source)
         if no_embed_class:
             state = add_class_row(state)
     if "deit" in hints.name.lower() and "mean" not in hints.config:
@@ -165,7 +268,7 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
     """timm's state dict and config.json for `model`."""
     cfg = model.cfg
     problems = []
-    if cfg.pos_embed != "learned":
+    if cfg.pos_embed not in TIMM_POS_EMBED:
         problems.append(f"timm's VisionTransformer has no {cfg.pos_embed!r} position embedding")
     if cfg.hybrid_width != 64 and cfg.hybrid_layers is not None:
         problems.append(f"timm's hybrids have a ResNet of width 64, this one {cfg.hybrid_width}")
@@ -196,6 +299,8 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
         "global_pool": "token" if cfg.pool == "token" else "avg",
         "fc_norm": False,  # vitkit normalises every token before pooling, as the paper (and timm's token pool)
     }
+    if cfg.pos_embed != "learned":
+        args["pos_embed"] = TIMM_POS_EMBED[cfg.pos_embed]
     if cfg.gelu == "tanh":
         args["act_layer"] = TIMM_GELU_TANH
     if cfg.hybrid_layers is not None:
