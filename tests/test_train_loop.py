@@ -414,7 +414,13 @@ def test_folder_batches_after_a_resume_are_the_ones_an_unbroken_epoch_makes(work
     source = LoaderBatches(Plain(), cfg, aug, num_classes=10, seed=5, workers=workers)
     assert isinstance(source.dataset, TransformedDataset)
     plan = make_plan(8, 4, 1, 0)
+    torch.manual_seed(3)
     whole = {step: b for step, b in source.epoch(1, plan, 0, 6)}
+    # The loader leaves the global RNG alone (dropout and drop-path draw from it: a resumed run must see the
+    # same draws as an unbroken one, whose loader was made at another point of the RNG's stream).
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(4))
     resumed = {step: b for step, b in source.epoch(1, plan, 3, 6)}
     assert list(resumed) == [3, 4, 5]
     for step, micro_batches in resumed.items():

@@ -188,8 +188,12 @@ class LoaderBatches:
     def epoch(self, epoch: int, plan: BatchPlan, start_step: int, num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
         order = epoch_order(len(self), self.seed, epoch)
         sampler = _IndexBatches(order, plan, start_step, num_steps, self.seed, epoch)
+        # The loader's own generator: without one, each iterator draws its workers' base seed from the global
+        # RNG, which dropout and drop-path also draw from, so a resumed run would drop other units (the items
+        # are seeded by _SeededItems; the base seed only has to leave the global RNG alone).
         loader = DataLoader(_SeededItems(self.dataset), batch_sampler=sampler, num_workers=self.workers,
-                            persistent_workers=False, worker_init_fn=ignore_stop_signals)
+                            persistent_workers=False, worker_init_fn=ignore_stop_signals,
+                            generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
         it = iter(loader)
         for step in range(start_step, num_steps):
             micro_batches = []
