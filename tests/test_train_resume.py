@@ -152,3 +152,67 @@ def test_resume_tidies_what_a_kill_between_two_renames_left(tmp_path):
     assert (run / "best" / "model.safetensors").read_bytes() == best
     assert sorted(p.name for p in run.iterdir() if p.name.startswith((".tmp", ".old"))) == []
     assert not list((run / "ckpt").glob(".tmp-*"))
+
+
+def test_a_damaged_run_folder_is_refused_with_what_to_do(tmp_path):
+    """An unreadable newest checkpoint, one without the EMA the run keeps, a config.json gone or cut short: each
+    refused with one line naming the file, and (for a checkpoint) the folder to delete to resume from the one
+    before it, which then resumes."""
+    import shutil
+
+    import pytest
+
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
+    cfg = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4", "ckpt_every=2",
+                                                                "keep_last=3", "ema=0.9"])
+    run = tmp_path / "run"
+    train(cfg, run, progress=False)
+    first, newest = list_checkpoints(run)
+    config = (run / "config.json").read_text()
+
+    (run / "config.json").unlink()
+    with pytest.raises(ValueError, match=rf"--resume: {run / 'config.json'} is missing"):
+        train(cfg, run, resume=True, progress=False)
+    (run / "config.json").write_text(config[: len(config) // 2])  # cut short
+    with pytest.raises(ValueError, match=rf"--resume: {run / 'config.json'} is unreadable"):
+        train(cfg, run, resume=True, progress=False)
+    (run / "config.json").write_text(config)
+
+    ema = (newest / "ema.safetensors").read_bytes()
+    (newest / "ema.safetensors").unlink()
+    with pytest.raises(ValueError, match=rf"{newest}: no ema.safetensors.*delete {newest} to resume from "
+                                         rf"{first.name}, the checkpoint before it"):
+        train(cfg, run, resume=True, progress=False)
+    (newest / "ema.safetensors").write_bytes(ema)
+
+    optimizer = newest / "optimizer.safetensors"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    with pytest.raises(ValueError, match=rf"{optimizer}: unreadable .*delete {newest} to resume from {first.name}"):
+        train(cfg, run, resume=True, progress=False)
+    shutil.rmtree(newest)  # as the message says: the run goes on from the checkpoint before it
+    assert train(cfg, run, resume=True, progress=False).steps == 4
+    assert [p.name for p in list_checkpoints(run)] == [first.name, newest.name]
+
+
+def test_metrics_of_a_killed_run_keep_their_complete_rows_only(tmp_path):
+    """A kill in the middle of a metrics row leaves a line cut short at the end of metrics.csv: the resumed run
+    drops it with the rows after its checkpoint, and keeps every complete row up to it."""
+    import csv
+
+    from vitkit.train.loop import MetricsLog
+
+    path = tmp_path / "metrics.csv"
+    log = MetricsLog(tmp_path, True, 0)
+    for step in (1, 2, 3):
+        log.write(step, step / 10, "train", loss=1.0 / step, lr=1e-3)
+    log.close()
+    with path.open("a") as f:
+        f.write("1700000000.0,4,0.4,tra")  # killed mid-row
+    MetricsLog(tmp_path, True, 2).close()
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows] == ["1", "2"] and rows[1]["loss"] == "0.5"
+    with path.open("a") as f:
+        f.write("garbage,not-a-step\n")
+    MetricsLog(tmp_path, True, 2).close()
+    assert [r["step"] for r in MetricsLog.read_rows(path)] == ["1", "2"]

@@ -34,9 +34,11 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from ..checkpoint import CheckpointError
 from ..data import resolve
 from ..data.datasets import split_name, with_classes
 from ..data.subsets import spread_subset
+from ..files import atomic_write
 from ..hardware import cpu_has_native_bf16
 from ..model import VisionTransformer
 from . import distributed
@@ -45,6 +47,7 @@ from .checkpoints import (
     RunFolderLock,
     clean_leftovers,
     latest_checkpoint,
+    list_checkpoints,
     load_train_state,
     restore_rng,
     save_model_atomically,
@@ -222,6 +225,41 @@ def saved_config(path: Path) -> dict[str, Any]:
         return saved
 
 
+def check_same_run(saved_cfg: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a run with another config than the one it was started with (its RUN/config.json),
+    but for the settings a resumed run may change (RESUMABLE_CHANGES). Without that file nothing can be
+    checked, and that too is refused: a run folder whose config.json is gone is not the run it was."""
+    if not saved_cfg.is_file():
+        raise ValueError(f"--resume: {saved_cfg} is missing, so this config cannot be checked against the one the "
+                         f"run was started with; put it back (a copy of the run's config), or start a new run in "
+                         "another --out")
+    try:
+        saved = saved_config(saved_cfg)
+    except (OSError, ValueError) as e:  # a truncated or hand-damaged file
+        raise ValueError(f"--resume: {saved_cfg} is unreadable ({e}); put back the run's config, or start a new "
+                         "run in another --out") from None
+    changed = [k for k in config_differences(saved, json.loads(cfg.to_json())) if k not in RESUMABLE_CHANGES]
+    if changed:
+        raise ValueError(f"--resume: the config differs from the one {saved_cfg.parent} was started with, in "
+                         f"{', '.join(changed)}; resume with the same recipe and --set options")
+
+
+def read_resume_checkpoint(out: Path, newest: Path, with_ema: bool) -> dict[str, Any]:
+    """The newest checkpoint's training state, or an error that says which folder to delete to resume from the
+    one before it (a checkpoint is written whole and renamed into place, so an unreadable one was damaged
+    afterwards: a disk fault, a partial copy)."""
+    try:
+        ck = load_train_state(newest)
+        if with_ema and ck["ema"] is None:
+            raise CheckpointError(f"{newest}: no ema.safetensors, though this run keeps an EMA of its weights")
+    except CheckpointError as e:
+        older = [p for p in list_checkpoints(out) if p != newest]
+        fix = (f"delete {newest} to resume from {older[-1].name}, the checkpoint before it" if older else
+               "it is the run's only checkpoint: start again in a new --out")
+        raise ValueError(f"--resume: {e}; {fix}") from None
+    return ck
+
+
 def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two nested config dicts."""
     out = []
@@ -248,9 +286,7 @@ class MetricsLog:
             return
         if resume_step and self.path.is_file():
             # Rows a killed run wrote after its last checkpoint are replayed by the resumed run: drop them.
-            with self.path.open(newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-            self._rewrite(rows)
+            self._rewrite([r for r in self.read_rows(self.path) if int(r["step"]) <= resume_step])
         elif not self.path.is_file() or not resume_step:
             self._rewrite([])
         from torch.utils.tensorboard import SummaryWriter
@@ -258,11 +294,32 @@ class MetricsLog:
         # Events after the checkpoint a run resumes from are replayed: purge them (the checkpoint's own step stays).
         self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
 
+    @classmethod
+    def read_rows(cls, path: Path) -> list[dict[str, str]]:
+        """The complete rows of a metrics.csv: a row a kill cut short (the file's last line, without its newline)
+        or one that is not a row of these columns is left out."""
+        text = path.read_text(errors="replace")
+        if not text.endswith("\n"):
+            text = text[:text.rfind("\n") + 1]
+        rows = []
+        for r in csv.DictReader(text.splitlines(), restkey="_extra"):
+            if "_extra" in r or any(r.get(c) is None for c in cls.COLUMNS):
+                continue
+            try:
+                int(r["step"])
+            except ValueError:
+                continue
+            rows.append(r)
+        return rows
+
     def _rewrite(self, rows: list[dict]) -> None:
-        with self.path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=self.COLUMNS)
-            w.writeheader()
-            w.writerows(rows)
+        def write(tmp: str) -> None:
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=self.COLUMNS)
+                w.writeheader()
+                w.writerows(rows)
+
+        atomic_write(self.path, write)
 
     def write(self, step: int, epoch: float, split: str, **values: float | None) -> None:
         """One row; a None value (top-5 of 5 classes or fewer) leaves its cell empty and draws no point."""
@@ -362,14 +419,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     check_run_folder(out, resume)
     newest = latest_checkpoint(out)
     saved_cfg = out / "config.json"
-    if resume and newest is not None and saved_cfg.is_file():
-        changed = [k for k in config_differences(saved_config(saved_cfg), json.loads(cfg.to_json()))
-                   if k not in RESUMABLE_CHANGES]
-        if changed:
-            raise ValueError(f"--resume: the config differs from the one {out} was started with, in "
-                             f"{', '.join(changed)}; resume with the same recipe and --set options")
+    if resume and newest is not None:
+        check_same_run(saved_cfg, cfg)
     if ctx.is_main:
-        saved_cfg.write_text(cfg.to_json())
+        atomic_write(saved_cfg, lambda tmp: Path(tmp).write_text(cfg.to_json()))
     distributed.barrier()
     # Every process must see the same folder (and so resume from the same step): on several machines, one
     # their filesystems share. Without it each would start from what its own disk holds.
@@ -393,7 +446,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     ema = EMA(model, cfg.ema) if cfg.ema else None
     step, best, elapsed_before = 0, None, 0.0
     if resume and newest is not None:
-        ck = load_train_state(newest)
+        ck = read_resume_checkpoint(out, newest, with_ema=ema is not None)
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
         if ema is not None:
@@ -484,11 +537,13 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
                 model.patch_drop_rate = 0.0 if step >= full_tokens_from else cfg.model.patch_dropout
                 loss = forward_backward(net, micro_batches, loss_fn, device, amp, ctx.distributed)
                 # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP
-                # summed over the processes, which must all stop together, at the same step.
-                flags = torch.stack([torch.isfinite(loss).float(), loss.new_tensor(float(stops.requested))])
+                # summed over the processes, which must all stop together, at the same step. The loss rides
+                # along, so that the one logged is the mean over the processes, not the main process's share.
+                flags = torch.stack([torch.isfinite(loss).float(), loss.new_tensor(float(stops.requested)),
+                                     torch.nan_to_num(loss.float())])
                 if ctx.distributed:
                     flags = distributed.all_reduce_sum(flags)
-                finite, stop = flags.tolist()
+                finite, stop, loss_sum = flags.tolist()
                 if finite < ctx.world:
                     raise TrainingDiverged(_diverged_message(float(loss), step, per_epoch, out))
                 optimizer_step(model, optimizer, cfg.optim.clip_grad_norm)
@@ -497,7 +552,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
                 step += 1
 
                 window_n += cfg.batch_size
-                lv = float(loss)
+                lv = loss_sum / ctx.world
                 loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
                 if bar is not None:
                     bar.update(1)
