@@ -53,6 +53,16 @@ def test_two_processes_equal_one(tmp_path):
     rb = json.loads((tmp_path / "two" / "result.json").read_text())
     assert ra["count"] == rb["count"] == 64 and rb["processes"] == 2
     assert abs(ra["top1"] - rb["top1"]) < 1e-9 and abs(ra["loss"] - rb["loss"]) < 1e-4
+    # The training loss logged is the mean over the processes (it was the main process's, of its 16 images).
+    from vitkit.train.loop import MetricsLog
+
+    def train_losses(run):
+        return [float(r["loss"]) for r in MetricsLog.read_rows(run / "metrics.csv") if r["split"] == "train"]
+
+    la, lb = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert la and len(la) == len(lb)
+    for x, y in zip(la, lb, strict=True):
+        assert abs(x - y) <= 1e-4 * max(1.0, abs(x)), (la, lb)
 
 
 def test_the_unreadable_files_every_process_skipped_are_listed(tmp_path):

@@ -93,9 +93,15 @@ def teardown() -> None:
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum `t` over the processes, in place (a no-op for a single process)."""
+    """Sum `t` over the processes, in place (a no-op for a single process). NCCL reduces only GPU tensors: a
+    CPU tensor (evaluation's counts) goes through this process's GPU and back."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if dist.get_backend() == "nccl" and t.device.type != "cuda":
+            on_gpu = t.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
+            t.copy_(on_gpu)
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
