@@ -35,7 +35,9 @@
 `compile=False` (the default) never compiles, so `vitkit predict` and `vitkit eval` can call `optimize(model)`
 for free. `compile=True` applies torch.compile (inductor; with freezing on the CPU); `compile="auto"` does so
 only on CUDA, where it pays for itself in a long-running job. On our CPU, compiling ViT-S/16 took 34 s and
-gained 1.03x, less than the oneDNN path above (docs/speed.md).
+gained 1.03x, less than the oneDNN path above (docs/speed.md). It compiles for the shapes it is called with
+(`dynamic=False`): each new batch size compiles again, so a job that calls it with many sizes should pad its
+batches to one (a last, smaller batch costs one more compilation).
 
 The process's allocator matters as much as the kernels at large batches: glibc faults every large activation
 tensor in afresh from the kernel, a quarter of the int8 ViT-S/16 time at batch 16 on our CPU. Call
