@@ -304,6 +304,24 @@ def test_an_optimized_model_gives_no_state_dict_that_lacks_its_weights(precision
         torch.save(fast, tmp_path / "fast.pt")
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_an_optimized_model_refuses_another_dtype_or_device_at_once(precision):
+    """Its packed layers stay fp32 on the CPU whatever .to() does to the rest: a converted model failed only when
+    called. A conversion to anything else is refused at once; one to what it is (fp32, the CPU) is harmless."""
+    fast = optimize(tiny_model(), precision)
+    if not any(isinstance(m, (PackedLinear, DynamicInt8Linear)) for m in fast.modules()):
+        pytest.skip("no packed layers on this machine: a plain model converts as any")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        before = fast(x)
+    for convert in (lambda m: m.double(), lambda m: m.half(), lambda m: m.to(torch.bfloat16)):
+        with pytest.raises(TypeError, match="convert the model itself and optimize that"):
+            convert(fast)
+    fast.float().to("cpu")
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), before, rtol=0, atol=0)
+
+
 def test_torch_compiles_wrapper_is_refused():
     with pytest.raises(ValueError, match="not torch.compile's wrapper"):
         optimize(torch.compile(tiny_model()))

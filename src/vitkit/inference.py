@@ -85,13 +85,23 @@ NOT_SAVED = ("a model from vitkit.optimize has no state dict and cannot be pickl
 
 class _Unsaved(nn.Module):
     """A layer of optimize's output whose weights live in an opaque packed form, outside its parameters: a state
-    dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED)."""
+    dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED); and `.to()`, `.double()`,
+    `.half()`, `.cuda()` would convert the model around them, which then fails at its first call, so a conversion
+    to anything but fp32 on the CPU raises TypeError at once."""
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         raise TypeError(NOT_SAVED)
 
     def __getstate__(self):
         raise TypeError(NOT_SAVED)
+
+    def _apply(self, fn, recurse=True):
+        probe = fn(torch.zeros(1))  # what the conversion makes of an fp32 CPU tensor
+        if probe.dtype != torch.float32 or probe.device.type != "cpu":
+            raise TypeError(f"vitkit.optimize's output runs on the CPU in the precision it was made for, and cannot "
+                            f"be converted to {probe.dtype} on {probe.device}: convert the model itself and "
+                            "optimize that, e.g. vitkit.optimize(model.to(...), precision=...)")
+        return super()._apply(fn, recurse)
 
 
 class PackedLinear(_Unsaved):
