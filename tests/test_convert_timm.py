@@ -147,6 +147,26 @@ def test_write_timm_round_trip_and_timm_reads_it(tmp_path):
         assert_same(ours(x), ref.eval()(x), "vitkit written as timm, read by timm")
 
 
+def test_timms_fields_win_over_a_stale_vitkit_config(tmp_path):
+    """Someone edits a vitkit-written timm folder's config.json: the fields timm computes with (model_args' heads
+    and activation, pretrained_cfg's mean, std and crop) win over the vitkit_config entry left as it was, which
+    still gives what timm cannot say (LayerNorm eps)."""
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
+                                          mlp_dim=96, num_classes=3, gelu="tanh", ln_eps=1e-12))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the note that timm computes with eps 1e-6
+        folder = write(ours.eval(), tmp_path / "out", to="timm")
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"].update(num_heads=2, act_layer="gelu")
+    config["pretrained_cfg"].update(mean=[0.1, 0.2, 0.3], std=[0.4, 0.5, 0.6], crop_pct=0.75)
+    assert config["vitkit_config"]["num_heads"] == 4
+    (folder / "config.json").write_text(json.dumps(config))
+    back = vitkit.load(folder)
+    assert (back.cfg.num_heads, back.cfg.gelu, back.cfg.mean, back.cfg.std, back.cfg.crop_pct) == \
+        (2, "exact", (0.1, 0.2, 0.3), (0.4, 0.5, 0.6), 0.75)
+    assert back.cfg.ln_eps == 1e-12
+
+
 def test_the_timm_names_vitkit_says_timm_has_are_those_it_has():
     from vitkit.config import PRESETS, TIMM_ARCHITECTURES
 

@@ -90,15 +90,22 @@ def unwrap_timm_wrapper(state: dict[str, torch.Tensor], config: dict[str, Any]) 
 
 
 def hints_from_config(config: dict[str, Any], source: str) -> Hints:
-    """What a timm config.json says that the tensors do not."""
+    """What a timm config.json says that the tensors do not.
+
+    A folder vitkit wrote also holds `vitkit_config`, for what timm's fields cannot say (LayerNorm eps, name,
+    ...). Someone who edits the folder's config.json edits timm's fields, which timm computes with, and may leave
+    that entry as it was: the fields timm reads (model_args' heads, image size and activation, pretrained_cfg's
+    mean, std, interpolation and crop) win over it.
+    """
     pcfg = config.get("pretrained_cfg", config)  # older files kept everything at the top level
     args = config.get("model_args", {}) or {}
     hints = Hints(name=str(config.get("architecture", "")), architecture=str(config.get("architecture", "")),
                   architecture_args=dict(args))
     if pcfg.get("tag"):
         hints.name += f".{pcfg['tag']}"
-    hints.num_heads = args.get("num_heads")
-    size = args.get("img_size") or (pcfg.get("input_size") or [None])[1:] or None
+    written = config.get("vitkit_config") or {}  # a folder vitkit wrote: the whole config
+    hints.num_heads = args.get("num_heads") or written.get("num_heads")
+    size = args.get("img_size") or (pcfg.get("input_size") or [None])[1:] or written.get("image_size") or None
     if isinstance(size, int):
         size = (size, size)
     if size:
@@ -108,7 +115,7 @@ def hints_from_config(config: dict[str, Any], source: str) -> Hints:
     pool = args.get("global_pool", config.get("global_pool"))
     if pool in ("avg", "token"):
         hints.pool = "gap" if pool == "avg" else "token"
-    cfg: dict[str, Any] = {}
+    cfg: dict[str, Any] = {k: v for k, v in written.items() if k not in ("image_size", "num_heads")}
     for ours, theirs in (("mean", "mean"), ("std", "std"), ("interpolation", "interpolation"),
                          ("crop_pct", "crop_pct")):
         if pcfg.get(theirs) is not None:
@@ -120,12 +127,6 @@ def hints_from_config(config: dict[str, Any], source: str) -> Hints:
         if act not in ("gelu", TIMM_GELU_TANH):
             raise CheckpointError(f"{source}: activation {act!r} is not one vitkit has (gelu, gelu_tanh)")
         cfg["gelu"] = "tanh" if act == TIMM_GELU_TANH else "exact"
-    # A folder vitkit wrote keeps the whole config, for what timm's config cannot say (e.g. LayerNorm eps).
-    cfg.update({k: v for k, v in (config.get("vitkit_config") or {}).items()})
-    if "image_size" in cfg:
-        hints.image_size = tuple(cfg["image_size"])
-    if "num_heads" in cfg:
-        hints.num_heads = cfg["num_heads"]
     hints.config = cfg
     names = config.get("label_names", pcfg.get("label_names"))
     if isinstance(names, dict):
