@@ -267,18 +267,20 @@ def predict(
 
     from tqdm.auto import tqdm
 
-    from ..train.predict import Prediction, classify, expand_paths
+    from ..train.predict import Prediction, classify_expanded, expand_paths
 
     model = _load(checkpoint)
     dev = parse_device(device)
     net = inference_model(model.to(dev), fast)
     found = failed = 0
-    files = set(expand_paths(paths)[0])  # for the bar's total; classify finds them again, with the missing paths
+    expanded = expand_paths(paths)  # walked once: for the bar's total, and then classified
+    files = set(expanded[0])
     # tqdm's disable=None: a bar only where stderr is a terminal. Each result is written as it comes (a large
     # folder shows its first labels after one batch), through tqdm.write, which lifts the bar first.
     with tqdm(total=len(files), desc="predict", unit="img", leave=False,
               disable=None if progress is None else not progress) as bar:
-        for r in classify(net, paths, model.cfg, top_k, getattr(model, "class_names", None), device=dev):
+        names = getattr(model, "class_names", None)
+        for r in classify_expanded(net, expanded, model.cfg, top_k, names, device=dev):
             if isinstance(r, Prediction):
                 found += 1
                 bar.update(1)

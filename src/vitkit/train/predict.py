@@ -62,6 +62,14 @@ def classify(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | Non
     """Top-k predictions for the images in `paths` (files and folders), in order, as each batch of `batch_size`
     is classified, and a Failure for each path that does not exist or file that cannot be read, as it is met: a
     folder of 50,000 images shows its first results after one batch, not after all of them."""
+    yield from classify_expanded(model, expand_paths(paths), cfg, top_k, class_names, batch_size, device)
+
+
+def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure]], cfg: ViTConfig | None = None,
+                      top_k: int = 5, class_names: list[str] | None = None, batch_size: int = 64,
+                      device: torch.device | str = "cpu") -> Iterator[Prediction | Failure]:
+    """`classify` of what `expand_paths` found (its files and the paths that do not exist), for a caller that
+    walked the folders already (the command line counts the images for its progress bar)."""
     cfg = cfg or model.cfg
     if cfg.num_classes == 0:
         raise ValueError("this model has no classifier (num_classes=0): it gives features, not labels; give it a "
@@ -70,7 +78,7 @@ def classify(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | Non
     if len(names) != cfg.num_classes:
         raise ValueError(f"{len(names)} class names for a model with {cfg.num_classes} classes")
     transform = build_eval_transform(cfg)
-    files, missing = expand_paths(paths)
+    files, missing = expanded
     yield from missing
     mode = "L" if cfg.in_chans == 1 else "RGB"
     k = min(top_k, cfg.num_classes)
