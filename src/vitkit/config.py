@@ -405,7 +405,8 @@ def get_preset(name: str) -> Preset:
             canon += f"@{res}"
         if canon in PRESETS:
             return PRESETS[canon]
-    raise UnknownModelError(f"unknown model {name!r}; `vitkit models` lists the presets (e.g. 'ViT-B/16', 'vit_base_patch16_224')")
+    raise UnknownModelError(f"unknown model {name!r}; `vitkit models` lists the presets (e.g. 'ViT-B/16', "
+                            "'vit_base_patch16_224')")
 
 
 # The fields that shape the network (not its preprocessing, training rates or class count).

@@ -66,7 +66,8 @@ def _exportable(model: nn.Module) -> nn.Module:
 
 def export_onnx(model: VisionTransformer, path: str | Path, class_names: list[str] | None = None,
                 opset: int | None = None) -> Path:
-    """Write `model` (as fp32, in eval mode, on the CPU; a copy where it is not so already) to `path` as ONNX with a dynamic batch axis; returns the path.
+    """Write `model` (as fp32, in eval mode, on the CPU; a copy where it is not so already) to `path` as ONNX
+    with a dynamic batch axis; returns the path.
     `opset`: the ONNX operator set, MIN_OPSET up to what the installed onnx knows (None: the exporter's)."""
     import onnx
 

@@ -23,9 +23,9 @@
   through its own share of the tokens, two meeting points between the threads instead of one per operator
   (ViT-S/16 on our 2-core CPU 1.04-1.34x faster at batch 1, 1.06x at batch 16); the activations' int8 scales
   are then per share of the tokens. Either way an image's int8 scales depend on the other images of its call,
-  so its logits change slightly with the batch it is in (fp32's do not). The patch projection, the LayerNorms and the classifier stay in fp32. The
-  function changes slightly: the Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions
-  (benchmarks/bench_inference.py).
+  so its logits change slightly with the batch it is in (fp32's do not). The patch projection, the LayerNorms
+  and the classifier stay in fp32. The function changes slightly: the Fashion-MNIST test set keeps >= 99 % of
+  its fp32 top-1 predictions (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
   CPUs with native bf16 (AVX512-BF16, AMX: our AMD EPYC runs ViT-S/16 about 1.8x faster than fp32). On
   CPUs without it `optimize` refuses with a ValueError rather than fall back: they emulate bf16 at about a

@@ -187,7 +187,9 @@ def distance(
     split: str = typer.Option("test", help="Split: test, val or train."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
-    num_images: int = typer.Option(256, "--num-images", "-n", help="Images to average over: N spread evenly over the split, so every class has its share."),
+    num_images: int = typer.Option(256, "--num-images", "-n",
+                                   help="Images to average over: N spread evenly over the split, so every class "
+                                        "has its share."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
     out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),

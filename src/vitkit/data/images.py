@@ -78,8 +78,9 @@ def _high_depth_to_8bit(im: Image.Image, sixteen_bit: bool = False) -> Image.Ima
     convert('L') clips 16-bit values at 255).
 
     Integer images are taken as 16-bit when their mode or the file (`sixteen_bit`: a 16-bit PGM opens as 'I')
-    says so, or a value exceeds 255, and as 8-bit otherwise: a dark 16-bit frame is not brightened 257 times. Float images in [0, 1] are scaled by 255, in [0, 255] kept; any
-    other range is stretched from its minimum to its maximum.
+    says so, or a value exceeds 255, and as 8-bit otherwise: a dark 16-bit frame is not brightened 257 times.
+    Float images in [0, 1] are scaled by 255, in [0, 255] kept; any other range is stretched from its minimum
+    to its maximum.
     """
     a = np.asarray(im).astype(np.float64)
     if im.mode == "F":
