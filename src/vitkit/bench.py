@@ -8,7 +8,7 @@ is measured against is one more contender in the same loop: a big `torch.mm`, ti
 conditions as the models.
 
 All models have random weights and the same architecture (built from one ViTConfig), so they do the same
-FLOPs (`vitkit.count_flops`). The process's allocator is set first (`vitkit.allocator.retain_freed_memory`):
+FLOPs (`vitkit.count_flops`). The process's allocator is set first (`vitkit.retain_freed_memory`):
 it is process-wide, so every contender runs with it alike.
 """
 
@@ -28,19 +28,21 @@ import torch
 import torch.nn as nn
 
 from .config import ViTConfig, get_config
-from .hardware import cpu_has_native_bf16, cpu_has_vnni
-from .model import count_flops, create_model
+from .counting import count_flops
+from .cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
+from .model import create_model
 
 # The anchors: the other implementations we compare against.
 ANCHORS: tuple[str, ...] = ("timm", "hf-eager", "hf-sdpa", "torchvision")
-# Our contenders: the plain model and what `vitkit.optimize` makes of it.
+# vitkit's contenders: the accelerated model (vitkit.accelerate) and what `vitkit.optimize` makes of it.
 OURS: tuple[str, ...] = ("vitkit", "vitkit-fp32-opt", "vitkit-int8")
 CONTENDERS: tuple[str, ...] = OURS + ANCHORS  # the default set
 # Measured only when asked for (`-c vitkit-bf16`): it needs a GPU or a CPU with native bf16.
-OPTIONAL: tuple[str, ...] = ("vitkit-bf16",)
+# The plain model (no CPU kernels swapped in) is measured only when asked for too (`-c vitkit-plain`).
+OPTIONAL: tuple[str, ...] = ("vitkit-bf16", "vitkit-plain")
 SGEMM = "sgemm"
 # The same product through oneDNN with a prepacked operand, what optimize('fp32') runs: for reference only, MFU
-# is against torch.mm as the issue defines it. On our AMD CPU oneDNN's GEMM is 10-20 % faster than MKL's.
+# is against torch.mm.
 SGEMM_ONEDNN = "sgemm-onednn"
 
 
@@ -102,8 +104,10 @@ def build_torchvision(cfg: ViTConfig) -> nn.Module:
     )
 
 
-def build_vitkit(cfg: ViTConfig, precision: str | None = None) -> nn.Module:
-    """vitkit's model, plain (precision None) or through `vitkit.optimize` (no compile)."""
+def build_vitkit(cfg: ViTConfig, precision: str | None = None, fast: bool = True) -> nn.Module:
+    """vitkit's model: accelerated (precision None; plain too with fast=False) or through `vitkit.optimize`
+    (no compile)."""
+    from .cpu import accelerate
     from .inference import optimize
 
     model = create_model(cfg)
@@ -112,12 +116,13 @@ def build_vitkit(cfg: ViTConfig, precision: str | None = None) -> nn.Module:
         for p in model.head.parameters():
             nn.init.normal_(p, std=0.02)
     if precision is None:
-        return model
+        return accelerate(model) if fast else model
     return optimize(model, precision, compile=False)
 
 
 BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {
     "vitkit": build_vitkit,
+    "vitkit-plain": lambda cfg: build_vitkit(cfg, fast=False),
     "vitkit-fp32-opt": lambda cfg: build_vitkit(cfg, "fp32"),
     "vitkit-int8": lambda cfg: build_vitkit(cfg, "int8"),
     "vitkit-bf16": lambda cfg: build_vitkit(cfg, "bf16"),
@@ -282,11 +287,11 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
     models = {name: BUILDERS[name](cfg).eval() for name in config.contenders}
     calls: dict[str, Callable[[], Any]] = {name: (lambda m=m: m(x)) for name, m in models.items()}
     calls[SGEMM] = lambda: torch.mm(a, b)
-    from .inference import onednn_linear_available
+    from .cpu.private import onednn_linear, onednn_packing_available, pack_weight
 
-    if onednn_linear_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)
-        calls[SGEMM_ONEDNN] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    if onednn_packing_available():
+        packed = pack_weight(b.t().contiguous(), n)
+        calls[SGEMM_ONEDNN] = lambda: onednn_linear(a, packed, None)
     with torch.inference_mode():
         times = interleaved_times(calls, config.repeats, config.warmup, rng, progress)
     flops = count_flops(cfg)
@@ -318,7 +323,7 @@ def machine_info() -> dict[str, Any]:
 def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Measure every cell of `config`; returns a JSON-ready dict (machine, SGEMM peak, one row per
     contender and cell). `on_progress(done, total)` is called after every timed call."""
-    from .allocator import retain_freed_memory
+    from .cpu.allocator import retain_freed_memory
 
     retained = retain_freed_memory()  # process-wide, so every contender runs with the same allocator
     previous_threads = torch.get_num_threads()
@@ -327,9 +332,9 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
     try:
         rng = random.Random(config.seed)
         cells_spec = [(m, b) for m in config.models for b in config.batch_sizes]
-        from .inference import onednn_linear_available
+        from .cpu.private import onednn_packing_available
 
-        references = 2 if onednn_linear_available() else 1
+        references = 2 if onednn_packing_available() else 1
         total = len(cells_spec) * config.repeats * (len(config.contenders) + references)
         done = 0
 

@@ -19,10 +19,10 @@ _RECIPE_HELP = "Recipe: " + ", ".join(RECIPES) + "."
 
 def inference_model(model, fast: bool):
     """The model to run for eval/predict: with `fast`, `vitkit.optimize(model)` (same function, a faster
-    path) in a process whose allocator keeps freed memory (vitkit.allocator); otherwise the model itself."""
+    path) in a process whose allocator keeps freed memory (vitkit.cpu.allocator); otherwise the model itself."""
     if not fast:
         return model
-    from ..allocator import retain_freed_memory
+    from ..cpu.allocator import retain_freed_memory
     from ..inference import optimize
 
     retain_freed_memory()

@@ -35,11 +35,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from ..checkpoint import CheckpointError
+from ..cpu import accelerate
+from ..cpu.hardware import cpu_has_native_bf16
 from ..data import resolve
 from ..data.datasets import split_name, with_classes
 from ..data.subsets import spread_subset
 from ..files import atomic_write
-from ..hardware import cpu_has_native_bf16
 from ..model import VisionTransformer
 from . import distributed
 from .batches import batch_source, is_in_memory, make_plan, steps_per_epoch
@@ -441,7 +442,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progre
     eval_every = cfg.eval_every or per_epoch
     ckpt_every = cfg.ckpt_every or per_epoch
 
-    model.to(device)
+    accelerate(model.to(device))  # vitkit's CPU kernels, in place (nothing is swapped on a GPU)
     optimizer = build_optimizer(model, cfg.optim)
     ema = EMA(model, cfg.ema) if cfg.ema else None
     step, best, elapsed_before = 0, None, 0.0

@@ -1,26 +1,20 @@
-"""vitkit's compiled CPU operators: built from src/vitkit/csrc on first use, then loaded from the cache.
+"""vitkit's compiled CPU operators: built from src/vitkit/cpu/csrc on first use, then loaded from the cache.
 
-Three libraries of operators:
+Two libraries of operators:
 - `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder block of the int8
   model as one parallel region, each thread through its own share of the tokens, with two meeting points
   between the threads per block instead of the fifteen or so of running the block operator by operator (see
-  `vitkit.inference`);
+  `vitkit.cpu.int8`);
 - `torch.ops.vitkit.attention_forward` and `attention_backward` (csrc/attention.cpp): fp32 self-attention read
   straight from the fused q;k;v projection and its gradient written straight into one (see
-  `vitkit.qkv_attention`);
-- `torch.ops.vitkit.gelu`, `gelu_` and `gelu_backward` (csrc/gelu.cpp): GELU and its derivative from piecewise
-  polynomials (see `vitkit.gelu`).
-
-Where PyTorch must see its own operators (`plain_ops_required`: torch.jit tracing, the legacy ONNX exporter, a
-torch.func transform, forward-mode AD), the callers keep to plain PyTorch operators as well, and so does oneDNN's
-linear in `vitkit.linear`.
+  `vitkit.cpu.attention`).
 
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
-into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-25 s a library
-on our 2-core machine the first time (said on stderr), a fraction of a second afterwards; one library per
-source folder, so that two installations do not rebuild each other's. Where that fails (no compiler, a
-read-only cache), the library's `..._available()` function says why in one warning and returns False, and the
-callers keep to plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
+into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-60 s a library
+the first time (said on stderr), a fraction of a second afterwards; one library per source folder, so that two
+installations do not rebuild each other's. Where that fails (no compiler, a read-only cache), the library's
+`..._available()` function says why in one warning and returns False, and the callers keep to plain PyTorch
+operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
 """
 
 from __future__ import annotations
@@ -35,8 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
-from torch._C._functorch import peek_interpreter_stack as _functorch_interpreter
+
+from .private import extension_library_exists
 
 CSRC = Path(__file__).with_name("csrc")
 DISABLE_ENV = "VITKIT_KERNELS"
@@ -45,38 +39,6 @@ DISABLE_ENV = "VITKIT_KERNELS"
 def kernels_enabled() -> bool:
     """False when the environment turns vitkit's compiled operators off (VITKIT_KERNELS=0, false, no, off)."""
     return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def plain_ops_required() -> bool:
-    """Whether only PyTorch's own operators may run, whatever the tensors:
-    - under torch.jit.trace, which the legacy ONNX exporter (torch.onnx.export(dynamo=False)) runs too: the graph
-      would record vitkit's operators and autograd Functions (and oneDNN's linear, whose argument list the tracer
-      cannot even record), which neither ONNX nor a traced module's reader knows;
-    - inside a torch.func transform (vmap, grad, jacrev, jacfwd, jvp, functionalize, ...): vitkit's autograd
-      Functions have no setup_context, vmap or jvp rule, its operators and oneDNN's no batching rule;
-    - while forward-mode AD is on (a torch.autograd.forward_ad.dual_level): none of them has a forward
-      derivative (under torch.func.jvp the compiled operators and oneDNN's dropped the tangent silently).
-    Three reads of the thread's or process's state (a fraction of a microsecond in all), no tensor looked at."""
-    return torch._C._is_tracing() or forward_ad_may_be_on()
-
-
-def forward_ad_may_be_on() -> bool:
-    """Whether forward-mode AD is on (a torch.autograd.forward_ad.dual_level) or may be (inside a torch.func
-    transform: jvp and jacfwd among them)."""
-    return _forward_ad._current_level >= 0 or _functorch_interpreter() is not None
-
-
-def eager_fp32_on_cpu(x: torch.Tensor) -> bool:
-    """Whether `x` is where vitkit's own CPU kernels (these operators, and oneDNN's linear in `vitkit.linear`)
-    take over from PyTorch's: an fp32 tensor on the CPU, no autocast, not under torch.compile (which traces
-    PyTorch's operators), and none of `plain_ops_required`'s tracing, torch.func transforms or forward-mode AD."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not plain_ops_required()
-    )
 
 
 def _tool_path() -> str:
@@ -101,9 +63,9 @@ def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> Non
     path_before = os.environ.get("PATH")
     os.environ["PATH"] = _tool_path()
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load
+        from torch.utils.cpp_extension import load
 
-        if not (Path(_get_build_directory(name, False)) / f"{name}.so").is_file():  # said once: it takes a while
+        if not extension_library_exists(name):  # said once: it takes a while
             print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s", file=sys.stderr,
                   flush=True)
         load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
@@ -167,15 +129,3 @@ def attention_available() -> bool:
     """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled operators
     not turned off, and the library built (on the first call) and loaded."""
     return kernels_enabled() and _attention_built()
-
-
-@functools.cache
-def _gelu_built() -> bool:
-    """The GELU operators, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_gelu", [CSRC / "gelu.cpp"], "gelu_backward", [CSRC / "vector_math.h"])
-
-
-def gelu_available() -> bool:
-    """Whether `torch.ops.vitkit.gelu` / `gelu_` / `gelu_backward` can be used here: compiled operators not
-    turned off, and the library built (on the first call) and loaded."""
-    return kernels_enabled() and _gelu_built()

@@ -1,4 +1,4 @@
-"""Self-attention straight from the fused q;k;v projection, on vitkit's compiled CPU operator.
+"""Self-attention of an accelerated model, on vitkit's compiled CPU operator where it pays.
 
 `qkv_attention(qkv, heads, scale)` computes what `merge_heads(F.scaled_dot_product_attention(*split_heads(qkv,
 heads)))` does, softmax(q k^T * scale) v for every head, from the projection's output (B, T, 3C) to the merged
@@ -6,19 +6,18 @@ heads (B, T, C), with its gradient. The operators (csrc/attention.cpp) read q, k
 gradient of the whole projection at once, where PyTorch's path stacks the three head gradients into one (a
 copy); they work on blocks of query rows that stay in the cache, and multiply on AVX-512 register tiles where
 the CPU has them and the head width is a multiple of 16 up to 128 (every ViT preset), else with MKL's sgemm
-(`sgemm_products()` forces sgemm, for comparison: benchmarks/bench_attention.py). In training the
-forward keeps the softmax for the backward when it is no larger than the MLP's hidden activation
-(`keeps_probabilities`: 197 tokens of 64-wide heads, ViT-S/16 at batch 8: 27.9 against 31.3 ms a layer,
-forward and backward); on longer sequences the backward recomputes it from q, k and the saved log-sum-exp, as
-flash attention does, so memory stays linear in T.
+(`sgemm_products()` forces sgemm, for comparison: benchmarks/bench_attention.py). In training the forward keeps
+the softmax for the backward when it is no larger than the MLP's hidden activation (`keeps_probabilities`); on
+longer sequences the backward recomputes it from q, k and the saved log-sum-exp, as flash attention does, so
+memory stays linear in T.
 
-`qkv_attention_applies(qkv, dropout)` says when: fp32 on the CPU, no autocast, not compiling, no attention
-dropout, and the operators built (`vitkit.kernels.attention_available`); not under torch.jit.trace (nor the
-legacy ONNX exporter), in a torch.func transform (vmap, grad, jacrev, jvp) or with forward-mode AD
-(`vitkit.kernels.plain_ops_required`). Elsewhere the model keeps PyTorch's own kernels (and, in training on up
-to 128 tokens, the explicit products).
-Results differ from PyTorch's only by float rounding (another summation order and exp). A second derivative
-(create_graph=True) comes from PyTorch's operators (`differentiable_gradient`).
+`FastAttention` is the model's `Attention` (same parameters, same function) that `vitkit.accelerate` swaps in:
+its projections go through `vitkit.cpu.linear`, and the attention itself through the operator where
+`qkv_attention_applies` (fp32 on the CPU, no autocast, not compiling or tracing, no torch.func transform or
+forward-mode AD, no attention dropout, the operator built), else through the explicit products in training on
+short sequences (`explicit_attention_is_faster`), else through PyTorch's SDPA. Results differ from PyTorch's
+only by float rounding. A second derivative (create_graph=True) comes from PyTorch's operators
+(`differentiable_gradient`).
 """
 
 from __future__ import annotations
@@ -27,8 +26,12 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
-from .kernels import attention_available, eager_fp32_on_cpu
+from ..model import Attention, explicit_attention, merge_heads, split_heads
+from .build import attention_available
+from .linear import linear
+from .private import eager_fp32_on_cpu, forward_ad_may_be_on
 
 _sgemm_only = False
 
@@ -66,8 +69,6 @@ class _QKVAttention(torch.autograd.Function):
 def differentiable_gradient(qkv: torch.Tensor, grad_out: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     """The attention's gradient in qkv through PyTorch's operators (the explicit softmax), itself differentiable:
     what a second derivative (create_graph=True, e.g. a gradient penalty) needs; the operators have none."""
-    from .model import merge_heads, split_heads  # imported here: vitkit.model imports this module
-
     q, k, v = split_heads(qkv, heads)
     out = merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
     return torch.autograd.grad(out, qkv, grad_out, create_graph=True)[0]
@@ -95,3 +96,43 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
         keep = keeps_probabilities(qkv.shape[1], qkv.shape[2] // (3 * heads))
         return _QKVAttention.apply(qkv, heads, scale, keep)
     return torch.ops.vitkit.attention_forward(qkv, heads, scale, False, not _sgemm_only)[0]
+
+
+# Training on the CPU, SDPA's fused kernel has a slow backward on short sequences: with 50 tokens of 4 heads of 16
+# (the fashion-mnist recipe) the explicit product and softmax made the whole training step 1.13x faster, with 17
+# tokens (the demo) 1.10x; at 197 tokens (ViT-S/16) they are even, and the fused kernel keeps memory linear in
+# the sequence length, so it stays from here on. (Where the attention operator applies, it is used instead.)
+EXPLICIT_ATTENTION_MAX_TOKENS = 128
+
+
+def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
+    """Whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T, D)."""
+    return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
+
+
+class FastAttention(Attention):
+    """The model's Attention on vitkit's CPU kernels (module docstring); a drop-in: same parameters and names."""
+
+    def project(self, x: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
+        if queries is None:
+            return split_heads(self.qkv(x), self.num_heads)
+        w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
+        (q,) = split_heads(linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads, parts=1)
+        k, v = split_heads(linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        dropout = self.attn_drop if self.training else 0.0
+        if queries is None and not return_attention:
+            qkv = self.qkv(x)  # (B, T, 3D)
+            if qkv_attention_applies(qkv, dropout):
+                return self.proj_drop(self.proj(qkv_attention(qkv, self.num_heads, self.scale))), None
+            q, k, v = split_heads(qkv, self.num_heads)
+        else:
+            q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
+        if return_attention or explicit_attention_is_faster(x, self.training) or forward_ad_may_be_on():
+            y, attn = explicit_attention(q, k, v, self.scale, dropout, self.training)
+            attn = attn if return_attention else None
+        else:
+            y, attn = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout), None
+        return self.proj_drop(self.proj(merge_heads(y))), attn

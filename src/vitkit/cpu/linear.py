@@ -1,29 +1,22 @@
-"""The encoder's linear layer: an nn.Linear whose matrix products run through oneDNN on the CPU.
+"""The linear layer of an accelerated model: nn.Linear whose matrix products run through oneDNN on the CPU.
 
-`Linear` is `nn.Linear` (same parameters, same names, same function) with one change of engine: for fp32
-tensors on a CPU whose PyTorch build has oneDNN, the forward product x W^T + b and the backward product dY W run
-through oneDNN's linear kernel (`torch.ops.mkldnn._linear_pointwise`) instead of the MKL `addmm`/`mm` that
-`F.linear` calls; the weight gradient dY^T X stays an ordinary `mm`. Products of at most `MKL_MAX_ROWS` rows
-(the classifier and the last block's class-token layers at batch 1 and 2) stay with MKL, whose matrix-vector
-kernels are 1.2-2x faster than oneDNN's there.
+`FastLinear` is `nn.Linear` (same parameters, same names, same function) with one change of engine: for fp32
+tensors on a CPU whose PyTorch build has oneDNN, the forward product x W^T + b and the backward product dY W may
+run through oneDNN's linear kernel instead of the MKL `addmm`/`mm` that `F.linear` calls; the weight gradient
+dY^T X stays an ordinary `mm`. `vitkit.accelerate` swaps it in for the model's nn.Linear layers.
 
-Which engine is faster depends on the CPU, and differently for inference and training (docs/speed.md):
-- inference (`inference_engine`): oneDNN on the AMD EPYC (10-20 % faster than MKL on ViT shapes). On Intel
-  CPUs oneDNN only below `MKL_FROM_ROWS` rows: on our Intel Xeon, at four images of 197 tokens and more, MKL
-  made the whole ViT-B/16 1.01-1.09x faster and ViT-S/16 0.95-1.12x (mostly 1.01-1.05x), while at one image
-  oneDNN was 1.03-1.06x ahead and at two the two were even (benchmarks/bench_inference_engine.py);
-- training (a product whose result needs a gradient): `training_engine()`. On the AMD EPYC oneDNN made the
-  ViT-S/16 training step 1.09-1.18x timm's (MKL); on the Intel Xeon MKL's own kernels are the faster ones
-  (ViT-S/16 step 1.06-1.12x timm through MKL against 0.98-1.06x through oneDNN, in ten interleaved sets), as
-  MKL runs its tuned kernels on Intel CPUs only. So the training products go through MKL (`F.linear`) on Intel
-  CPUs and through oneDNN elsewhere; `VITKIT_TRAINING_ENGINE=onednn|mkl` overrides. The choice is fixed per
-  machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
+Which engine is faster depends on the CPU and the shape, and differently for inference and training: products
+of at most `MKL_MAX_ROWS` rows (the classifier at batch 1 and 2) stay with MKL, whose matrix-vector kernels beat
+oneDNN's; MKL runs its tuned kernels on Intel CPUs only, so there it often wins larger products too. The engine
+of each product is chosen once per machine: `training_engine()` and `inference_engine(n)` (docs/speed.md says
+how to time both with benchmarks/bench_training.py and benchmarks/bench_inference_engine.py);
+`VITKIT_TRAINING_ENGINE=onednn|mkl` overrides the training choice. The choice is fixed per machine, so a
+resumed run stays bitwise equal to an uninterrupted one on it.
 
-Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, builds without oneDNN) it is exactly
-`F.linear`, and so it is under torch.jit.trace and the legacy ONNX exporter, in torch.func transforms (vmap,
-grad, jacrev, jvp: per-sample gradients) and with forward-mode AD (`vitkit.kernels.plain_ops_required`), and in
-TorchScript; a second derivative (create_graph=True) goes through PyTorch's products. Results differ from
-`F.linear` only by float rounding (another summation order).
+Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, torch.jit.trace, torch.func transforms,
+forward-mode AD: `vitkit.cpu.private.eager_fp32_on_cpu`) it is exactly `F.linear`, and so in TorchScript; a
+second derivative (create_graph=True) goes through PyTorch's products. Results differ from `F.linear` only by
+float rounding (another summation order).
 """
 
 from __future__ import annotations
@@ -38,21 +31,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .hardware import cpu_vendor
-from .kernels import eager_fp32_on_cpu
+from .private import eager_fp32_on_cpu, onednn_linear, onednn_linear_available
 
-
-def onednn_available() -> bool:
-    """Whether this torch build can run oneDNN's linear kernel on dense fp32 weights (x86 builds with mkldnn)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-_ONEDNN = onednn_available()
-
-# Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (interleaved, 2 threads, AVX-512:
-# ViT-S/16's fc1 at one row 150 against 222-230 us, its classifier 133 against 221; from 4 rows on oneDNN leads).
+# Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (ViT-S/16's fc1 at one row, 2 threads,
+# AVX-512: 150 against 222-230 us; from 4 rows on oneDNN leads).
 MKL_MAX_ROWS = 2
 # On Intel CPUs, from this many rows on (four images of 197 tokens make 788) MKL's F.linear beats oneDNN's linear
-# again in inference (the module docstring).
+# again in inference (benchmarks/bench_inference_engine.py).
 MKL_FROM_ROWS = 768
 
 
@@ -134,7 +119,7 @@ def rows(x: torch.Tensor) -> int:
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x W^T + b through oneDNN; `weight` is (out, in) and may be a transposed view."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return onednn_linear(x, weight, bias)
 
 
 class _OneDNNLinearFunction(torch.autograd.Function):
@@ -172,20 +157,20 @@ def _differentiable_gradients(ctx, x: torch.Tensor, weight: torch.Tensor, grad_o
 
 
 def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` may take oneDNN for this input (fp32 on the CPU, more than MKL_MAX_ROWS rows, no
+    """Whether `FastLinear` may take oneDNN for this input (fp32 on the CPU, more than MKL_MAX_ROWS rows, no
     autocast, not compiling, not tracing, no torch.func transform or forward-mode AD: `eager_fp32_on_cpu`);
     which engine it takes is then `training_engine` or `inference_engine`'s."""
     return (
-        _ONEDNN
-        and eager_fp32_on_cpu(x)
+        eager_fp32_on_cpu(x)
         and weight.dtype == torch.float32
         and x.dim() >= 2
         and rows(x) > MKL_MAX_ROWS
+        and onednn_linear_available()
     )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + b as `Linear` computes it (the same engines, the same gradients), for any weight: a Linear's own
+    """x W^T + b as `FastLinear` computes it (the same engines, the same gradients), for any weight: a Linear's own
     or a slice of one (the last block's query rows)."""
     if not use_onednn(x, weight):
         return F.linear(x, weight, bias)
@@ -199,7 +184,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _onednn_linear(x, weight, bias)
 
 
-class Linear(nn.Linear):
+class FastLinear(nn.Linear):
     """nn.Linear through oneDNN on the CPU (see the module docstring); a drop-in: same parameters and names."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
