@@ -9,7 +9,7 @@ import pytest
 
 import vitkit
 from vitkit.config import ViTConfig
-from vitkit.model import count_parameters
+from vitkit.counting import count_parameters
 from vitkit.train.recipes import (
     RECIPES,
     TrainConfig,
