@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import Attention, explicit_attention, merge_heads, split_heads
+from . import autotune
 from .build import attention_available
 from .linear import linear
 from .private import eager_fp32_on_cpu, forward_ad_may_be_on
@@ -98,16 +99,64 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     return torch.ops.vitkit.attention_forward(qkv, heads, scale, False, not _sgemm_only)[0]
 
 
-# Training on the CPU, SDPA's fused kernel has a slow backward on short sequences: with 50 tokens of 4 heads of 16
-# (the fashion-mnist recipe) the explicit product and softmax made the whole training step 1.13x faster, with 17
-# tokens (the demo) 1.10x; at 197 tokens (ViT-S/16) they are even, and the fused kernel keeps memory linear in
-# the sequence length, so it stays from here on. (Where the attention operator applies, it is used instead.)
+# Where timing is off (vitkit.cpu.autotune) or the tensors are not fp32 on the CPU: training on the CPU, SDPA's
+# fused kernel has a slow backward on short sequences (with 50 tokens of 4 heads of 16, the fashion-mnist recipe,
+# the explicit product and softmax made the whole training step 1.13x faster; at 197 tokens they are even, and
+# the fused kernel keeps memory linear in the sequence length), so the explicit products up to this many tokens.
 EXPLICIT_ATTENTION_MAX_TOKENS = 128
+IMPLEMENTATIONS = ("sdpa", "explicit", "operator")  # PyTorch's own first
 
 
 def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
-    """Whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T, D)."""
+    """The fixed rule: whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T, D)."""
     return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
+
+
+def attend(how: str, qkv: torch.Tensor, heads: int, scale: float, dropout: float = 0.0,
+           training: bool = False) -> torch.Tensor:
+    """softmax(q k^T scale) v of every head of the fused projection qkv (B, T, 3C) -> (B, T, C), by `how`:
+    "sdpa" (F.scaled_dot_product_attention), "explicit" (the products as written) or "operator"
+    (`qkv_attention`; no dropout)."""
+    if how == "operator":
+        return qkv_attention(qkv, heads, scale)
+    q, k, v = split_heads(qkv, heads)
+    if how == "explicit":
+        return merge_heads(explicit_attention(q, k, v, scale, dropout, training)[0])
+    return merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout))
+
+
+def _candidates(B: int, T: int, heads: int, width: int, dropout: float, grad: bool, operator: bool):
+    """Each implementation of `attend` on a random projection output of this shape: forward, and backward where
+    `grad`."""
+    qkv = torch.randn(B, T, 3 * width, generator=autotune.generator(), requires_grad=grad)
+    out_grad = torch.randn(B, T, width, generator=autotune.generator())
+    scale = (width // heads) ** -0.5
+
+    def call(how: str):
+        if grad:
+            return lambda: torch.autograd.grad(attend(how, qkv, heads, scale, dropout, True), qkv, out_grad)
+        return lambda: attend(how, qkv, heads, scale)
+
+    return {how: call(how) for how in IMPLEMENTATIONS if how != "operator" or operator}
+
+
+def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool) -> str:
+    """How to attend over this projection output (B, T, 3C): the fastest of `IMPLEMENTATIONS` on this machine
+    at this shape (vitkit.cpu.autotune) for fp32 tensors on the CPU; elsewhere, or with timing off, the fixed
+    rule (the operator where it applies, else the explicit products in training on up to
+    EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Forward-mode AD takes the explicit products (SDPA's CPU
+    kernel and the operator have no forward derivative)."""
+    if forward_ad_may_be_on():
+        return "explicit"
+    operator = qkv_attention_applies(qkv, dropout)
+    default = "operator" if operator else ("explicit" if explicit_attention_is_faster(qkv, training) else "sdpa")
+    if not eager_fp32_on_cpu(qkv) or qkv.dim() != 3:
+        return default
+    grad = torch.is_grad_enabled() and qkv.requires_grad
+    B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    shape = (B, T, heads, width // heads, dropout > 0)
+    return autotune.choose("attention-train" if grad else "attention", shape,
+                           lambda: _candidates(B, T, heads, width, dropout, grad, operator), default)
 
 
 class FastAttention(Attention):
@@ -125,11 +174,11 @@ class FastAttention(Attention):
         dropout = self.attn_drop if self.training else 0.0
         if queries is None and not return_attention:
             qkv = self.qkv(x)  # (B, T, 3D)
-            if qkv_attention_applies(qkv, dropout):
-                return self.proj_drop(self.proj(qkv_attention(qkv, self.num_heads, self.scale))), None
-            q, k, v = split_heads(qkv, self.num_heads)
-        else:
-            q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
+            how = implementation(qkv, self.num_heads, dropout, self.training)
+            return self.proj_drop(self.proj(attend(how, qkv, self.num_heads, self.scale, dropout,
+                                                   self.training))), None
+        # The weights asked for, or the last block's class-token queries: the explicit products or SDPA.
+        q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
         if return_attention or explicit_attention_is_faster(x, self.training) or forward_ad_may_be_on():
             y, attn = explicit_attention(q, k, v, self.scale, dropout, self.training)
             attn = attn if return_attention else None

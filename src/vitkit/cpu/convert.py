@@ -22,34 +22,19 @@ def _gelu_approximate(act: nn.Module) -> Literal["none", "tanh"] | None:
     return None
 
 
-def per_image_linears(model: nn.Module) -> list[nn.Module]:
-    """The linear layers of a VisionTransformer that multiply one row per image: the classifier (and the
-    pre-logits layer), and, where the last block is a FusedBlock for few queries, its class-token layers
-    (the query projection, the attention's output projection, the MLP)."""
-    if not isinstance(model, VisionTransformer):
-        return []
-    layers = [model.head, model.pre_logits]
-    last = model.blocks[-1] if len(model.blocks) else None
-    if isinstance(last, FusedBlock) and last.query is not None:
-        layers += [last.query, last.attn.proj, last.mlp.fc1, last.mlp.fc2]
-    return [layer for layer in layers if isinstance(layer, nn.Linear)]
-
-
 def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
     """Replace, in place, every nn.Linear of `model` by a PackedLinear; where a module has an `fc1` followed
-    by an nn.GELU `act` (our Mlp), the GELU is fused into fc1 and `act` becomes the identity. The layers of
-    per_image_linears keep a plain weight for few rows (PackedLinear's `few_rows`)."""
-    few = {id(layer) for layer in per_image_linears(model)}
+    by an nn.GELU `act` (the model's Mlp), the GELU is fused into fc1 and `act` becomes the identity."""
     for module in list(model.modules()):
         fc1, act = getattr(module, "fc1", None), getattr(module, "act", None)
         approximate = _gelu_approximate(act) if act is not None else None
         if isinstance(fc1, nn.Linear) and approximate is not None:
-            module.fc1 = PackedLinear(fc1, "gelu", approximate, batch_hint, few_rows=id(fc1) in few)
+            module.fc1 = PackedLinear(fc1, "gelu", approximate, batch_hint)
             module.act = nn.Identity()
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, child_name, PackedLinear(child, batch_hint=batch_hint, few_rows=id(child) in few))
+                setattr(module, child_name, PackedLinear(child, batch_hint=batch_hint))
     return model
 
 

@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..model import Block, merge_heads, split_heads
-from .attention import qkv_attention, qkv_attention_applies
+from .attention import attend, implementation
 from .int8 import bf16_attention, int8_block
 
 
@@ -102,11 +102,11 @@ class FusedBlock(Block):
             y = bf16_attention(self.attn.qkv(h), heads, self.attn.scale, queries)
         else:
             qkv = self.attn.qkv(h)
-            if queries is None and qkv_attention_applies(qkv):
-                y = qkv_attention(qkv, heads, self.attn.scale)
+            if queries is None:
+                y = attend(implementation(qkv, heads, 0.0, False), qkv, heads, self.attn.scale)
             else:
                 q, k, v = split_heads(qkv, heads)
-                y = merge_heads(F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
+                y = merge_heads(F.scaled_dot_product_attention(q[:, :, :queries], k, v))
         x = x if queries is None else x[:, :queries]
         x = residual_add(self.attn.proj, y, x)  # (2)
         return residual_add(self.mlp.fc2, self.mlp.act(self.mlp.fc1(self.norm2(x))), x), None  # (3)

@@ -41,3 +41,8 @@ def cpu_has_native_bf16() -> bool:
     """Whether the CPU computes bf16 dot products in hardware (AVX512-BF16 or AMX); without them oneDNN
     emulates bf16, at about a third of the fp32 speed."""
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 9R14 96-Core Processor"); "" where /proc/cpuinfo cannot be read."""
+    return _cpuinfo_field("model name")

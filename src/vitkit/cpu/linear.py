@@ -8,10 +8,10 @@ dY^T X stays an ordinary `mm`. `vitkit.accelerate` swaps it in for the model's n
 Which engine is faster depends on the CPU and the shape, and differently for inference and training: products
 of at most `MKL_MAX_ROWS` rows (the classifier at batch 1 and 2) stay with MKL, whose matrix-vector kernels beat
 oneDNN's; MKL runs its tuned kernels on Intel CPUs only, so there it often wins larger products too. The engine
-of each product is chosen once per machine: `training_engine()` and `inference_engine(n)` (docs/speed.md says
-how to time both with benchmarks/bench_training.py and benchmarks/bench_inference_engine.py);
-`VITKIT_TRAINING_ENGINE=onednn|mkl` overrides the training choice. The choice is fixed per machine, so a
-resumed run stays bitwise equal to an uninterrupted one on it.
+of each product is chosen per shape by timing both on the machine, once, cached on disk (vitkit.cpu.autotune:
+`training_engine_for`, `inference_engine_for`); with tuning off, by a fixed rule (`machine_training_engine`,
+`inference_engine`). `VITKIT_TRAINING_ENGINE=onednn|mkl` overrides the training choice. The cached choice stays
+the same for the machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
 
 Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, torch.jit.trace, torch.func transforms,
 forward-mode AD: `vitkit.cpu.private.eager_fp32_on_cpu`) it is exactly `F.linear`, and so in TorchScript; a
@@ -24,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import autotune
 from .hardware import cpu_vendor
 from .private import eager_fp32_on_cpu, onednn_linear, onednn_linear_available
 
@@ -169,6 +171,53 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, int, int, bool]:
+    return rows(x), weight.shape[1], weight.shape[0], bias is not None
+
+
+def _operands(n: int, k: int, m: int, has_bias: bool, grad: bool):
+    g = autotune.generator()
+    x, w = torch.randn(n, k, generator=g, requires_grad=grad), torch.randn(m, k, generator=g, requires_grad=grad)
+    b = torch.randn(m, generator=g, requires_grad=grad) if has_bias else None
+    return x, w, b
+
+
+def _training_candidates(n: int, k: int, m: int, has_bias: bool) -> dict[str, Callable[[], Any]]:
+    """Forward and backward of an (n, k) x (m, k)^T product on each engine, MKL (PyTorch's own) first."""
+    x, w, b = _operands(n, k, m, has_bias, grad=True)
+    grad = torch.randn(n, m, generator=autotune.generator())
+    inputs = (x, w) if b is None else (x, w, b)
+
+    def step(fn):
+        return lambda: torch.autograd.grad(fn(x, w, b), inputs, grad)
+
+    return {"mkl": step(F.linear), "onednn": step(_OneDNNLinearFunction.apply)}
+
+
+def _inference_candidates(n: int, k: int, m: int, has_bias: bool) -> dict[str, Callable[[], Any]]:
+    x, w, b = _operands(n, k, m, has_bias, grad=False)
+    return {"mkl": lambda: F.linear(x, w, b), "onednn": lambda: _onednn_linear(x, w, b)}
+
+
+def training_engine_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The engine of this product with its gradient: `forced_training_engine`'s or VITKIT_TRAINING_ENGINE's
+    where set, else the faster on this machine at this shape (vitkit.cpu.autotune; with tuning off,
+    `machine_training_engine`)."""
+    if _forced_engine or os.environ.get(TRAINING_ENGINE_ENV, "").strip():
+        return training_engine()
+    shape = _shape(x, weight, bias)
+    return autotune.choose("linear-train", shape, lambda: _training_candidates(*shape), machine_training_engine())
+
+
+def inference_engine_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The engine of this product without a gradient: `forced_inference_engine`'s where set, else the faster
+    on this machine at this shape (vitkit.cpu.autotune; with tuning off, `inference_engine`'s rule)."""
+    shape = _shape(x, weight, bias)
+    if _forced_inference_engine != "auto" or shape[0] <= MKL_MAX_ROWS:
+        return inference_engine(shape[0])
+    return autotune.choose("linear-infer", shape, lambda: _inference_candidates(*shape), inference_engine(shape[0]))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T + b as `FastLinear` computes it (the same engines, the same gradients), for any weight: a Linear's own
     or a slice of one (the last block's query rows)."""
@@ -176,10 +225,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        if training_engine() == "mkl":
+        if training_engine_for(x, weight, bias) == "mkl":
             return F.linear(x, weight, bias)
         return _OneDNNLinearFunction.apply(x, weight, bias)
-    if inference_engine(rows(x)) == "mkl":
+    if inference_engine_for(x, weight, bias) == "mkl":
         return F.linear(x, weight, bias)
     return _onednn_linear(x, weight, bias)
 

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..model import PatchEmbed
+from . import autotune
 from .linear import MKL_MAX_ROWS, rows
 from .private import onednn_linear, onednn_linear_add, pack_weight
 
@@ -53,19 +54,19 @@ class Unsaved(nn.Module):
 class PackedLinear(Unsaved):
     """An inference-only nn.Linear whose weight lives in oneDNN's blocked layout, optionally followed by a
     fused GELU (`activation="gelu"`). `batch_hint` is the number of rows the packing is tuned for (any number
-    works). With `few_rows`, the layer also keeps its weight in the plain layout and multiplies inputs of at
-    most vitkit.linear.MKL_MAX_ROWS rows through MKL (`F.linear`), 1.2-2x faster there than oneDNN: for the
-    layers that see one row per image (the classifier, the last block's class-token layers)."""
+    works). The layer keeps its weight in the plain layout too, and multiplies through whichever is faster on
+    this machine at the rows of each call (`engine`): MKL's `F.linear` (PyTorch's own) or the packed oneDNN
+    product."""
 
     def __init__(self, linear: nn.Linear, activation: Literal["none", "gelu"] = "none",
-                 approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197, few_rows: bool = False):
+                 approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         weight = linear.weight.detach().float().contiguous()
         # Plain attributes, not buffers: an mkldnn tensor cannot be saved, copied or moved like a dense one.
         self.packed_weight = pack_weight(weight, batch_hint)
-        self.plain_weight = weight.clone() if few_rows else None
+        self.plain_weight = weight
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.activation = activation
         self.approximate = approximate if activation == "gelu" else ""
@@ -74,22 +75,39 @@ class PackedLinear(Unsaved):
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"PackedLinear runs fp32 on the CPU, got {x.dtype} on {x.device}")
 
-    def _through_mkl(self, x: torch.Tensor) -> bool:
-        return self.plain_weight is not None and rows(x) <= MKL_MAX_ROWS
+    def _plain(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.plain_weight, self.bias)
+        return gelu_(y, self.approximate) if self.activation == "gelu" else y
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(x, self.packed_weight, self.bias, self.activation, self.approximate)
+
+    def engine(self, x: torch.Tensor) -> str:
+        """"plain" or "packed" for an input of these rows: MKL up to MKL_MAX_ROWS rows (its matrix-vector
+        kernels beat oneDNN's), else the faster of the two on this machine (vitkit.cpu.autotune; "packed" with
+        tuning off)."""
+        n = rows(x)
+        if n <= MKL_MAX_ROWS:
+            return "plain"
+        shape = (n, self.in_features, self.out_features, self.bias is not None, self.activation, self.approximate)
+
+        def candidates():
+            sample = torch.randn(n, self.in_features, generator=autotune.generator())
+            return {"plain": lambda: self._plain(sample), "packed": lambda: self._packed(sample)}
+
+        return autotune.choose("packed-linear", shape, candidates, "packed")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x)
-        if self._through_mkl(x):
-            y = F.linear(x, self.plain_weight, self.bias)
-            return gelu_(y, self.approximate) if self.activation == "gelu" else y
-        return onednn_linear(x, self.packed_weight, self.bias, self.activation, self.approximate)
+        return self._plain(x) if self.engine(x) == "plain" else self._packed(x)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + (x W^T + b) in one oneDNN call (its binary post-op), for a layer without activation."""
+        """residual + (x W^T + b), for a layer without activation: packed, in one oneDNN call (its binary
+        post-op)."""
         self._check(x)
         if self.activation != "none":
             raise ValueError("PackedLinear.add is for layers without a fused activation")
-        if self._through_mkl(x):
+        if self.engine(x) == "plain":
             return F.linear(x, self.plain_weight, self.bias).add_(residual)
         return onednn_linear_add(x, residual, self.packed_weight, self.bias)
 
@@ -99,8 +117,7 @@ class PackedLinear(Unsaved):
 
     def extra_repr(self) -> str:
         act = f", activation=gelu({self.approximate})" if self.activation == "gelu" else ""
-        few = f", MKL up to {MKL_MAX_ROWS} rows" if self.plain_weight is not None else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed{act}{few}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed{act}"
 
 
 class LinearPatchEmbed(nn.Module):
