@@ -1,5 +1,5 @@
 """Products of few rows: MKL (`F.linear`) against oneDNN (plain and packed weights), and what taking MKL for
-the per-image layers (vitkit.inference.per_image_linears: the classifier, the last block's class-token layers)
+the per-image layers (vitkit.cpu.convert.per_image_linears: the classifier, the last block's class-token layers)
 gains `optimize(fp32)` at small batches.
 
     .venv/bin/python benchmarks/bench_few_rows.py --threads 2 --json runs/few-rows.json
@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit import bench
-from vitkit.inference import PackedLinear, optimize
-from vitkit.linear import _onednn_linear as onednn_linear
+from vitkit.cpu.packed import PackedLinear
+from vitkit.cpu.private import onednn_linear, pack_weight
+from vitkit.inference import optimize
 
 ROWS = (1, 2, 4, 8, 16)
 
@@ -37,7 +38,7 @@ def layer_table(fast: torch.nn.Module, repeats: int, rng: random.Random) -> list
     with torch.inference_mode():
         for fan_in, fan_out in shapes:
             w, b = torch.randn(fan_out, fan_in), torch.randn(fan_out)
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, 197)
+            packed = pack_weight(w, 197)
             for n in ROWS:
                 x = torch.randn(n, fan_in)
                 calls = {

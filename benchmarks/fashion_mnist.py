@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
-    from vitkit.model import count_parameters
+    from vitkit.counting import count_parameters
     from vitkit.train import get_recipe, train
 
     cfg = get_recipe(args.recipe, args.overrides)
