@@ -1,9 +1,10 @@
 """Which kernel computes an operation of a given shape: the fastest on this machine, timed once, cached on disk.
 
 As `torch.backends.cudnn.benchmark` does for convolutions, the first call of an operation at a new shape times
-each candidate implementation on tensors of that shape (interleaved rounds, medians) and keeps the fastest;
-PyTorch's own implementation is always among the candidates and wins unless another is at least `MARGIN`
-faster, so a tuned path is never slower than PyTorch's beyond the timing's noise. The choice is kept for the
+each candidate implementation on tensors of that shape (interleaved rounds; each candidate's fastest round, the
+figure least disturbed by other work on the machine) and keeps the fastest. The caller's default (its fixed
+rule) is kept unless another candidate is at least `MARGIN` faster, and PyTorch's own implementation is always
+among the candidates, so a tuned path is never slower than PyTorch's beyond that margin. The choice is kept for the
 process and written to a JSON file per CPU model, PyTorch version and thread count
 (`$VITKIT_CACHE_DIR` or `~/.cache/vitkit`, file `autotune-<cpu>-torch<version>.json`), so later processes on
 the machine (a resumed run among them) make the same choice without timing again.
@@ -20,7 +21,6 @@ import fcntl
 import json
 import os
 import re
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterator
@@ -33,13 +33,14 @@ from .hardware import cpu_model
 
 ENV = "VITKIT_AUTOTUNE"
 CACHE_ENV = "VITKIT_CACHE_DIR"
-# A candidate must beat the plain one (the first) by this fraction to be chosen.
-MARGIN = 0.03
+# A candidate must beat the default by this fraction to be chosen instead.
+MARGIN = 0.05
 # Timing of one decision: at least MIN_ROUNDS interleaved rounds, more while under BUDGET_S, at most MAX_ROUNDS.
-MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 0.05
+MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 5, 40, 0.15
 
-_choices: dict[str, str] = {}
+_choices: dict[str, str] = {}  # the cache file's, once read
 _loaded_from: Path | None = None
+_memo: dict[tuple, str] = {}  # the choices made or read in this process, by (cache folder, op, shape, threads)
 
 
 def enabled() -> bool:
@@ -104,7 +105,7 @@ def _store(key: str, choice: str) -> None:
 
 
 def time_candidates(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
-    """The median seconds of each candidate over interleaved rounds (after one untimed call each)."""
+    """The fastest round's seconds of each candidate over interleaved rounds (after one untimed call each)."""
     for fn in candidates.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in candidates}
@@ -117,32 +118,37 @@ def time_candidates(candidates: dict[str, Callable[[], Any]]) -> dict[str, float
             samples[name].append(time.perf_counter() - t)
         if r + 1 >= MIN_ROUNDS and time.perf_counter() - start > BUDGET_S:
             break
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return {name: min(s) for name, s in samples.items()}
 
 
-def pick(times: dict[str, float], plain: str) -> str:
-    """The fastest candidate, unless it beats `plain` by less than MARGIN: then `plain`."""
+def pick(times: dict[str, float], default: str) -> str:
+    """The fastest candidate, unless it beats `default` by less than MARGIN: then `default`."""
     best = min(times, key=times.__getitem__)
-    return best if times[best] < (1.0 - MARGIN) * times[plain] else plain
+    return best if times[best] < (1.0 - MARGIN) * times[default] else default
 
 
 def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable[[], Any]]], default: str) -> str:
     """The implementation of operation `op` at `shape`: the cached choice, else (tuning on) the fastest of
-    `candidates()` (a dict whose first entry is PyTorch's own implementation, made only when needed), else
-    `default`. The key holds the thread count too."""
+    `candidates()` (a dict of callables that includes PyTorch's own implementation and `default`, made only
+    when needed; `pick`), else `default`. The key holds the thread count too."""
     if not enabled():
         return default
-    key = f"{op}|{shape}|t{torch.get_num_threads()}"
+    memo = (os.environ.get(CACHE_ENV), op, shape, torch.get_num_threads())
+    choice = _memo.get(memo)
+    if choice is not None:  # the common case, once per call of a layer: a dictionary look-up
+        return choice
+    key = f"{op}|{shape}|t{memo[3]}"
     _load()
     choice = _choices.get(key)
     if choice is not None:
+        _memo[memo] = choice
         return choice
     calls = candidates()
     if len(calls) == 1:
         return next(iter(calls))
     with torch.random.fork_rng(devices=[]):  # candidates may draw (dropout): keep the global stream as it was
-        choice = pick(time_candidates(calls), plain=next(iter(calls)))
-    _choices[key] = choice
+        choice = pick(time_candidates(calls), default if default in calls else next(iter(calls)))
+    _choices[key] = _memo[memo] = choice
     _store(key, choice)
     return choice
 
@@ -156,4 +162,5 @@ def forget() -> None:
     """Drop this process's choices (the cache file is read again on the next decision); for tests."""
     global _loaded_from
     _choices.clear()
+    _memo.clear()
     _loaded_from = None
