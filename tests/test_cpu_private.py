@@ -15,7 +15,7 @@ import vitkit
 from vitkit.cpu import accelerate, private
 
 CACHED = (private._linear_pointwise, private._reorder_linear_weight, private._forward_ad_level,
-          private._functorch_interpreter)
+          private._functorch_interpreter, private._foreach_lerp)
 TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=5)
 
 
@@ -26,11 +26,12 @@ def _clear_caches() -> None:
 
 @pytest.fixture
 def without_private_apis(monkeypatch):
-    """torch.ops.mkldnn (oneDNN's linear and its weight reordering), forward AD's level and functorch's
-    interpreter stack, gone as a PyTorch release might remove them."""
+    """torch.ops.mkldnn (oneDNN's linear and its weight reordering), forward AD's level, functorch's
+    interpreter stack and torch._foreach_lerp_, gone as a PyTorch release might remove them."""
     monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())
     monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
     monkeypatch.delattr(torch._C._functorch, "peek_interpreter_stack")
+    monkeypatch.delattr(torch, "_foreach_lerp_")
     _clear_caches()
     yield
     _clear_caches()  # read again once monkeypatch has put them back
@@ -66,12 +67,16 @@ def test_the_lookups_warn_once_each_and_fall_back(without_private_apis):
         assert private.forward_ad_may_be_on()  # cannot tell: the fast operators give way everywhere
         assert private.plain_ops_required()
         assert not private.eager_fp32_on_cpu(torch.zeros(2))
+        private.foreach_lerp_([torch.zeros(1)], [torch.ones(1)], 0.5)
     names = " ".join(str(w.message) for w in record)
-    for api in ("_linear_pointwise", "_current_level", "peek_interpreter_stack"):
+    for api in ("_linear_pointwise", "_current_level", "peek_interpreter_stack", "_foreach_lerp_"):
         assert api in names
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once: a second round is silent
-        private.onednn_linear_available(), private.forward_ad_may_be_on()
+        private.onednn_linear_available(), private.forward_ad_may_be_on(), private.foreach_lerp_([], [], 0.5)
+    targets, sources = [torch.zeros(3), torch.ones(2)], [torch.ones(3), torch.zeros(2)]
+    private.foreach_lerp_(targets, sources, 0.25)
+    assert targets[0].tolist() == [0.25] * 3 and targets[1].tolist() == [0.75] * 2
     x, w, b = torch.randn(4, 8), torch.randn(3, 8), torch.randn(3)
     torch.testing.assert_close(private.onednn_linear(x, w, b, "gelu", "tanh"),
                                nn.functional.gelu(x @ w.T + b, approximate="tanh"))

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ViTConfig, gap_drops_class_token, get_config
+from .config import ViTConfig, check_image_batch, gap_drops_class_token, get_config
 from .hybrid import HybridEmbed
 from .init import lecun_normal_, mimetic_init_
 from .posemb import sincos_2d
@@ -149,21 +149,6 @@ def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool) ->
     idx = torch.rand(B, n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values + num_prefix
     patches = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, D))
     return torch.cat([x[:, :num_prefix], patches], dim=1)
-
-
-def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[int, int]) -> None:
-    """A ValueError that says what is wrong unless `shape` is a batch (B, in_chans, *image_size) of images."""
-    want = f"(B, {in_chans}, {image_size[0]}, {image_size[1]})"
-    if len(shape) != 4:
-        raise ValueError(f"expected a batch of images {want}, got a tensor of shape {shape}; a single image "
-                         f"needs a batch axis (x.unsqueeze(0))")
-    if shape[1] != in_chans:
-        raise ValueError(f"expected images of shape {want}, got {shape}: {shape[1]} channels where the model "
-                         f"takes {in_chans} (convert the images, e.g. grey to RGB, or build it with in_chans=...)")
-    if tuple(shape[-2:]) != tuple(image_size):
-        raise ValueError(f"expected images of shape {want}, got {shape}; resize the images to "
-                         f"{image_size[0]}x{image_size[1]}, or build the model at this size with image_size=... "
-                         f"(vitkit.transfer.prepare_finetune resamples a trained model's position embedding)")
 
 
 class Block(nn.Module):

@@ -13,6 +13,7 @@ The APIs:
 - `torch.autograd.forward_ad._current_level` and `torch._C._functorch.peek_interpreter_stack`: whether
   forward-mode AD or a torch.func transform is on, where the fast operators (which have no forward derivative
   or batching rule) must give way to PyTorch's; plain path: always give way.
+- `torch._foreach_lerp_`: the EMA of the weights in one call over all of them; plain path one `lerp_` each.
 - `torch.utils.cpp_extension._get_build_directory`: where a compiled operator's library lies, read only to say
   on stderr that a first build is about to take a while.
 """
@@ -72,6 +73,21 @@ def _functorch_interpreter() -> Callable[[], Any] | None:
         return peek_interpreter_stack
 
     return _lookup("torch._C._functorch.peek_interpreter_stack", get)
+
+
+@functools.cache
+def _foreach_lerp() -> Callable | None:
+    return _lookup("torch._foreach_lerp_", lambda: torch._foreach_lerp_)
+
+
+def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float) -> None:
+    """targets[i] += weight * (sources[i] - targets[i]) for every i, in place."""
+    op = _foreach_lerp()
+    if op is not None:
+        op(targets, sources, weight)
+        return
+    for t, s in zip(targets, sources, strict=True):
+        t.lerp_(s, weight)
 
 
 def onednn_linear_available() -> bool:
