@@ -10,15 +10,9 @@ import pytest
 import vitkit
 from vitkit.config import ViTConfig
 from vitkit.model import count_parameters
-from vitkit.train.recipes import (
-    RECIPES,
-    TrainConfig,
-    apply_overrides,
-    device_error,
-    get_recipe,
-    parse_value,
-    valid_keys,
-)
+from vitkit.train.overrides import apply_overrides, parse_value, valid_keys
+from vitkit.train.recipes import RECIPES, get_recipe
+from vitkit.train.settings import TrainConfig, device_error
 
 
 @pytest.mark.parametrize("name", list(RECIPES))

@@ -58,7 +58,8 @@ from .ema import EMA
 from .evaluate import EvalResult, confusion_png, evaluate
 from .losses import classification_loss
 from .optim import build_optimizer, lr_at, set_lr
-from .recipes import TrainConfig, missing_init
+from .recipes import missing_init
+from .settings import TrainConfig
 from .stopping import StopRequests, TrainingStopped
 
 # Settings that may change when a run is resumed: they do not alter what is computed.
