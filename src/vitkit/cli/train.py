@@ -227,7 +227,7 @@ def match_classes(dataset, class_names: list[str] | None, num_classes: int, data
     taken by position with a note: other names for the same classes, as an ImageNet folder's WordNet ids
     (n01440764, ...) for the names a converted checkpoint carries (tench, ...). Without names, the counts must
     agree."""
-    from ..data.datasets import with_classes
+    from ..data.views import with_classes
 
     classes = list(getattr(dataset, "classes", None) or [])
     if class_names and classes and not set(classes).isdisjoint(class_names):

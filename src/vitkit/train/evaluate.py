@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from ..config import ViTConfig
-from ..data.datasets import TransformedDataset
 from ..data.transforms import build_eval_transform, normalize_batch
+from ..data.views import TransformedDataset
 from .batches import is_in_memory
 from .distributed import all_reduce_sum
 from .stopping import ignore_stop_signals

@@ -36,8 +36,9 @@ from torch.utils.data import Dataset
 
 from ..checkpoint import CheckpointError
 from ..data import resolve
-from ..data.datasets import split_name, with_classes
+from ..data.datasets import split_name
 from ..data.subsets import spread_subset
+from ..data.views import with_classes
 from ..files import atomic_write
 from ..hardware import cpu_has_native_bf16
 from ..model import VisionTransformer
