@@ -180,7 +180,7 @@ def eval(
     from ..data import resolve
     from ..data.subsets import spread_subset
     from ..train.evaluate import confusion_png, evaluate
-    from ..train.loop import skipped_images
+    from ..train.prepare import skipped_images
     from .main import UsageError
 
     model = _load(checkpoint)
