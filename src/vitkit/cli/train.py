@@ -102,7 +102,9 @@ def train(
                                         help="Override a setting, e.g. --set optim.lr=0.002 --set model.depth=4 "
                                              "(repeatable; unknown keys are rejected with the valid ones)."),
     show: bool = typer.Option(False, "--show", help="Print the resolved config as JSON and exit."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", show_default=False,
+                                         help="A progress bar on stderr (by default only when stderr is a "
+                                              "terminal, so that a log file holds no frames of it)."),
     nproc: int = typer.Option(1, "--nproc", min=1,
                               help="Data-parallel processes on this machine: starts torchrun --standalone with N "
                                    "processes of (cores / N) threads each. On 2 CPU cores, 2 processes of 1 thread "
@@ -136,7 +138,8 @@ def train(
         except ValueError as e:
             raise UsageError(str(e), "see `vitkit train --help`") from None
         args = [recipe, "--out", str(out), *(["--resume"] if resume else []),
-                *(a for o in overrides or [] for a in ("--set", o)), *([] if progress else ["--no-progress"])]
+                *(a for o in overrides or [] for a in ("--set", o)),
+                *{None: [], True: ["--progress"], False: ["--no-progress"]}[progress]]
         raise typer.Exit(launch_torchrun(nproc, args))
     try:
         result = run(cfg, out, resume=resume, progress=progress)
@@ -174,7 +177,9 @@ def eval(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     workers: int = typer.Option(0, "--workers", "-j", min=0,
                                 help="Processes that read and decode an image folder's files (0: this one)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", show_default=False,
+                                         help="A progress bar on stderr (by default only when stderr is a "
+                                              "terminal, so that a log file holds no frames of it)."),
 ) -> None:
     """Top-1, top-5, loss and per-class accuracy on a dataset, and a confusion-matrix PNG."""
     from ..data import resolve

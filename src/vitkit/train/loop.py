@@ -145,10 +145,11 @@ class Run:
 
 # --- the run -----------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Dataset | None = None,
-          val_set: Dataset | None = None, progress: bool = True) -> RunResult:
+          val_set: Dataset | None = None, progress: bool | None = True) -> RunResult:
     """Run `cfg`, writing the run folder `out` (see checkpoints.py for its layout). With `resume`, continue
     from the newest complete checkpoint in `out`. `train_set`/`val_set` replace the datasets `cfg.data`
-    names (any Dataset with `.classes` whose items are (image, label))."""
+    names (any Dataset with `.classes` whose items are (image, label)). `progress`: a progress bar on stderr
+    (None: only where stderr is a terminal)."""
     out = Path(out)
     problem = missing_init(cfg) or device_unavailable(cfg.device)
     if problem:
@@ -171,7 +172,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
 
 
 def _train(cfg: TrainConfig, out: Path, resume: bool, train_set: Dataset | None, val_set: Dataset | None,
-           progress: bool, ctx: distributed.Context, held: contextlib.ExitStack) -> RunResult:
+           progress: bool | None, ctx: distributed.Context, held: contextlib.ExitStack) -> RunResult:
     t_start = time.time()
     set_up_process(cfg)
     split = evaluated_split(cfg, train_set, val_set)
@@ -237,7 +238,7 @@ def finish_complete_run(run: Run) -> RunResult:
     return run_result(run, run.elapsed_before, result)
 
 
-def train_steps(run: Run, progress: bool) -> RunResult:
+def train_steps(run: Run, progress: bool | None) -> RunResult:
     """Train from `run.step` to the last step, evaluating and checkpointing on the way, then write the
     end-of-run outputs. Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint."""
     cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
@@ -357,14 +358,16 @@ def run_result(run: Run, seconds: float, final: EvalResult | None) -> RunResult:
 
 
 # --- what the run reports as it goes -------------------------------------------------------------------------
-def progress_bar(run: Run, progress: bool):
-    """The main process's progress bar on stderr when `progress`, else None."""
-    if not progress or not run.ctx.is_main:
+def progress_bar(run: Run, progress: bool | None):
+    """The main process's progress bar on stderr, or None: always with `progress` True, never with False, and
+    with None only where stderr is a terminal (a log file would keep every frame the bar draws)."""
+    if progress is False or not run.ctx.is_main:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=run.lengths.total, initial=run.step, desc=run.cfg.recipe or "train", unit="step",
-                dynamic_ncols=True, mininterval=1.0)
+    bar = tqdm(total=run.lengths.total, initial=run.step, desc=run.cfg.recipe or "train", unit="step",
+               dynamic_ncols=True, mininterval=1.0, disable=None if progress is None else False)
+    return None if bar.disable else bar
 
 
 class Report:
