@@ -54,7 +54,7 @@ def finetune() -> TrainConfig:
         vitkit train finetune --out runs/ft --set init=path/to/vit_b16 --set data.name=cifar10
 
     With the ImageNet-21k ViT-B/16 this setting reaches 98.9 % and 99.0 % on CIFAR-10 in the authors' two runs
-    (vision_transformer's README); not reproduced on our CPUs.
+    (vision_transformer's README); not reproduced with vitkit.
     """
     return TrainConfig(
         recipe="finetune",
@@ -86,7 +86,7 @@ def fashion_mnist() -> TrainConfig:
     last epoch, which sees them all (`full_token_epochs`); AdamW lr 4e-3, batch 256, weight decay 0.05, 2
     epochs of warm-up then cosine, label smoothing 0.1; a random crop after 2 pixels of padding, flips and
     random erasing (p 0.25); EMA of the weights; 90 epochs; the test set evaluated every 3 epochs. bf16 autocast
-    where the CPU computes bf16 natively (`precision="bf16-native"`: AVX512-BF16 or AMX, as on our AMD EPYC; fp32
+    where the CPU computes bf16 natively (`precision="bf16-native"`: AVX512-BF16 or AMX, as on the AMD EPYC measured below; fp32
     elsewhere), with the attention matrices kept in fp32. Run it as two processes of one thread each
     (`--nproc 2`): on 2 cores that is 1.25-1.35x faster than one process of two threads, whose small matrix
     products parallelise poorly.
@@ -94,9 +94,9 @@ def fashion_mnist() -> TrainConfig:
         vitkit train fashion-mnist --out runs/fmnist --nproc 2
         .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/bench-fmnist
 
-    How we got here (benchmarks/fashion_mnist.py, test top-1; compute is the budget on our CPU). Every figure
-    below predates session 24's initialisation of the class token (now zeros) and position embedding (now
-    normal 0.02, not truncated), as the Flax code has them; the runs were not repeated since.
+    How the recipe was chosen (benchmarks/fashion_mnist.py, test top-1 on 2 AMD EPYC cores; compute is the
+    budget). Every figure below predates the present initialisation of the class token (zeros) and position
+    embedding (normal 0.02, not truncated), as the Flax code has them; the runs were not repeated since.
     - 16 tokens overfit: 7x7 patches, width 128, no crop, 25 epochs: 90.25 % in 21.5 min, with the test loss
       rising from epoch 20 on and the training loss still falling.
     - At equal time (about 6 minutes, 2 cores, no crop) small patches need a narrow model: 7x7/width 128
@@ -169,7 +169,7 @@ def demo() -> TrainConfig:
 
     Measured: `make demo` on a fresh clone, 2 free cores: trained in 173 s (~2,400 img/s), 87.52 % test top-1,
     4.5 min for the whole demo with set-up. (88.39 % in another run, 1 thread on a shared machine, 18.7 min.)
-    With the Flax initialisation of the class token and positions (session 24), on our slower Intel machine:
+    With the present (Flax) initialisation of the class token and positions, on a slower Intel machine:
     87.72 %, 99.73 % top-5, 2,808 steps in 6.4 min.
     The mimetic attention initialisation that helps the `fashion-mnist` recipe does not help this 4x4 grid of
     tokens: 87.62 % vs 87.96 % with Xavier, two runs side by side on one core each.

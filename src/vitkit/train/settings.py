@@ -208,10 +208,10 @@ class TrainConfig:
     `eval_every`, `ckpt_every`: in steps (0: at the end of every epoch). `keep_last`: training-state checkpoints
     kept (the best and the last models are kept apart, as vitkit checkpoints).
     `compile`: train through `torch.compile` (inductor; evaluation stays eager). The first steps wait for the
-    compilation (about 30 s on our CPU, again when PatchDropout turns off); then, measured step for step: the
-    `fashion-mnist` recipe's training step (one process, one thread, bf16 autocast) 1.12x on our CPU, ViT-S/16's
+    compilation (about 30 s on a 2-core AMD EPYC, again when PatchDropout turns off); then, measured step for step: the
+    `fashion-mnist` recipe's training step (one process, one thread, bf16 autocast) 1.12x on that CPU, ViT-S/16's
     0.96x there (inductor's matrix products replace oneDNN's), ViT-B/16's 1.24-1.34x on an H200
-    (benchmarks/bench_gpu.py's step, outside this loop). Off by default: on our CPU it barely pays back its
+    (benchmarks/bench_gpu.py's step, outside this loop). Off by default: on that CPU it barely pays back its
     compilation.
     """
 
