@@ -38,7 +38,7 @@ from vitkit.bench import build_timm, paired_ratio, write_json
 from vitkit.config import ViTConfig
 from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine, training_engine
 from vitkit.train.optim import build_optimizer
-from vitkit.train.recipes import OptimConfig
+from vitkit.train.settings import OptimConfig
 
 # The optimizers both contenders may step with: vitkit's trainer's (build_optimizer), or torch's AdamW with its
 # defaults over all parameters.

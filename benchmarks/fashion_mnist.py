@@ -44,7 +44,7 @@ def fp32_test_top1(model_dir: Path, cfg) -> float:
     figure a user gets from the checkpoint, whatever precision the training (and its evaluations) ran in."""
     from vitkit import load
     from vitkit.train.evaluate import evaluate
-    from vitkit.train.loop import load_data
+    from vitkit.train.prepare import load_data
 
     model = load(model_dir)
     _, test, _ = load_data(cfg)  # the set (and data.val_limit) the training evaluated on

@@ -56,7 +56,7 @@ step bench_training 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only train
 step bench_training_cudagraphs 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training \
     --train-compile-mode reduce-overhead --json "$OUT/training_cudagraphs.json"
 
-if "$PY" -c "import sys; from vitkit.data.datasets import find_fashion_mnist as f; sys.exit(not (f('train') and f('test')))"
+if "$PY" -c "import sys; from vitkit.data.fashion_mnist import find_fashion_mnist as f; sys.exit(not (f('train') and f('test')))"
 then
     run="${TMPDIR:-/tmp}/vitkit-gpu-demo"  # outside $OUT: the device tool brings back 8 files at most
     rm -rf "$run"

@@ -41,8 +41,8 @@ def main() -> None:
     from vitkit.data import FASHION_MNIST_CLASSES, TensorImageDataset, resolve
     from vitkit.model import VisionTransformer
     from vitkit.train.batches import batch_source, make_plan, steps_per_epoch
-    from vitkit.train.loop import autocast_dtype, forward_backward, optimizer_step
     from vitkit.train.losses import classification_loss
+    from vitkit.train.one_step import autocast_dtype, forward_backward, optimizer_step
     from vitkit.train.optim import build_optimizer
     from vitkit.train.recipes import get_recipe
 

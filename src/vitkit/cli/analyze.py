@@ -273,8 +273,8 @@ def _train_and_test(data: str, train_split: str, test_split: str, data_dir: Path
     split's, by name (a folder numbers its own sub-folders), each cut to its --max-* images spread over it.
     A folder without split sub-folders would serve its own images as both: refused."""
     from ..data import resolve
-    from ..data.datasets import with_classes
     from ..data.subsets import spread_subset
+    from ..data.views import with_classes
     from .main import UsageError
 
     train_set, test_set = resolve(data, train_split, data_dir), resolve(data, test_split, data_dir)

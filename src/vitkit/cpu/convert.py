@@ -72,7 +72,7 @@ def int8_block_eligible(block: nn.Module) -> bool:
 def quantize_linears_int8(model: nn.Module) -> nn.Module:
     """Replace, in place, the encoder's linear layers (`blocks.*`) by DynamicInt8Linear, the MLP's GELU by
     an in-place one, and, on CPUs with native bf16, a FusedBlock's attention matrices by bf16 ones; FusedBlocks
-    then run through the compiled int8 block operator where it can be built (vitkit.kernels). The
+    then run through the compiled int8 block operator where it can be built (vitkit.cpu.build). The
     classifier and the patch projection stay fp32: they cost little and carry the decision."""
     blocks = getattr(model, "blocks", None)
     target = blocks if isinstance(blocks, nn.Module) else model
