@@ -71,12 +71,12 @@ def test_eval_draws_its_bar_only_on_a_terminal_unless_told(data, tmp_path, capsy
 
     assert cli(*args, "--progress") == 0
     err = capsys.readouterr().err
-    assert "\r" in err and "eval" in err and "4/4" in err  # 32 images in batches of 8
+    assert "\r" in err and "eval" in err and "/4 " in err  # 32 images in batches of 8
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert cli(*args) == 0
-    assert "\r" in terminal.getvalue() and "4/4" in terminal.getvalue()
+    assert "\r" in terminal.getvalue() and "/4 " in terminal.getvalue()
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
