@@ -17,7 +17,7 @@ the ratio to timm is then that of the machine's own choice.
 Both models step with the same optimizer, by default the one vitkit's trainer builds
 (vitkit.train.optim.build_optimizer: AdamW, fused where torch has it, weight decay on the weights only);
 `--optimizer torch-default` gives both torch's AdamW with its defaults instead (a loop over the parameters on
-the CPU; ~97 against ~24 ms a step for ViT-S/16's 22M parameters on 2 cores), as sessions before 21 measured.
+the CPU; ~97 against ~24 ms a step for ViT-S/16's 22M parameters on 2 cores).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main_contender(steps: dict) -> str:
 
 
 # Steps before the profiled ones. The first steps of a process grow the heap, and glibc faults each new page
-# in: at ViT-S/16 batch 8 a GELU took 7-18 ms in the first two steps and 1.7 ms from the third on (session 16),
+# in: at ViT-S/16 batch 8 a GELU took 7-18 ms in the first two steps and 1.7 ms from the third on,
 # so a profile of steps 2-3 showed costs that the timed, warmed-up steps do not have.
 PROFILE_WARMUP = 4
 

@@ -1,6 +1,6 @@
 """The Fashion-MNIST benchmark: the `fashion-mnist` recipe (a pure ViT, no convolution beyond the patch
 projection) trained from scratch on the CPU, its test accuracy and its wall time, next to the anchors of the
-dataset's README. The target: 93.0 % or better within 30 minutes on our 2 cores; the goal 94.5 %.
+dataset's README. The target: 93.0 % or better within 30 minutes on 2 CPU cores; the goal 94.5 %.
 
     .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/bench-fmnist
     .venv/bin/python benchmarks/fashion_mnist.py --out runs/x            # one process (slower on 2 cores)

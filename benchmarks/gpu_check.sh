@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of vitkit in one command, for a session that is lent a GPU for a few minutes (issue 6's GPU
-# part): the machine; the speed of ViT-B/16 inference and training against timm (benchmarks/bench_gpu.py; the
+# Every GPU check of vitkit in one command, for a machine that is lent a GPU for a few minutes: the machine; the speed of ViT-B/16 inference and training against timm (benchmarks/bench_gpu.py; the
 # training step also compiled with CUDA graphs); the trainer end to end on the GPU (the `demo` recipe on
 # Fashion-MNIST, then `vitkit eval`); and the test suite with CUDA present (its CUDA tests run instead of being
 # skipped; "auto" devices become the GPU).
@@ -52,7 +51,7 @@ step machine 60 bash -c "nvidia-smi -L 2>/dev/null || echo 'no nvidia-smi'; \
 timm.__version__, \"cuda\", torch.cuda.is_available() and torch.cuda.get_device_name(0))'"
 step bench_inference 180 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only inference --json "$OUT/inference.json"
 step bench_training 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training --json "$OUT/training.json"
-# Session 10 found the training step bound by the host's kernel launches: CUDA graphs are the lever to try.
+# The eager training step is bound by the host's kernel launches (docs/speed.md): CUDA graphs are the lever.
 step bench_training_cudagraphs 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training \
     --train-compile-mode reduce-overhead --json "$OUT/training_cudagraphs.json"
 
