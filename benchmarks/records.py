@@ -7,6 +7,7 @@ measurements of one kind on one day (`run1`, `seed1`).
 
     python benchmarks/records.py name infer-b1 --tag run1     # the path a new record of this machine gets
     python benchmarks/records.py where                        # this machine's CPU slug
+    python benchmarks/records.py slug "NVIDIA H200"           # nvidia-h200
 """
 
 from __future__ import annotations
@@ -91,9 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     name.add_argument("--where", help="default: this machine's CPU slug")
     name.add_argument("--folder", type=Path, default=RESULTS)
     sub.add_parser("where", help="print this machine's CPU slug")
+    sub.add_parser("slug", help="print the slug of a CPU or GPU model name").add_argument("model_name")
     args = parser.parse_args(argv)
     if args.command == "where":
         print(slug(cpu_model()))
+    elif args.command == "slug":
+        print(slug(args.model_name))
     else:
         print(record_path(args.what, args.where, tag=args.tag, folder=args.folder))
 

@@ -126,8 +126,10 @@ def agreement(recs: list[Record], where: str, date: str) -> str:
     return "\n".join(lines)
 
 
-def machine_name(d: dict) -> str:
+def machine_name(d: dict, rec: Record) -> str:
     m = d.get("machine", {})
+    if not m:
+        return rec.where
     if "gpu" in m:
         return f"one {m['gpu']}"
     parts = [m.get("cpu", "?"), f"{m['cores']} cores" if "cores" in m else ""]
@@ -144,8 +146,9 @@ def recipes(recs: list[Record], *whats: str) -> str:
     for rec, d in sorted(rows, key=lambda rd: (rd[0].what, minutes_of(rd[1]))):
         top1 = d.get("test_top1", 100 * d.get("top1", 0.0))
         minutes = minutes_of(d)
-        lines.append(f"| `{d['recipe']}` | `{d['command']}` | {top1:.2f} % | {minutes:.1f} min | "
-                     f"{machine_name(d)} | {rec.date} |")
+        command = d.get("command", f"vitkit train {d['recipe']}")
+        lines.append(f"| `{d['recipe']}` | `{command}` | {top1:.2f} % | {minutes:.1f} min | "
+                     f"{machine_name(d, rec)} | {rec.date} |")
     return "\n".join(lines)
 
 
