@@ -103,6 +103,8 @@ def repo_paths(text: str) -> list[str]:
             word = word.rstrip(".")
             if not word.startswith(PATH_PREFIXES) or any(c in word for c in "*<>[]{}$…") or "..." in word:
                 continue
+            if re.search(r"(^|/)(?!README)[A-Z][A-Z_]*[A-Z](\.|/|$)", word):  # `src/vitkit/convert/NAME.py`
+                continue
             if "/" in word[:-1] or word.endswith(PATH_SUFFIXES):
                 found.append(word)
     return found
@@ -150,5 +152,5 @@ def test_the_checks_catch_what_they_are_for():
             "```text\n$ vitkit models\n   vitkit presets\n```\n")
     assert command_lines(text) == ["vitkit eval a    --data b   # note", "vitkit info c", "vitkit models",
                                    "vitkit models S/16"]
-    assert repo_paths("see `benchmarks/records.py` and `src/vitkit/x/` and `docs/*.md`") == [
+    assert repo_paths("see `benchmarks/records.py` and `src/vitkit/x/`, `docs/*.md`, `tests/NAME.py`") == [
         "benchmarks/records.py", "src/vitkit/x/"]
