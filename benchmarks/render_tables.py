@@ -33,7 +33,7 @@ BLOCK = re.compile(r"(<!-- table:(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /tabl
 
 # Inference cells, in table order, and the contenders of each column.
 CELLS = (("ViT-B/16", 1), ("ViT-B/16", 16), ("ViT-S/16", 1), ("ViT-S/16", 16))
-COLUMNS = (("vitkit", "plain model"), ("vitkit-fp32-opt", '`optimize(m, "fp32")`'),
+COLUMNS = (("vitkit", "`accelerate(m)`"), ("vitkit-fp32-opt", '`optimize(m, "fp32")`'),
            ("vitkit-int8", '`optimize(m, "int8")`'))
 TRAIN_ROWS = (("vit_small_patch16_224", "ViT-S/16"), ("recipe fashion-mnist", "`fashion-mnist` recipe's model"),
               ("recipe demo", "`demo` recipe's model"))
@@ -103,7 +103,7 @@ def speed(recs: list[Record], where: str, date: str) -> str:
 
 def speed_runs(recs: list[Record], where: str, date: str) -> str:
     inf, train = inference_ratios(recs, where, date), training_ratios(recs, where, date)
-    head = "| plain / fp32 / int8 | " + " | ".join(f"run {i}" for i in range(1, len(inf) + 1)) + " |"
+    head = "| accelerate / fp32 / int8 | " + " | ".join(f"run {i}" for i in range(1, len(inf) + 1)) + " |"
     lines = [head, "|---|" + "---|" * len(inf)]
     for model, batch in CELLS:
         cells = [" / ".join(f"{run[(model, batch, c)]:.2f}" for c, _ in COLUMNS) for run in inf]
