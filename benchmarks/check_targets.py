@@ -2,8 +2,9 @@
 do not, run by run, with the weakest cell of each.
 
 A run is the files one full measurement writes (benchmarks/target_runs.sh writes them all into
-benchmarks/results/): `vitkit bench --json` at batch 1 and at batch 16, `benchmarks/bench_training.py --json`,
-and, where measured, `benchmarks/bench_inference.py agreement --json`. Each file is recognised by what it holds.
+benchmarks/results/): `vitkit bench --json` at batch 1 and at batch 16, `benchmarks/bench_training.py
+--json`, and, where measured, `benchmarks/bench_inference.py agreement --json`. Each file is recognised by
+what it holds.
 
     R=benchmarks/results
     python benchmarks/check_targets.py \\

@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--record", metavar="TAG", nargs="?", const="",
-                        help="also write the report into benchmarks/results/ as recipe-RECIPE_CPU_DATE[_TAG].json")
+                        help="also write the report to benchmarks/results/recipe-RECIPE_CPU_DATE[_TAG].json")
     args = parser.parse_args()
 
     from vitkit.model import count_parameters
@@ -84,8 +84,8 @@ def main() -> None:
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     sets = "".join(f" --set {o}" for o in args.overrides)
     report = {
-        "command": f"vitkit train {args.recipe} --out {args.out}" + (f" --nproc {processes}" if processes > 1 else "")
-        + sets,
+        "command": f"vitkit train {args.recipe} --out {args.out}"
+        + (f" --nproc {processes}" if processes > 1 else "") + sets,
         "measured_with": " ".join(["python", *sys.argv]),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "processes": processes,
                     "threads": torch.get_num_threads()},

@@ -54,8 +54,10 @@ fi
 step machine 60 bash -c "nvidia-smi -L 2>/dev/null || echo 'no nvidia-smi'; \
     $PY -c 'import sys, torch, timm; print(sys.version.split()[0], \"torch\", torch.__version__, \"timm\", \
 timm.__version__, \"cuda\", torch.cuda.is_available() and torch.cuda.get_device_name(0))'"
-step bench_inference 180 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only inference --json "$OUT/gpu-infer_${where}_${day}.json"
-step bench_training 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training --json "$OUT/gpu-train_${where}_${day}_run1.json"
+step bench_inference 180 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only inference \
+    --json "$OUT/gpu-infer_${where}_${day}.json"
+step bench_training 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training \
+    --json "$OUT/gpu-train_${where}_${day}_run1.json"
 # The eager training step is bound by the host's kernel launches (docs/speed.md): CUDA graphs are the lever.
 step bench_training_cudagraphs 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training \
     --train-compile-mode reduce-overhead --json "$OUT/gpu-train_${where}_${day}_cudagraphs.json"

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-NAME = re.compile(r"^(?P<what>[a-z0-9-]+)_(?P<where>[a-z0-9-]+)_(?P<date>\d{4}-\d{2}-\d{2})(?:_(?P<tag>[a-z0-9-]+))?$")
+NAME = re.compile(
+    r"^(?P<what>[a-z0-9-]+)_(?P<where>[a-z0-9-]+)_(?P<date>\d{4}-\d{2}-\d{2})(?:_(?P<tag>[a-z0-9-]+))?$"
+)
 
 
 def slug(model_name: str) -> str:
     """`Intel(R) Xeon(R) Processor` -> `intel-xeon`, `AMD EPYC 9454 48-Core Processor` -> `amd-epyc-9454`,
-    `NVIDIA H200` -> `nvidia-h200`: lower case, trademarks, clock, core count and "processor"/"cpu" dropped."""
+    `NVIDIA H200` -> `nvidia-h200`: lower case; trademarks, clock, core count, "processor", "cpu" dropped."""
     s = model_name.lower()
     s = re.sub(r"\((r|tm)\)", " ", s)
     s = re.sub(r"@.*$", " ", s)  # the clock: "CPU @ 2.10GHz"
@@ -45,8 +47,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def record_path(what: str, where: str | None = None, date: str | None = None, tag: str | None = None,
-                folder: Path = RESULTS) -> Path:
+def record_path(
+    what: str,
+    where: str | None = None,
+    date: str | None = None,
+    tag: str | None = None,
+    folder: Path = RESULTS,
+) -> Path:
     """The file a record of `what` gets: WHERE defaults to this machine's CPU slug, DATE to today (UTC)."""
     where = where or slug(cpu_model())
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -84,7 +91,9 @@ def _natural(name: str) -> list:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     name = sub.add_parser("name", help="print the path of a new record")
     name.add_argument("what")

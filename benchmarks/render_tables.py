@@ -33,10 +33,16 @@ BLOCK = re.compile(r"(<!-- table:(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /tabl
 
 # Inference cells, in table order, and the contenders of each column.
 CELLS = (("ViT-B/16", 1), ("ViT-B/16", 16), ("ViT-S/16", 1), ("ViT-S/16", 16))
-COLUMNS = (("vitkit", "`accelerate(m)`"), ("vitkit-fp32-opt", '`optimize(m, "fp32")`'),
-           ("vitkit-int8", '`optimize(m, "int8")`'))
-TRAIN_ROWS = (("vit_small_patch16_224", "ViT-S/16"), ("recipe fashion-mnist", "`fashion-mnist` recipe's model"),
-              ("recipe demo", "`demo` recipe's model"))
+COLUMNS = (
+    ("vitkit", "`accelerate(m)`"),
+    ("vitkit-fp32-opt", '`optimize(m, "fp32")`'),
+    ("vitkit-int8", '`optimize(m, "int8")`'),
+)
+TRAIN_ROWS = (
+    ("vit_small_patch16_224", "ViT-S/16"),
+    ("recipe fashion-mnist", "`fashion-mnist` recipe's model"),
+    ("recipe demo", "`demo` recipe's model"),
+)
 
 
 class TableError(ValueError):
@@ -56,7 +62,11 @@ def pick(recs: list[Record], what: str, where: str, date: str | None = None) -> 
 
 def span(values: list[float], digits: int = 2) -> str:
     lo, hi = min(values), max(values)
-    return f"{lo:.{digits}f}x" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:.{digits}f}-{hi:.{digits}f}x"
+    return (
+        f"{lo:.{digits}f}x"
+        if f"{lo:.{digits}f}" == f"{hi:.{digits}f}"
+        else f"{lo:.{digits}f}-{hi:.{digits}f}x"
+    )
 
 
 def inference_ratios(recs: list[Record], where: str, date: str) -> list[dict[tuple[str, int, str], float]]:
@@ -65,32 +75,44 @@ def inference_ratios(recs: list[Record], where: str, date: str) -> list[dict[tup
     for what in ("infer-b1", "infer-b16"):
         for rec in pick(recs, what, where, date):
             for row in load(rec)["rows"]:
-                runs.setdefault(rec.tag, {})[(row["model"], row["batch"], row["contender"])] = row["vs_best_anchor"]
+                runs.setdefault(rec.tag, {})[(row["model"], row["batch"], row["contender"])] = row[
+                    "vs_best_anchor"
+                ]
     return [runs[t] for t in sorted(runs, key=lambda t: int(re.sub(r"\D", "", t) or 0))]
 
 
 def training_ratios(recs: list[Record], where: str, date: str) -> list[dict[str, tuple[int, float]]]:
     """Per run, {model: (batch, ratio of vitkit's training step to timm's)}."""
-    return [{c["model"]: (c["batch"], c["ratio_vitkit_over_timm"]) for c in load(rec)}
-            for rec in pick(recs, "train-step", where, date)]
+    return [
+        {c["model"]: (c["batch"], c["ratio_vitkit_over_timm"]) for c in load(rec)}
+        for rec in pick(recs, "train-step", where, date)
+    ]
 
 
 def machine_line(recs: list[Record], where: str, date: str) -> str:
     m = load(pick(recs, "infer-b1", where, date)[0])["machine"]
     has = [x for x, ok in (("VNNI", m.get("vnni")), ("native bf16", m.get("native_bf16"))) if ok]
     runs = len(pick(recs, "infer-b1", where, date))
-    return (f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), "
-            f"{m['threads']} threads, torch {m['torch'].split('+')[0]}; {runs} runs of "
-            f"`bash benchmarks/target_runs.sh` on {date}")
+    return (
+        f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), "
+        f"{m['threads']} threads, torch {m['torch'].split('+')[0]}; {runs} runs of "
+        f"`bash benchmarks/target_runs.sh` on {date}"
+    )
 
 
 def speed(recs: list[Record], where: str, date: str) -> str:
     inf, train = inference_ratios(recs, where, date), training_ratios(recs, where, date)
-    caption = (machine_line(recs, where, date) + ". Each cell: the lowest and highest over the runs of the "
-               "median, over rounds, of the ratio to the fastest of timm, Hugging Face (sdpa) and torchvision "
-               "in the same round (higher is faster).")
-    lines = [*textwrap.wrap(caption, 110, break_on_hyphens=False), "",
-             "| model, batch | " + " | ".join(c[1] for c in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
+    caption = (
+        machine_line(recs, where, date) + ". Each cell: the lowest and highest over the runs of the "
+        "median, over rounds, of the ratio to the fastest of timm, Hugging Face (sdpa) and torchvision "
+        "in the same round (higher is faster)."
+    )
+    lines = [
+        *textwrap.wrap(caption, 110, break_on_hyphens=False),
+        "",
+        "| model, batch | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
     for model, batch in CELLS:
         cells = [span([run[(model, batch, c)] for run in inf]) for c, _ in COLUMNS]
         lines.append(f"| {model}, {batch} | " + " | ".join(cells) + " |")
@@ -109,20 +131,27 @@ def speed_runs(recs: list[Record], where: str, date: str) -> str:
         cells = [" / ".join(f"{run[(model, batch, c)]:.2f}" for c, _ in COLUMNS) for run in inf]
         lines.append(f"| {model} b{batch} | " + " | ".join(cells) + " |")
     for key, label in TRAIN_ROWS:
-        lines.append(f"| training {label.split(chr(96))[1] if chr(96) in label else label} "
-                     f"b{train[0][key][0]} | " + " | ".join(f"{run[key][1]:.2f}" for run in train) + " |")
+        lines.append(
+            f"| training {label.split(chr(96))[1] if chr(96) in label else label} "
+            f"b{train[0][key][0]} | " + " | ".join(f"{run[key][1]:.2f}" for run in train) + " |"
+        )
     return "\n".join(lines)
 
 
 def agreement(recs: list[Record], where: str, date: str) -> str:
-    lines = ["| checkpoint | images | top-1 fp32 | top-1 int8 | int8 agrees with fp32 | "
-             "`optimize(fp32)` max abs diff |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| checkpoint | images | top-1 fp32 | top-1 int8 | int8 agrees with fp32 | "
+        "`optimize(fp32)` max abs diff |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for rec in pick(recs, "int8-agreement", where, date):
         d = load(rec)
         acc = d["accuracy"]
-        lines.append(f"| `{d['checkpoint']}` (`make demo`) | {d['images']:,} | {100 * acc['fp32']:.2f} % | "
-                     f"{100 * acc['int8']:.2f} % | {100 * d['int8_top1_agreement_with_fp32']:.2f} % | "
-                     f"{d['fp32_opt_max_abs_diff']:.1e} |")
+        lines.append(
+            f"| `{d['checkpoint']}` (`make demo`) | {d['images']:,} | {100 * acc['fp32']:.2f} % | "
+            f"{100 * acc['int8']:.2f} % | {100 * d['int8_top1_agreement_with_fp32']:.2f} % | "
+            f"{d['fp32_opt_max_abs_diff']:.1e} |"
+        )
     return "\n".join(lines)
 
 
@@ -147,8 +176,10 @@ def recipes(recs: list[Record], *whats: str) -> str:
         top1 = d.get("test_top1", 100 * d.get("top1", 0.0))
         minutes = minutes_of(d)
         command = d.get("command", f"vitkit train {d['recipe']}")
-        lines.append(f"| `{d['recipe']}` | `{command}` | {top1:.2f} % | {minutes:.1f} min | "
-                     f"{machine_name(d, rec)} | {rec.date} |")
+        lines.append(
+            f"| `{d['recipe']}` | `{command}` | {top1:.2f} % | {minutes:.1f} min | "
+            f"{machine_name(d, rec)} | {rec.date} |"
+        )
     return "\n".join(lines)
 
 
@@ -156,24 +187,40 @@ def gpu(recs: list[Record], where: str, date: str) -> str:
     inf = load(pick(recs, "gpu-infer", where, date)[0])
     trains = [load(r) for r in pick(recs, "gpu-train", where, date)]
     m = inf["machine"]
-    caption = (f"One {m['device']}, torch {m['torch'].split('+')[0]}, {date}, `python benchmarks/bench_gpu.py` "
-               f"({inf['model']}). Ratios are to timm in bf16 (inference) and to timm's eager step (training).")
-    lines = [*textwrap.wrap(caption, 110, break_on_hyphens=False), "",
-             f"| inference, batch {inf['inference']['batch']} | img/s | vs timm |", "|---|---:|---:|"]
+    caption = (
+        f"One {m['device']}, torch {m['torch'].split('+')[0]}, {date}, `python benchmarks/bench_gpu.py` "
+        f"({inf['model']}). Ratios are to timm in bf16 (inference) and to timm's eager step (training)."
+    )
+    lines = [
+        *textwrap.wrap(caption, 110, break_on_hyphens=False),
+        "",
+        f"| inference, batch {inf['inference']['batch']} | img/s | vs timm |",
+        "|---|---:|---:|",
+    ]
     for name, ips in inf["inference"]["images_per_s"].items():
         lines.append(f"| {name} | {ips:,.0f} | {inf['inference']['vs_reference'][name]:.2f}x |")
     runs = " | ".join(f"run {i}" for i in range(1, len(trains) + 1))
-    lines += ["", f"| training step, batch {trains[0]['training']['batch']} | {runs} |",
-              "|---|" + "---:|" * len(trains)]
+    lines += [
+        "",
+        f"| training step, batch {trains[0]['training']['batch']} | {runs} |",
+        "|---|" + "---:|" * len(trains),
+    ]
     for name in trains[0]["training"]["images_per_s"]:
-        cells = [f"{t['training']['images_per_s'][name]:,.0f} img/s, {t['training']['vs_reference'][name]:.2f}x"
-                 for t in trains]
+        cells = [
+            f"{t['training']['images_per_s'][name]:,.0f} img/s, {t['training']['vs_reference'][name]:.2f}x"
+            for t in trains
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-TABLES: dict[str, Callable[..., str]] = {"speed": speed, "speed-runs": speed_runs, "agreement": agreement,
-                                          "recipes": recipes, "gpu": gpu}
+TABLES: dict[str, Callable[..., str]] = {
+    "speed": speed,
+    "speed-runs": speed_runs,
+    "agreement": agreement,
+    "recipes": recipes,
+    "gpu": gpu,
+}
 
 
 def render_block(args: str, recs: list[Record]) -> str:
@@ -193,7 +240,9 @@ def documents(root: Path = ROOT) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a table differs")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the records' folder")
     parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md, docs/*.md)")

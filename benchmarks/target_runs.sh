@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # The whole CPU speed measurement in one command: RUNS full runs one after another (3 by default), each
 # `vitkit bench` at batch 1 (8 rounds) and at batch 16 (4 rounds, 1 warm-up) for ViT-S/16 and ViT-B/16 with
-# every CPU contender, then the training step against timm (benchmarks/bench_training.py, vitkit on each engine
-# of its training products, the ratio that of this machine's engine); with AGREEMENT_CHECKPOINT set, int8's
-# top-1 agreement with fp32 on Fashion-MNIST as well; then benchmarks/check_targets.py over all the runs, which
-# prints which speed targets hold.
+# every CPU contender, then the training step against timm (benchmarks/bench_training.py, vitkit on each
+# engine of its training products, the ratio that of this machine's engine); with AGREEMENT_CHECKPOINT set,
+# int8's top-1 agreement with fp32 on Fashion-MNIST as well; then benchmarks/check_targets.py over all the
+# runs, which prints which speed targets hold.
 #
 #   bash benchmarks/target_runs.sh [OUT_DIR]
 #   RUNS=1 AGREEMENT_CHECKPOINT=runs/demo/best bash benchmarks/target_runs.sh
 #
 # The records go to OUT_DIR (default benchmarks/results), named as benchmarks/results/README.md says:
-# infer-b1_<cpu>_<date>_run<i>.json, infer-b16_..., train-step_..., int8-agreement_<cpu>_<date>.json.
-# About 12 minutes a run on 2 cores. Run nothing else meanwhile: the ratios are paired within each process,
-# but a machine busy with other work shifts them (docs/speed.md). The exit status is check_targets.py's: 0 when
+# infer-b1_<cpu>_<date>_run<i>.json, infer-b16_..., train-step_..., int8-agreement_<cpu>_<date>.json. About 12
+# minutes a run on 2 cores. Run nothing else meanwhile: the ratios are paired within each process, but a
+# machine busy with other work shifts them (docs/speed.md). The exit status is check_targets.py's: 0 when
 # every target holds in every run, 1 when one does not.
 #
-# Settings (environment): RUNS (3), THREADS (2), MODELS ("ViT-S/16 ViT-B/16"), B1_REPEATS (8), B16_REPEATS (4),
-# TRAIN_ARGS ("--repeats 8 --engines"), AGREEMENT_CHECKPOINT (unset: no agreement), PYTHON (.venv/bin/python).
+# Settings (environment): RUNS (3), THREADS (2), MODELS ("ViT-S/16 ViT-B/16"), B1_REPEATS (8), B16_REPEATS
+# (4), TRAIN_ARGS ("--repeats 8 --engines"), AGREEMENT_CHECKPOINT (unset: no agreement), PYTHON
+# (.venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

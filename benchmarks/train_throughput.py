@@ -1,7 +1,7 @@
-"""Training throughput: vitkit's training loop driving vitkit's ViT vs the same loop driving timm's VisionTransformer of the
-same size, on the same data (Fashion-MNIST held in memory, whole-batch augmentation). timm's model is
-`vitkit.bench.build_timm`'s: fused attention, and the recipe's PatchDropout (timm's `patch_drop_rate`), so both
-train on the same number of tokens; both run in the recipe's precision.
+"""Training throughput: vitkit's training loop driving vitkit's ViT vs the same loop driving timm's
+VisionTransformer of the same size, on the same data (Fashion-MNIST held in memory, whole-batch
+augmentation). timm's model is `vitkit.bench.build_timm`'s: fused attention, and the recipe's PatchDropout
+(timm's `patch_drop_rate`), so both train on the same number of tokens; both run in the recipe's precision.
 
 Both models go through vitkit.train's own pieces: the batch source, the weight-decay groups and AdamW,
 `forward_backward` and `optimizer_step`, with the recipe's batch size. The two are measured in alternating

@@ -48,7 +48,9 @@ def test_two_runs_read_as_their_files_say():
     assert fp32["verdict"] == "short in 1 of 2 runs"
     assert [r["met"] for r in fp32["runs"]] == [False, True]
     for res, i in zip(fp32["runs"], (3, 4), strict=True):
-        direct = min(r["vs_best_anchor"] for r in rows(i) if r["contender"] == "vitkit-fp32-opt" and r["batch"] == 1)
+        direct = min(
+            r["vs_best_anchor"] for r in rows(i) if r["contender"] == "vitkit-fp32-opt" and r["batch"] == 1
+        )
         assert res["worst"][1] == direct
     for res, i in zip(int8["runs"], (3, 4), strict=True):
         assert res["worst"][1] == min(r["vs_best_anchor"] for r in rows(i) if r["contender"] == "vitkit-int8")
@@ -118,8 +120,13 @@ def test_bad_files_are_named(tmp_path, capsys):
 
 
 def script(env: dict, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "benchmarks" / "target_runs.sh"), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHON": sys.executable, **env})
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "target_runs.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+    )
 
 
 def test_target_runs_script_refuses_bad_settings(tmp_path):
@@ -136,8 +143,13 @@ def test_target_runs_script_end_to_end_on_a_tiny_setting(tmp_path):
     """One run of the real commands at the smallest setting (ViT-Ti/32, one round, the demo recipe's step):
     every file written, and the exit status is the checker's verdict on them."""
     out = tmp_path / "targets"
-    env = {"RUNS": "1", "MODELS": "ViT-Ti/32", "B1_REPEATS": "1", "B16_REPEATS": "1",
-           "TRAIN_ARGS": "--only recipes --recipe demo --repeats 1 --warmup 0"}
+    env = {
+        "RUNS": "1",
+        "MODELS": "ViT-Ti/32",
+        "B1_REPEATS": "1",
+        "B16_REPEATS": "1",
+        "TRAIN_ARGS": "--only recipes --recipe demo --repeats 1 --warmup 0",
+    }
     done = script(env, str(out), timeout=600)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     names = sorted(p.name for p in out.iterdir())
@@ -153,6 +165,10 @@ def test_target_runs_script_end_to_end_on_a_tiny_setting(tmp_path):
 
 def check_targets_where() -> str:
     """This machine's CPU slug, as benchmarks/records.py names records."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "records.py"), "where"], capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "records.py"), "where"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()

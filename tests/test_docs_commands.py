@@ -1,6 +1,6 @@
-"""Every `vitkit ...` command line in README.md, CONTRIBUTING.md and docs/*.md names a real command with options
-that command accepts (checked against the command line's own definition, without running anything), and every
-repository path and link they name exists."""
+"""Every `vitkit ...` command line in README.md, CONTRIBUTING.md and docs/*.md names a real command with
+options that command accepts (checked against the command line's own definition, without running anything),
+and every repository path and link they name exists."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def cli():
 
 
 def command_lines(text: str) -> list[str]:
-    """The vitkit command lines of a Markdown text: lines of fenced blocks and inline code spans that start with
-    `vitkit ` (or run `-m vitkit.cli.main`), continuation lines joined and `$ ` prompts dropped. In a `text`
-    block (a command's output) only the prompted lines count."""
+    """The vitkit command lines of a Markdown text: lines of fenced blocks and inline code spans that start
+    with `vitkit ` (or run `-m vitkit.cli.main`), continuation lines joined and `$ ` prompts dropped. In a
+    `text` block (a command's output) only the prompted lines count."""
     lines = []
     for lang, block in FENCE.findall(text):
         for line in block.replace("\\\n", " ").splitlines():
@@ -146,11 +146,22 @@ def test_the_checks_catch_what_they_are_for():
     assert problems("vitkit COMMAND --help", root) == []
     assert problems("vitkit trian demo", root) == ["vitkit has no command 'trian'"]
     assert problems("vitkit eval ckpt --data x --no-such-option", root) == [
-        "`vitkit eval` takes no option --no-such-option"]
-    assert problems("vitkit analyze posemb x --data y", root) == ["`vitkit analyze posemb` takes no option --data"]
-    text = ("Run `vitkit models S/16`.\n\n```bash\nvitkit eval a \\\n  --data b   # note\n$ vitkit info c\n```\n"
-            "```text\n$ vitkit models\n   vitkit presets\n```\n")
-    assert command_lines(text) == ["vitkit eval a    --data b   # note", "vitkit info c", "vitkit models",
-                                   "vitkit models S/16"]
+        "`vitkit eval` takes no option --no-such-option"
+    ]
+    assert problems("vitkit analyze posemb x --data y", root) == [
+        "`vitkit analyze posemb` takes no option --data"
+    ]
+    text = (
+        "Run `vitkit models S/16`.\n\n```bash\nvitkit eval a \\\n  --data b   # note\n$ vitkit info c\n```\n"
+        "```text\n$ vitkit models\n   vitkit presets\n```\n"
+    )
+    assert command_lines(text) == [
+        "vitkit eval a    --data b   # note",
+        "vitkit info c",
+        "vitkit models",
+        "vitkit models S/16",
+    ]
     assert repo_paths("see `benchmarks/records.py` and `src/vitkit/x/`, `docs/*.md`, `tests/NAME.py`") == [
-        "benchmarks/records.py", "src/vitkit/x/"]
+        "benchmarks/records.py",
+        "src/vitkit/x/",
+    ]

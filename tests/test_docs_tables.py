@@ -1,5 +1,5 @@
-"""The tables of README.md and docs/*.md are what benchmarks/render_tables.py renders from benchmarks/results/;
-the renderer itself is checked on small records under tests/fixtures/records."""
+"""The tables of README.md and docs/*.md are what benchmarks/render_tables.py renders from
+benchmarks/results/; the renderer itself is checked on small records under tests/fixtures/records."""
 
 import importlib.util
 import json
@@ -69,8 +69,14 @@ def test_speed_table_is_the_range_over_the_runs():
 
 def test_recipes_table_reads_both_kinds_of_record():
     table = render.recipes(records.records(FIXTURES))
-    assert "| `demo` | `vitkit train demo --out runs/demo` | 87.68 % | 1.0 min | one NVIDIA H200 | 2026-11-30 |" in table
-    assert "| `fashion-mnist` | `vitkit train fashion-mnist --out runs/fmnist --nproc 2` | 93.29 % | 26.2 min |" in table
+    assert (
+        "| `demo` | `vitkit train demo --out runs/demo` | 87.68 % | 1.0 min | one NVIDIA H200 | 2026-11-30 |"
+        in table
+    )
+    assert (
+        "| `fashion-mnist` | `vitkit train fashion-mnist --out runs/fmnist --nproc 2` | 93.29 % | 26.2 min |"
+        in table
+    )
 
 
 def test_check_finds_a_stale_table_and_rendering_fixes_it(tmp_path, capsys):
