@@ -38,10 +38,10 @@ COLUMNS = (
     ("vitkit-fp32-opt", '`optimize(m, "fp32")`'),
     ("vitkit-int8", '`optimize(m, "int8")`'),
 )
-TRAIN_ROWS = (
+TRAIN_ROWS = (  # (the training record's model, its row in a table)
     ("vit_small_patch16_224", "ViT-S/16"),
-    ("recipe fashion-mnist", "`fashion-mnist` recipe's model"),
-    ("recipe demo", "`demo` recipe's model"),
+    ("recipe fashion-mnist", "fashion-mnist model"),
+    ("recipe demo", "demo model"),
 )
 
 
@@ -105,21 +105,21 @@ def speed(recs: list[Record], where: str, date: str) -> str:
     caption = (
         machine_line(recs, where, date) + ". Each cell: the lowest and highest over the runs of the "
         "median, over rounds, of the ratio to the fastest of timm, Hugging Face (sdpa) and torchvision "
-        "in the same round (higher is faster)."
+        "in the same round; a training step is compared with timm's. Higher is faster."
     )
     lines = [
         *textwrap.wrap(caption, 110, break_on_hyphens=False),
         "",
-        "| model, batch | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "| model | " + " | ".join(c[1] for c in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),
     ]
     for model, batch in CELLS:
         cells = [span([run[(model, batch, c)] for run in inf]) for c, _ in COLUMNS]
-        lines.append(f"| {model}, {batch} | " + " | ".join(cells) + " |")
-    lines += ["", "| training step, vs timm's | batch | ratio |", "|---|---:|---:|"]
+        lines.append(f"| {model} inference, batch {batch} | " + " | ".join(cells) + " |")
     for key, label in TRAIN_ROWS:
         batch = train[0][key][0]
-        lines.append(f"| {label} | {batch} | {span([run[key][1] for run in train])} |")
+        cells = [span([run[key][1] for run in train])] + ["-"] * (len(COLUMNS) - 1)
+        lines.append(f"| {label} training step, batch {batch} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -132,8 +132,9 @@ def speed_runs(recs: list[Record], where: str, date: str) -> str:
         lines.append(f"| {model} b{batch} | " + " | ".join(cells) + " |")
     for key, label in TRAIN_ROWS:
         lines.append(
-            f"| training {label.split(chr(96))[1] if chr(96) in label else label} "
-            f"b{train[0][key][0]} | " + " | ".join(f"{run[key][1]:.2f}" for run in train) + " |"
+            f"| training {label} b{train[0][key][0]} | "
+            + " | ".join(f"{run[key][1]:.2f}" for run in train)
+            + " |"
         )
     return "\n".join(lines)
 

@@ -61,7 +61,7 @@ def test_speed_table_is_the_range_over_the_runs():
             for r in data["rows"]:
                 rows.setdefault((r["model"], r["batch"], r["contender"]), []).append(r["vs_best_anchor"])
     low, high = min(rows[("ViT-S/16", 1, "vitkit-fp32-opt")]), max(rows[("ViT-S/16", 1, "vitkit-fp32-opt")])
-    line = next(x for x in table.splitlines() if x.startswith("| ViT-S/16, 1 |"))
+    line = next(x for x in table.splitlines() if x.startswith("| ViT-S/16 inference, batch 1 |"))
     assert line.split("|")[3].strip() == f"{low:.2f}-{high:.2f}x"
     assert "AMD EPYC" in table and "2 runs" in table and "2026-12-02" in table
     assert all(len(line) <= 110 for line in table.splitlines() if not line.startswith("|"))
