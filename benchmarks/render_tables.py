@@ -103,9 +103,9 @@ def machine_line(recs: list[Record], where: str, date: str) -> str:
 def speed(recs: list[Record], where: str, date: str) -> str:
     inf, train = inference_ratios(recs, where, date), training_ratios(recs, where, date)
     caption = (
-        machine_line(recs, where, date) + ". Each cell: the lowest and highest over the runs of the "
-        "median, over rounds, of the ratio to the fastest of timm, Hugging Face (sdpa) and torchvision "
-        "in the same round; a training step is compared with timm's. Higher is faster."
+        machine_line(recs, where, date) + ". Each cell gives the range over the runs of the median "
+        "per-round ratio to the fastest of timm, Hugging Face (sdpa) and torchvision. Training steps are "
+        "compared with timm's. Higher is faster."
     )
     lines = [
         *textwrap.wrap(caption, 110, break_on_hyphens=False),
