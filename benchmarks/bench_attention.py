@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit import kernels
 from vitkit.bench import interleaved_times, paired_ratio, write_json
-from vitkit.qkv_attention import keeps_probabilities, sgemm_products
+from vitkit.cpu.attention import keeps_probabilities, sgemm_products
+from vitkit.cpu.build import attention_available
 
 # (name, batch, tokens, width, heads) of the attention in each model, as it runs: ViT-S/16 and ViT-B/16 at 224
 # px; the fashion-mnist recipe in training (49 patches, half dropped, and the class token); the demo recipe.
@@ -104,7 +104,7 @@ def model_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
     for preset, batch in (("ViT-S/16", 1), ("ViT-B/16", 1), ("ViT-S/16", 16)):
         cfg = vitkit.get_config(preset)
         x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
-        plain = vitkit.create_model(cfg).eval()
+        plain = vitkit.accelerate(vitkit.create_model(cfg).eval())
         fast = vitkit.optimize(vitkit.create_model(cfg).eval(), "fp32", compile=False)
         reps = max(3, repeats // 4) if batch > 1 else repeats
         with torch.inference_mode():
@@ -116,7 +116,7 @@ def model_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
 
     for cfg, batch in ((vitkit.get_config("ViT-S/16"), 8), recipe_cell("fashion-mnist"), recipe_cell("demo")):
         torch.manual_seed(0)
-        model = vitkit.create_model(cfg).train()
+        model = vitkit.accelerate(vitkit.create_model(cfg).train())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
         y = torch.randint(0, cfg.num_classes, (batch,))
@@ -141,7 +141,7 @@ def main() -> None:
     args = p.parse_args()
     if args.repeats < 1 or args.warmup < 0:
         p.error(f"--repeats must be at least 1 and --warmup at least 0, got {args.repeats} and {args.warmup}")
-    if not kernels.attention_available():
+    if not attention_available():
         sys.exit("bench_attention: vitkit's attention operator is not available here (VITKIT_KERNELS=0, or no "
                  "C++ compiler to build it)")
     if args.threads:

@@ -48,7 +48,7 @@ def synchronize(device: torch.device) -> None:
 
 def bf16_allowed(device: torch.device) -> bool:
     """bf16 on every GPU vitkit supports, and on CPUs that compute it natively (as vitkit.optimize allows)."""
-    from vitkit.hardware import cpu_has_native_bf16
+    from vitkit.cpu.hardware import cpu_has_native_bf16
 
     return device.type == "cuda" or cpu_has_native_bf16()
 

@@ -10,7 +10,7 @@ batch size.
     .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first
     .venv/bin/python benchmarks/bench_training.py --threads 2 --engines       # oneDNN and MKL side by side
 
-vitkit's linear layers compute their training products on the engine that vitkit.linear.training_engine()
+vitkit's linear layers compute their training products on the engine that vitkit.cpu.linear.training_engine()
 chooses for this machine; `--engines` times vitkit once per engine instead (vitkit[onednn], vitkit[mkl]), and
 the ratio to timm is then that of the machine's own choice.
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import vitkit
 from vitkit.bench import build_timm, paired_ratio, write_json
 from vitkit.config import ViTConfig
-from vitkit.linear import TRAINING_ENGINES, forced_training_engine, training_engine
+from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine, training_engine
 from vitkit.train.optim import build_optimizer
 from vitkit.train.recipes import OptimConfig
 
@@ -82,7 +82,9 @@ def contenders(cfg: ViTConfig, batch: int, engines: Sequence[str] = (),
     torch.manual_seed(0)
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
-    models = [(f"vitkit[{e}]", vitkit.create_model(cfg), e) for e in engines] or [("vitkit", vitkit.create_model(cfg), None)]
+    models = [(f"vitkit[{e}]", vitkit.accelerate(vitkit.create_model(cfg)), e) for e in engines] or [
+        ("vitkit", vitkit.accelerate(vitkit.create_model(cfg)), None)
+    ]
     steps = {}
     for name, model, engine in [*models, ("timm", build_timm(cfg), None)]:
         model.train()

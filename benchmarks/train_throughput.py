@@ -36,6 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from vitkit.bench import build_timm
+    from vitkit.cpu import accelerate
     from vitkit.data import FASHION_MNIST_CLASSES, TensorImageDataset, resolve
     from vitkit.model import VisionTransformer
     from vitkit.train.batches import batch_source, make_plan, steps_per_epoch
@@ -64,7 +65,8 @@ def main() -> None:
     per_epoch = steps_per_epoch(len(source), cfg.batch_size)
 
     torch.manual_seed(0)
-    models = {"vitkit": VisionTransformer(model_cfg).to(device), "timm": build_timm(model_cfg).to(device)}
+    vitkit_model = accelerate(VisionTransformer(model_cfg).to(device))  # as the trainer runs it
+    models = {"vitkit": vitkit_model, "timm": build_timm(model_cfg).to(device)}
     n_params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     if n_params["vitkit"] != n_params["timm"]:
         raise SystemExit(f"the two models differ in size: {n_params}")

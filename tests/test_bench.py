@@ -13,7 +13,7 @@ import torch.nn as nn
 import vitkit
 from vitkit import bench
 from vitkit.cli.main import main
-from vitkit.inference import onednn_linear_available
+from vitkit.cpu.private import onednn_linear_available
 
 TINY = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
 
@@ -112,7 +112,7 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
     markdown = bench.format_markdown(report).splitlines()
     assert markdown[2].startswith("| model |") and len(markdown) == 4 + len(rows)
     # The CPU's int8 and bf16 features, which decide what optimize(int8) can gain, are recorded and shown.
-    from vitkit.hardware import cpu_has_native_bf16, cpu_has_vnni
+    from vitkit.cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
 
     assert report["machine"]["vnni"] == cpu_has_vnni()
     assert report["machine"]["native_bf16"] == cpu_has_native_bf16()
@@ -285,7 +285,7 @@ def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
 def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch):
     """benchmarks/bench_inference_engine.py runs for real on a small preset: the plain model once per engine at
     each batch (the engine each forward runs under recorded), and with --layers each layer shape on both."""
-    import vitkit.linear as linear_module
+    import vitkit.cpu.linear as linear_module
 
     script, threads = load_benchmark("bench_inference_engine"), torch.get_num_threads()
     seen = []
@@ -301,7 +301,7 @@ def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch
         assert all(r[f"ms_{e}"] > 0 for e in script.ENGINES) and r["mkl_speedup"] > 0 and r["auto_speedup"] > 0
     assert seen  # the "onednn" rounds ran oneDNN's kernel
     cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
-    model, x = vitkit.create_model(cfg).eval(), torch.randn(2, 3, 32, 32)
+    model, x = vitkit.accelerate(vitkit.create_model(cfg).eval()), torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
         for engine, calls_onednn in (("mkl", False), ("onednn", True)):
             seen.clear()
@@ -339,7 +339,7 @@ def test_training_benchmark_steps_with_the_trainers_optimizer():
 def test_training_benchmark_times_each_engine(capsys):
     """benchmarks/bench_training.py with --engines: vitkit once per training engine beside timm, each step run
     under its engine, and the headline ratio that of this machine's own engine."""
-    from vitkit.linear import TRAINING_ENGINES, training_engine
+    from vitkit.cpu.linear import TRAINING_ENGINES, training_engine
 
     bench_training = load_benchmark("bench_training")
     seen = []
