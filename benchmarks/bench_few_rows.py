@@ -33,7 +33,8 @@ def per_image_layers(fast: torch.nn.Module) -> list[PackedLinear]:
     """The layers of the optimized model `fast` that multiply one row per image: the last block's, after its
     attention (the class token's query, output projection, MLP), and the classifier."""
     last = fast.blocks[-1]
-    layers = [m for name, m in last.named_modules() if isinstance(m, PackedLinear) and not name.endswith("qkv")]
+    layers = [m for name, m in last.named_modules()
+              if isinstance(m, PackedLinear) and not name.endswith("qkv")]
     return layers + ([fast.head] if isinstance(fast.head, PackedLinear) else [])
 
 
