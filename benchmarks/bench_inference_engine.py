@@ -1,10 +1,9 @@
-"""The accelerated model's inference products on oneDNN against MKL (vitkit.cpu.linear.inference_engine), in one
-process.
+"""The accelerated model's inference products on oneDNN against MKL (vitkit.cpu.linear), in one process.
 
-vitkit.cpu.linear.FastLinear multiplies without a gradient on the engine `inference_engine(rows)` picks: MKL up
-to two rows, on Intel CPUs also from MKL_FROM_ROWS rows (four images) on, oneDNN otherwise. This script times
-the accelerated model (`create_model` and `vitkit.accelerate`, in eval mode, as `vitkit bench` builds its
-"vitkit" contender) at several batch sizes three ways,
+With tuning off, vitkit.cpu.linear.FastLinear multiplies without a gradient on the engine
+`inference_engine(rows)` picks: MKL up to two rows, on Intel CPUs also from MKL_FROM_ROWS rows (four images)
+on, oneDNN otherwise. This script times the accelerated model (as `vitkit bench` builds it) at several batch
+sizes three ways,
 interleaved in a fresh random order each round: every product of more than two rows on oneDNN ("onednn", the
 rule before), every product on MKL ("mkl"), and the rule ("auto"). Ratios are paired (vitkit.bench.paired_ratio):
 how many times faster than "onednn" each way is, so above 1 means faster.

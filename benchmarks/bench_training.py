@@ -10,14 +10,14 @@ batch size.
     .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first
     .venv/bin/python benchmarks/bench_training.py --threads 2 --engines       # oneDNN and MKL side by side
 
-vitkit's model is accelerated (vitkit.accelerate), as vitkit's trainer does: its linear layers compute their
-training products on the engine that vitkit.cpu.linear.training_engine() chooses for this machine; `--engines` times vitkit once per engine instead (vitkit[onednn], vitkit[mkl]), and
+vitkit's linear layers compute their training products on the engine that vitkit.cpu.linear.training_engine()
+chooses for this machine; `--engines` times vitkit once per engine instead (vitkit[onednn], vitkit[mkl]), and
 the ratio to timm is then that of the machine's own choice.
 
 Both models step with the same optimizer, by default the one vitkit's trainer builds
 (vitkit.train.optim.build_optimizer: AdamW, fused where torch has it, weight decay on the weights only);
 `--optimizer torch-default` gives both torch's AdamW with its defaults instead (a loop over the parameters on
-the CPU; ~97 against ~24 ms a step for ViT-S/16's 22M parameters on 2 cores), as sessions before 21 measured.
+the CPU; ~97 against ~24 ms a step for ViT-S/16's 22M parameters on 2 cores).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main_contender(steps: dict) -> str:
 
 
 # Steps before the profiled ones. The first steps of a process grow the heap, and glibc faults each new page
-# in: at ViT-S/16 batch 8 a GELU took 7-18 ms in the first two steps and 1.7 ms from the third on (session 16),
+# in: at ViT-S/16 batch 8 a GELU took 7-18 ms in the first two steps and 1.7 ms from the third on,
 # so a profile of steps 2-3 showed costs that the timed, warmed-up steps do not have.
 PROFILE_WARMUP = 4
 

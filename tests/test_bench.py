@@ -35,7 +35,8 @@ def test_every_contender_is_the_same_architecture(name):
 
 
 def test_timm_anchor_is_our_function_with_our_weights():
-    """timm's model is the anchor that shares our parameter names: with our weights it is our function."""
+    """timm's model is the anchor that shares vitkit's parameter names: with vitkit's weights it is vitkit's
+    function."""
     ours = bench.build_vitkit(TINY).eval()
     theirs = bench.build_timm(TINY).eval()
     theirs.load_state_dict(ours.state_dict())
@@ -191,13 +192,13 @@ def test_cli_bench_quick_keeps_what_the_command_line_chooses(monkeypatch, capsys
     ]
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["bench", "--quick", "-m", "ViT-Q/99"])  # was measured as ViT-S/16 before session 21
+        main(["bench", "--quick", "-m", "ViT-Q/99"])  # an unknown preset is an error, not ViT-S/16
     assert e.value.code != 0 and "ViT-Q/99" in capsys.readouterr().err
     assert len(configs) == 4
 
 
 def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
-    """benchmarks/bench_gpu.py (issue 6's GPU check, for sessions lent a GPU) runs for real on the CPU with a
+    """benchmarks/bench_gpu.py (the GPU benchmark) runs for real on the CPU with a
     tiny model: every contender is timed, ratios are paired against timm, and the JSON holds it all."""
     bench_gpu = load_benchmark("bench_gpu")
     out = tmp_path / "gpu.json"

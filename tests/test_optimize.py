@@ -29,7 +29,8 @@ TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=1
 
 
 def tiny_model(**overrides) -> vitkit.VisionTransformer:
-    """A tiny ViT with random weights everywhere (our classifier starts at zero, which would hide errors)."""
+    """A tiny ViT with random weights everywhere (vitkit's classifier starts at zero, which would hide
+    errors)."""
     model = vitkit.create_model(vitkit.ViTConfig(**{**TINY, **overrides})).eval()
     with torch.no_grad():
         for p in model.parameters():

@@ -1,5 +1,5 @@
 """The package's names load on first use (lazy_loader): `vitkit --help` and a command's help run without torch
-(they took 7-11 s on a 2-core machine when every command's imports loaded first; about 1 s without), and
+(they take seconds when every command's imports load first, about 1 s without), and
 every name the packages export still resolves to what it names."""
 
 from __future__ import annotations
