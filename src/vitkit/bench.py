@@ -1,6 +1,6 @@
 """Inference speed of vitkit against timm, Hugging Face and torchvision, measured side by side.
 
-Our machines are shared and noisy, so absolute times from different runs mean little. The harness therefore
+Shared machines are noisy, so absolute times from different runs mean little. The harness therefore
 measures every contender of a cell (model x batch size) in one process, with the repetitions interleaved in
 a fresh random order each round. It reports medians of the times, and the ratios between contenders (and MFU)
 as medians of ratios taken within each round (`paired_ratio`). The fp32 SGEMM peak that model FLOP utilisation (MFU)
@@ -111,7 +111,7 @@ def build_vitkit(cfg: ViTConfig, precision: str | None = None, fast: bool = True
     from .inference import optimize
 
     model = create_model(cfg)
-    # Random, non-zero weights everywhere (our classifier starts at zero), like the other contenders.
+    # Random, non-zero weights everywhere (vitkit's classifier starts at zero), like the other contenders.
     with torch.no_grad():
         for p in model.head.parameters():
             nn.init.normal_(p, std=0.02)
@@ -190,7 +190,7 @@ def paired_ratio(seconds: list[float], references: list[list[float]]) -> float:
     """How many times faster than the references a contender is, as the median over rounds of (the fastest
     reference's time in that round / the contender's time in that round).
 
-    Our machines switch between busy and quiet phases lasting seconds to minutes. Each round calls every
+    A shared machine switches between busy and quiet phases lasting seconds to minutes. Each round calls every
     contender once, close together in time, so a ratio within a round compares like with like; a ratio of
     medians does not when a contender's median falls in a busy phase and its rival's in a quiet one."""
     if not references or any(len(r) != len(seconds) for r in references):
@@ -302,8 +302,8 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
 
 
 def machine_info() -> dict[str, Any]:
-    """The CPU (its name, and the features that decide what the int8 and bf16 paths can do: our machines are
-    not all alike), threads and versions: what makes figures of different runs comparable or not."""
+    """The CPU (its name, and the features that decide what the int8 and bf16 paths can do), threads and
+    versions: what makes figures of different runs comparable or not."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -431,7 +431,7 @@ def write_json(report: Any, path) -> None:
 
 
 def summarize(report: dict[str, Any], contenders: Iterable[str] = OURS + OPTIONAL) -> list[str]:
-    """One line per (cell, our contender): the ratio to the best anchor, for the docs and the CLI."""
+    """One line per (cell, vitkit contender): the ratio to the best anchor, for the docs and the CLI."""
     lines = []
     for row in report["rows"]:
         if row["contender"] in contenders and row["vs_best_anchor"] is not None and not math.isnan(

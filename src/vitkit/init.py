@@ -35,7 +35,7 @@ def mimetic_factors(alpha: float, beta: float, dim: int, rank: int) -> tuple[tor
 
 
 # Mimetic initialisation's (alpha, beta) for W_q W_k^T ~ alpha Z + beta I and W_v W_o ~ alpha Z - beta I: the
-# paper's values for ViT-Tiny on CIFAR-10, not tuned for our models.
+# paper's values for ViT-Tiny on CIFAR-10, not tuned for vitkit's presets.
 MIMETIC_QK = (0.7, 0.7)
 MIMETIC_VO = (0.4, -0.4)
 

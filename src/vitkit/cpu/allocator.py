@@ -3,7 +3,7 @@
 glibc's malloc serves every request above its mmap threshold (128 KiB at start, raised as blocks are freed, to
 at most 32 MiB) with a fresh `mmap`, and gives the block back to the kernel on `free`. A ViT allocates such
 blocks at every layer (ViT-S/16 at batch 16: 19 MB for the MLP's hidden activations), so each new one is
-faulted in again page by page and zeroed by the kernel before a kernel of ours writes it. On our 2-core CPU that
+faulted in again page by page and zeroed by the kernel before a kernel writes it: on 2 cores of an AMD EPYC that
 was a quarter of the int8 ViT-S/16 time at batch 16 (docs/speed.md).
 
 `retain_freed_memory()` asks glibc (`mallopt`) to serve large blocks from its heap and to keep freed memory for

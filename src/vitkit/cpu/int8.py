@@ -86,14 +86,12 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int
 
 
 def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> torch.Tensor:
-    """eq. 2 and 3 for every token of `x` (B, T, D) of a FusedBlock whose layers are int8 (`int8_block_eligible`)
-    through torch.ops.vitkit.int8_block (src/vitkit/cpu/csrc): the
-    block as one parallel region with two meeting points between the threads instead of one per operator. It
-    computes what the operator-by-operator path computes, except that the activations' int8 scales are per
-    thread's share of the tokens rather than per tensor: `shares` (default: the number of intra-op threads)
-    sets the cut, so the result depends slightly on it. On our 2-core CPU, against the operator-by-operator
-    path: ViT-S/16 1.04x (the machine's fast state) to 1.34x (its slow state) at batch 1, 1.06x at batch 16;
-    ViT-B/16 1.15x and 1.03x (docs/speed.md, "Session 12")."""
+    """Eq. 2 and 3 for every token of `x` (B, T, D) of a FusedBlock whose layers are int8 (`int8_block_eligible`)
+    through torch.ops.vitkit.int8_block (src/vitkit/cpu/csrc): the block as one parallel region with two meeting
+    points between the threads instead of one per operator. It computes what the operator-by-operator path
+    computes, except that the activations' int8 scales are per thread's share of the tokens rather than per
+    tensor: `shares` (default: the number of intra-op threads) sets the cut, so the result depends slightly on
+    it. What it buys: benchmarks/bench_operators.py."""
     attn, mlp = block.attn, block.mlp
     return torch.ops.vitkit.int8_block(
         x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,

@@ -22,7 +22,7 @@ def pretrain() -> TrainConfig:
     decay 0.03 (as Flax's Adam: lr x wd x weight per step), dropout 0.1, batch 4096, learning rate 1e-3 with a
     linear warm-up over 10k steps then linear decay, gradient clipping at global norm 1, 90 epochs. The loss is
     a sigmoid cross-entropy per class with the classifier's bias started at -10, as the authors trained on this
-    multi-label dataset (google-research/vision_transformer issue 2; big_vision's configs/vit_i21k.py). Batch
+    multi-label dataset (github.com/google-research/vision_transformer/issues/2; big_vision's configs/vit_i21k.py). Batch
     4096 runs as 64 accumulation steps of 64 images (divided among the processes).
 
         vitkit train pretrain --out runs/pretrain --set data.name=/data/imagenet21k
