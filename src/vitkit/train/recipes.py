@@ -79,70 +79,17 @@ def fashion_mnist_vit(depth: int, name: str, patch: int = 7, dim: int = 128, mlp
 
 
 def fashion_mnist() -> TrainConfig:
-    """Our from-scratch pure ViT for Fashion-MNIST within 30 minutes on 2 CPU cores (benchmarks/fashion_mnist.py):
-    4x4 patches (49 tokens + class token), width 64, depth 6, 4 heads, MLP 128 (206k parameters), its attention
-    initialised mimetically (`model.attn_init`: W_q W_k^T near +I, W_v W_o near -I); in training
-    each image keeps a random half of its patch tokens (PatchDropout, `model.patch_dropout` 0.5) except in the
-    last epoch, which sees them all (`full_token_epochs`); AdamW lr 4e-3, batch 256, weight decay 0.05, 2
-    epochs of warm-up then cosine, label smoothing 0.1; a random crop after 2 pixels of padding, flips and
-    random erasing (p 0.25); EMA of the weights; 90 epochs; the test set evaluated every 3 epochs. bf16 autocast
-    where the CPU computes bf16 natively (`precision="bf16-native"`: AVX512-BF16 or AMX, as on the AMD EPYC measured below; fp32
-    elsewhere), with the attention matrices kept in fp32. Run it as two processes of one thread each
-    (`--nproc 2`): on 2 cores that is 1.25-1.35x faster than one process of two threads, whose small matrix
-    products parallelise poorly.
+    """A pure ViT from scratch on Fashion-MNIST within 30 minutes on 2 CPU cores: 4x4 patches (49 tokens and the
+    class token), width 64, depth 6, 4 heads, MLP 128 (206k parameters), mimetic attention initialisation,
+    PatchDropout 0.5 except in the last epoch, AdamW lr 4e-3, batch 256, weight decay 0.05, label smoothing
+    0.1, pad-crop, flips and random erasing, an EMA of the weights, 90 epochs, bf16 autocast where the CPU
+    computes bf16 natively (fp32 elsewhere). Run it as two processes of one thread each:
 
         vitkit train fashion-mnist --out runs/fmnist --nproc 2
-        .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/bench-fmnist
 
-    How the recipe was chosen (benchmarks/fashion_mnist.py, test top-1 on 2 AMD EPYC cores; compute is the
-    budget). Every figure below predates the present initialisation of the class token (zeros) and position
-    embedding (normal 0.02, not truncated), as the Flax code has them; the runs were not repeated since.
-    - 16 tokens overfit: 7x7 patches, width 128, no crop, 25 epochs: 90.25 % in 21.5 min, with the test loss
-      rising from epoch 20 on and the training loss still falling.
-    - At equal time (about 6 minutes, 2 cores, no crop) small patches need a narrow model: 7x7/width 128
-      87.61 %; 4x4/width 64 87.51 %; 4x4/width 96 86.76 %; 4x4/width 128 85.56 % (2.7 epochs).
-    - With the crop and erasing, two runs side by side on one core each: 4x4/width 64 was at 88.49 % after
-      13 of 28 epochs, 7x7/width 128 at 87.78 % after 16 of 30; the augmented runs start slower (72.9 % and
-      61.6 % after one epoch) and keep climbing where the unaugmented one stalls.
-    - All 50 tokens, 26 epochs: 90.79 % in 26.7 min; 29 epochs (with the faster attention of the training
-      step): 91.11 % in 31.8 min. Tried and dropped: depth 7 (no better per epoch, 1.13x slower); batch 64
-      (lr 1.5e-3; no better per epoch, slower per epoch); fine-tuning 2 epochs at 36 px (81 tokens, Sec. 3.2)
-      after the 29 epochs: 90.83 %, below the 91.11 % it started from; MLP ratio 4 and GAP: no gain.
-    - PatchDropout (lr 2e-3, batch 128, one process): 0.25, 35 epochs: 91.32 % in 29.0 min; 0.5, 45 epochs:
-      91.82 % in 26.0 min.
-    - 12-epoch runs side by side on one core each (lr 2e-3, PatchDropout 0.5: 86.54 %): sincos-2d positions
-      86.34 % (ahead until epoch 9, then behind); all tokens in the last epoch 86.87 %, and with that: no
-      random erasing 86.55 %, lr 3e-3 87.39 %; PatchDropout 0.75 for 17 epochs and one with all tokens (about
-      the same time) 87.13 %.
-    - Two processes of one thread, lr 3e-3, batch 128, 50 epochs (the last with all tokens): 92.23 % in
-      24.3 min. Batch 256 is another 1.22x faster per image with two processes (2,900 vs 2,380 img/s).
-    - The recipe with PatchDropout 0.75, 90 epochs, the last 2 with all tokens: 91.77 % in 26.4 min (behind the
-      recipe at every point in time: 90.82 % vs ~91.5 % after 17 min; the 2 full-token epochs added nothing).
-
-    - With the Flax (Xavier) attention initialisation: 92.48 % in 25.4 min; 85 % after 4.6 min, 90 % after
-      11.3 min, 92 % after 20.3 min.
-    - Mimetic initialisation, 12-epoch runs side by side (lr 4e-3, batch 256; Xavier 86.81 %): 88.39 %, ahead
-      from the fourth epoch on; with the fixed sine-cosine positions 87.89 %; with the learned table started
-      at the sine-cosine one 87.60 %; with 2 heads of 32 87.92 %; with lr 6e-3 87.98 %; weight decay 0.1
-      88.23 %, random erasing p 0.5 88.42 % (both within the noise).
-    - Mimetic, 72 epochs: 92.76 % in 30.3 min (the machine slowed down in the last 10 minutes; 92.68 % after
-      69 epochs): no better than 66. Mimetic with lr 3e-3, 66 epochs: 92.45 % (31.3 min in a slow phase of the
-      machine; level with lr 4e-3 until epoch 36, then behind).
-
-    - fp32, 66 epochs (the recipe before bf16): 92.76 % test top-1 in 24.6 min; 85 % after 3.6 min, 90 % after
-      10.1 min, 92 % after 18.9 min (ahead of the Xavier initialisation at every evaluation: 91.02 vs 90.66 %
-      after 36 epochs).
-    - bf16 autocast (one core's training step 1.6x faster, 1.24x per epoch with two processes), 12-epoch runs
-      side by side (fp32 88.39 %): everything in bf16 87.78 %; the softmax in fp32 87.72 %; the attention's
-      logits and softmax in fp32 88.13 % (the model's choice; 1.14x slower than the fp32 softmax alone). All
-      bf16 with width 80 and MLP 160: 87.66 % (1.2x slower per step than width 64).
-
-    Measured, the full recipe (`torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --set
-    precision=bf16-native --set epochs=90`, the recipe's values): 93.29 % test top-1 (93.24 % for the saved model
-    evaluated in fp32) in 26.2 min; 85 % after 2.8 min, 90 % after 8.9, 92 % after 17.4, 93 % after 22.5. With
-    `--set seed=1`: 93.22 % (93.19 % in fp32) in 28.6 min (the machine slowed down in the last third), 93 % after
-    25.0 min. With more time, `--set epochs=150`: 93.59 % (93.61 % in fp32) in 52.7 min (a slow phase of the
-    machine throughout, ~2,500 img/s).
+    It reaches 93.29 % test top-1 in 26.2 minutes on 2 cores of an AMD EPYC with native bf16
+    (benchmarks/results/recipe-fashion-mnist_amd-epyc_2026-11-30_seed0.json). Why it is built this way:
+    docs/training.md.
     """
     return TrainConfig(
         recipe="fashion-mnist",
@@ -161,18 +108,12 @@ def fashion_mnist() -> TrainConfig:
 
 def demo() -> TrainConfig:
     """What `make demo` trains: a small ViT with 7x7 patches (16 tokens), width 128, depth 4, on Fashion-MNIST
-    for 6 epochs (2,808 steps of 128): about 5 minutes on 2 free CPU cores, 85 % or more on the test set.
-    Flips only: in a run this short a random crop slows learning more than it regularises (73 % vs 78 % after
-    the first epoch, 82.2 % vs 84.7 % after the third, in two 5-epoch runs).
+    for 6 epochs (2,808 steps of 128), flips only (in a run this short a random crop slows learning more than
+    it regularises):
 
         vitkit train demo --out runs/demo
 
-    Measured: `make demo` on a fresh clone, 2 free cores: trained in 173 s (~2,400 img/s), 87.52 % test top-1,
-    4.5 min for the whole demo with set-up. (88.39 % in another run, 1 thread on a shared machine, 18.7 min.)
-    With the present (Flax) initialisation of the class token and positions, on a slower Intel machine:
-    87.72 %, 99.73 % top-5, 2,808 steps in 6.4 min.
-    The mimetic attention initialisation that helps the `fashion-mnist` recipe does not help this 4x4 grid of
-    tokens: 87.62 % vs 87.96 % with Xavier, two runs side by side on one core each.
+    About 5 minutes on 2 free CPU cores; 85 % or more test top-1.
     """
     return TrainConfig(
         recipe="demo",
