@@ -95,6 +95,14 @@ def test_processes_tuning_at_once_merge_their_choices(cache):
     assert len(choices) == 40
 
 
+def test_a_choice_written_by_another_process_first_wins(cache):
+    """Processes tuning at once (a data-parallel run's) end with one choice each shape: the first written."""
+    key = f"op|5|t{torch.get_num_threads()}"
+    assert autotune._store(key, "b") == "b"  # another process, first
+    assert autotune._store(key, "a") == "b"  # this one timed "a" meanwhile, and takes the stored "b"
+    assert json.loads(autotune.cache_path().read_text())["choices"] == {key: "b"}
+
+
 def test_tuning_leaves_the_global_random_stream_alone(cache):
     torch.manual_seed(7)
     want = torch.rand(3)

@@ -7,7 +7,8 @@ rule) is kept unless another candidate is at least `MARGIN` faster, and PyTorch'
 among the candidates, so a tuned path is never slower than PyTorch's beyond that margin. The choice is kept for the
 process and written to a JSON file per CPU model, PyTorch version and thread count
 (`$VITKIT_CACHE_DIR` or `~/.cache/vitkit`, file `autotune-<cpu>-torch<version>.json`), so later processes on
-the machine (a resumed run among them) make the same choice without timing again.
+the machine (a resumed run among them) make the same choice without timing again. The first choice written
+for a shape wins: processes that tune at once (those of a data-parallel run) take the one written first.
 
 `VITKIT_AUTOTUNE=0` turns timing off: every operation then takes the default its caller names (a fixed rule).
 The candidates run on tensors drawn from a generator of their own, so tuning leaves the global random stream,
@@ -89,19 +90,25 @@ def _load() -> None:
         _loaded_from = path
 
 
-def _store(key: str, choice: str) -> None:
+def _store(key: str, choice: str) -> str:
+    """Write `choice` for `key` into the cache file and return it; where another process has written a choice
+    for `key` meanwhile (the processes of a data-parallel run tune at once), that one, so that they agree."""
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path):
-            merged = {**_read(path), key: choice}
+            stored = _read(path)
+            if key in stored:
+                return stored[key]
+            stored[key] = choice
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"cpu": cpu_model(), "torch": torch.__version__, "choices": merged},
+            tmp.write_text(json.dumps({"cpu": cpu_model(), "torch": torch.__version__, "choices": stored},
                                       indent=1, sort_keys=True))
             os.replace(tmp, path)
     except OSError as e:  # a read-only home: the choice holds for this process only
         warnings.warn(f"vitkit: cannot write the autotuning cache {path} ({e}); choices last for this process",
                       RuntimeWarning, stacklevel=3)
+    return choice
 
 
 def time_candidates(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
@@ -148,8 +155,8 @@ def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable
         return next(iter(calls))
     with torch.random.fork_rng(devices=[]):  # candidates may draw (dropout): keep the global stream as it was
         choice = pick(time_candidates(calls), default if default in calls else next(iter(calls)))
+    choice = _store(key, choice)
     _choices[key] = _memo[memo] = choice
-    _store(key, choice)
     return choice
 
 
