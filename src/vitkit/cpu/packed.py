@@ -1,9 +1,9 @@
 """oneDNN-packed linear layers for inference, and the patch projection as one linear map.
 
 `PackedLinear` holds its weight in oneDNN's blocked layout, reordered once for the CPU, and may fuse the MLP's
-GELU (oneDNN's post-op) or a residual add (`add`, its binary post-op) into the product. `vitkit.optimize` swaps
-it in for every nn.Linear of a copy of the model. Packed weights are opaque: such a layer has no state dict and
-cannot be pickled, copied or converted (`Unsaved`).
+GELU (oneDNN's post-op) or a residual add (`add`, its binary post-op) into the product. `vitkit.optimize`
+swaps it in for every nn.Linear of a copy of the model. Packed weights are opaque: such a layer has no state
+dict and cannot be pickled, copied or converted (`Unsaved`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model import PatchEmbed
+from ..model import PatchEmbed, autocast_off
 from . import autotune
 from .linear import MKL_MAX_ROWS, rows
 from .private import onednn_linear, onednn_linear_add, pack_weight
@@ -25,16 +25,16 @@ def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return torch.ops.aten.gelu_(x, approximate=approximate or "none")
 
 
-NOT_SAVED = ("a model from vitkit.optimize has no state dict and cannot be pickled (its packed or int8 weights "
-             "are opaque operators of this machine): save the model you passed to vitkit.optimize, and optimize it "
-             "again after loading")
+NOT_SAVED = ("a model from vitkit.optimize has no state dict and cannot be pickled (its packed or int8 "
+             "weights are opaque operators of this machine): save the model you passed to vitkit.optimize, "
+             "and optimize it again after loading")
 
 
 class Unsaved(nn.Module):
-    """A layer of optimize's output whose weights live in an opaque packed form, outside its parameters: a state
-    dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED); and `.to()`, `.double()`,
-    `.half()`, `.cuda()` would convert the model around them, which then fails at its first call, so a conversion
-    to anything but fp32 on the CPU raises TypeError at once."""
+    """A layer of optimize's output whose weights live in an opaque packed form, outside its parameters: a
+    state dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED); and `.to()`,
+    `.double()`, `.half()`, `.cuda()` would convert the model around them, which then fails at its first call,
+    so a conversion to anything but fp32 on the CPU raises TypeError at once."""
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         raise TypeError(NOT_SAVED)
@@ -45,9 +45,9 @@ class Unsaved(nn.Module):
     def _apply(self, fn, recurse=True):
         probe = fn(torch.zeros(1))  # what the conversion makes of an fp32 CPU tensor
         if probe.dtype != torch.float32 or probe.device.type != "cpu":
-            raise TypeError(f"vitkit.optimize's output runs on the CPU in the precision it was made for, and cannot "
-                            f"be converted to {probe.dtype} on {probe.device}: convert the model itself and "
-                            "optimize that, e.g. vitkit.optimize(model.to(...), precision=...)")
+            raise TypeError("vitkit.optimize's output runs on the CPU in the precision it was made for, and "
+                            f"cannot be converted to {probe.dtype} on {probe.device}: convert the model "
+                            "itself and optimize that, e.g. vitkit.optimize(model.to(...), precision=...)")
         return super()._apply(fn, recurse)
 
 
@@ -75,8 +75,14 @@ class PackedLinear(Unsaved):
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"PackedLinear runs fp32 on the CPU, got {x.dtype} on {x.device}")
 
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T + b by F.linear on the plain weight, in fp32 whatever autocast says (as the packed
+        product)."""
+        with autocast_off(x.device.type):
+            return F.linear(x, self.plain_weight, self.bias)
+
     def _plain(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.plain_weight, self.bias)
+        y = self._linear(x)
         return gelu_(y, self.approximate) if self.activation == "gelu" else y
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +95,8 @@ class PackedLinear(Unsaved):
         n = rows(x)
         if n <= MKL_MAX_ROWS:
             return "plain"
-        shape = (n, self.in_features, self.out_features, self.bias is not None, self.activation, self.approximate)
+        shape = (n, self.in_features, self.out_features, self.bias is not None, self.activation,
+                 self.approximate)
 
         def candidates():
             sample = torch.randn(n, self.in_features, generator=autotune.generator())
@@ -108,12 +115,12 @@ class PackedLinear(Unsaved):
         if self.activation != "none":
             raise ValueError("PackedLinear.add is for layers without a fused activation")
         if self.engine(x) == "plain":
-            return F.linear(x, self.plain_weight, self.bias).add_(residual)
+            return self._linear(x).add_(residual)
         return onednn_linear_add(x, residual, self.packed_weight, self.bias)
 
     def __deepcopy__(self, memo):
-        raise TypeError("a model from vitkit.optimize cannot be copied (its oneDNN-packed weights are opaque): "
-                        "call vitkit.optimize again on the original model")
+        raise TypeError("a model from vitkit.optimize cannot be copied (its oneDNN-packed weights are "
+                        "opaque): call vitkit.optimize again on the original model")
 
     def extra_repr(self) -> str:
         act = f", activation=gelu({self.approximate})" if self.activation == "gelu" else ""
@@ -129,7 +136,8 @@ class LinearPatchEmbed(nn.Module):
         super().__init__()
         conv = patch_embed.proj
         self.patch_size = conv.kernel_size[0]
-        self.proj = nn.Linear(conv.in_channels * self.patch_size**2, conv.out_channels, bias=conv.bias is not None)
+        self.proj = nn.Linear(conv.in_channels * self.patch_size**2, conv.out_channels,
+                              bias=conv.bias is not None)
         with torch.no_grad():
             self.proj.weight.copy_(conv.weight.reshape(conv.out_channels, -1))  # (D, C P P), as the patches
             if conv.bias is not None:
