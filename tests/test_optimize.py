@@ -352,16 +352,19 @@ def test_torch_compiles_wrapper_is_refused():
 def test_an_optimized_model_ignores_cpu_autocast(precision):
     """Its packed and int8 layers compute in fp32 only; under bf16 autocast it gives its fp32 result (the
     attention's output used to reach them in bf16 and be refused)."""
-    model, x = tiny_model(), torch.randn(3, 3, 32, 32)
+    model = tiny_model()
     fast = optimize(model, precision)
-    with torch.inference_mode():
-        expected = fast(x)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            got = fast(x)
-            features = fast.forward_features(x, return_attention=True)[0]
-        assert got.dtype == torch.float32
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
-        torch.testing.assert_close(features, fast.forward_features(x, return_attention=True)[0], rtol=0, atol=1e-6)
+    for batch in (1, 3):  # the classifier's rows on MKL (at most two) and on the tuned engine
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.inference_mode():
+            expected = fast(x)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got = fast(x)
+                features = fast.forward_features(x, return_attention=True)[0]
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+            torch.testing.assert_close(features, fast.forward_features(x, return_attention=True)[0], rtol=0,
+                                       atol=1e-6)
 
 
 def test_bad_arguments_are_named():
@@ -391,36 +394,33 @@ def test_no_gradient_reaches_the_input_and_backward_says_so(precision):
 
 
 @pytest.mark.skipif(not onednn_packing_available(), reason=NO_PACKING)
+@pytest.mark.parametrize("tuning", ["on", "off"])
 @pytest.mark.parametrize("activation", ["none", "gelu"])
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_few_rows_go_through_mkl_with_the_same_result(activation, n):
+def test_packed_linear_runs_on_the_engine_it_names_with_the_same_result(activation, n, tuning, monkeypatch):
+    """Up to MKL_MAX_ROWS rows PackedLinear multiplies through MKL (F.linear on its plain weight); above, through
+    the faster of MKL and the packed oneDNN product (timed once), or oneDNN with tuning off. Either way it
+    computes the layer's function, and the profiler shows the engine it names."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "1" if tuning == "on" else "0")
     torch.manual_seed(0)
     linear = nn.Linear(48, 40)
-    layer = PackedLinear(linear, activation, "tanh" if activation == "gelu" else "none", few_rows=True)
+    layer = PackedLinear(linear, activation, "tanh" if activation == "gelu" else "none")
     x, residual = torch.randn(1, n, 48), torch.randn(1, n, 40)
     ref = F.linear(x, linear.weight, linear.bias)
     ref = F.gelu(ref, approximate="tanh") if activation == "gelu" else ref
     with torch.inference_mode():
+        engine = layer.engine(x)
         torch.testing.assert_close(layer(x), ref, rtol=0, atol=1e-5)
         if activation == "none":
             torch.testing.assert_close(layer.add(x, residual), ref + residual, rtol=0, atol=1e-5)
         ops = operators_called(lambda: layer(x), "")
-    through_mkl = n <= MKL_MAX_ROWS
-    assert ("mkldnn::_linear_pointwise" in ops) is not through_mkl
-    assert ("aten::linear" in ops) is through_mkl
-
-
-@pytest.mark.skipif(not onednn_packing_available(), reason=NO_PACKING)
-@pytest.mark.parametrize("pool", ["token", "gap"])
-def test_only_the_per_image_layers_keep_a_plain_weight(pool):
-    fast = optimize(tiny_model(pool=pool, representation_size=48), "fp32")
-    last = fast.blocks[-1]
-    per_image = {id(fast.head), id(fast.pre_logits)}
-    if pool == "token":  # the class-token shortcut's layers
-        per_image |= {id(last.query), id(last.attn.proj), id(last.mlp.fc1), id(last.mlp.fc2)}
-    packed = [m for m in fast.modules() if isinstance(m, PackedLinear)]
-    assert {id(m) for m in packed if m.plain_weight is not None} == per_image
-    assert "MKL up to 2 rows" in repr(fast.head)
+    assert engine in ("plain", "packed")
+    if n <= MKL_MAX_ROWS:
+        assert engine == "plain"
+    elif tuning == "off":
+        assert engine == "packed"
+    assert ("mkldnn::_linear_pointwise" in ops) is (engine == "packed")
+    assert ("aten::linear" in ops) is (engine == "plain")
 
 
 def test_packed_linear_refuses_other_dtypes():
