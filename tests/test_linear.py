@@ -22,6 +22,7 @@ from vitkit.cpu.linear import (
     forced_inference_engine,
     forced_training_engine,
     inference_engine,
+    inference_engine_for,
     machine_training_engine,
     rows,
     training_engine,
@@ -223,19 +224,26 @@ def test_the_inference_engine_by_rows_and_vendor(monkeypatch, vendor):
 @needs_onednn
 @pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
 @pytest.mark.parametrize("n", [MKL_MAX_ROWS + 1, MKL_FROM_ROWS - 1, MKL_FROM_ROWS, 1000])
-def test_inference_runs_the_products_on_the_inference_engine(monkeypatch, vendor, n):
-    """Without a gradient, FastLinear multiplies on `inference_engine`'s engine: MKL is F.linear bit for bit, oneDNN
-    the same function up to rounding; the profiler shows which kernel ran."""
+@pytest.mark.parametrize("tuning", ["off", "on"])
+def test_inference_runs_the_products_on_the_inference_engine(monkeypatch, vendor, n, tuning):
+    """Without a gradient, FastLinear multiplies on `inference_engine_for`'s engine: with tuning off
+    `inference_engine`'s rule, with it on the faster on this machine. MKL is F.linear bit for bit, oneDNN the
+    same function up to rounding; the profiler shows which kernel ran."""
     monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "1" if tuning == "on" else "0")
     torch.manual_seed(0)
     layer = FastLinear(64, 48)
     x = torch.randn(n, 64)
     ref = F.linear(x, layer.weight, layer.bias)
     with torch.inference_mode():
+        engine = inference_engine_for(x, layer.weight, layer.bias)
         out = layer(x)
         ops = operators_called(lambda: layer(x), "")
-    through_mkl = inference_engine(n) == "mkl"
-    assert through_mkl is (vendor == "GenuineIntel" and n >= MKL_FROM_ROWS)
+    assert engine in ("mkl", "onednn")
+    through_mkl = engine == "mkl"
+    if tuning == "off":
+        assert engine == inference_engine(n)
+        assert through_mkl is (vendor == "GenuineIntel" and n >= MKL_FROM_ROWS)
     assert ("mkldnn::_linear_pointwise" in ops) is not through_mkl
     if through_mkl:
         assert torch.equal(out, ref)

@@ -174,6 +174,9 @@ def tiny_vit() -> vitkit.VisionTransformer:
 
 @needs_attention_operator
 def test_an_accelerated_model_trains_and_infers_through_it_and_equals_the_fallback(monkeypatch):
+    """With timing off (VITKIT_AUTOTUNE=0) the accelerated model's attention takes the operator wherever it
+    applies, in training and in inference, as do optimize's blocks."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
     model = vitkit.accelerate(tiny_vit()).train()
     assert all(type(block.attn) is FastAttention for block in model.blocks)
     x = torch.randn(2, 3, 32, 32)
@@ -188,10 +191,11 @@ def test_an_accelerated_model_trains_and_infers_through_it_and_equals_the_fallba
 
 
 @needs_attention_operator
-def test_the_plain_model_never_calls_vitkits_operators_and_optimize_does():
+def test_the_plain_model_never_calls_vitkits_operators_and_optimize_does(monkeypatch):
     """The model itself is plain PyTorch: no vitkit operator in its training step or its inference, until it is
-    accelerated or optimized (optimize's fused blocks take the attention operator whether or not the model was
-    accelerated first)."""
+    accelerated or optimized (optimize's fused blocks take the attention operator, with timing off, whether or
+    not the model was accelerated first)."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
     model = tiny_vit().train()
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 3])
     assert operators_called(lambda: F.cross_entropy(model(x), y).backward(), "vitkit::") == set()
@@ -204,10 +208,11 @@ def test_the_plain_model_never_calls_vitkits_operators_and_optimize_does():
 
 
 def test_without_the_operator_short_sequences_train_through_the_explicit_attention(monkeypatch):
-    """An accelerated model training on the CPU without vitkit's attention operator: short sequences take the
-    explicit attention (faster there), long ones PyTorch's fused kernel; both give the same loss and gradients,
-    those of the plain model."""
+    """An accelerated model training on the CPU without vitkit's attention operator, timing off (the fixed rule):
+    short sequences take the explicit attention (faster there), long ones PyTorch's fused kernel; both give the
+    same loss and gradients, those of the plain model."""
     monkeypatch.setenv("VITKIT_KERNELS", "0")
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
     torch.manual_seed(0)
     cfg = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10)
     model = vitkit.create_model(cfg).train()
