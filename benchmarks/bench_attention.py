@@ -49,16 +49,19 @@ def on_sgemm(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def timed_pair(calls: dict[str, Callable[[], object]], repeats: int, warmup: int, rng: random.Random) -> dict:
-    """Medians (ms) of calls["tiles"] and calls["sgemm"], interleaved, and the paired speed-up of the tiles."""
+    """Medians (ms) of calls["tiles"] and calls["sgemm"], interleaved, and the paired speed-up of the
+    tiles."""
     times = interleaved_times(calls, repeats, warmup, rng)
-    return {"ms_tiles": 1e3 * statistics.median(times["tiles"]), "ms_sgemm": 1e3 * statistics.median(times["sgemm"]),
+    return {"ms_tiles": 1e3 * statistics.median(times["tiles"]),
+            "ms_sgemm": 1e3 * statistics.median(times["sgemm"]),
             "tiles_speedup": paired_ratio(times["tiles"], [times["sgemm"]])}
 
 
-def operator_calls(batch: int, tokens: int, width: int, heads: int) -> tuple[int, dict[str, Callable[[bool], object]]]:
-    """The operators of one cell, each a function of `tiles`: forward (inference: the softmax not kept), forward
-    keeping the softmax (training, where it is kept) and backward; each calls its operator `calls` times (the
-    first value), to ~20 images, so that one timing is not a few microseconds."""
+def operator_calls(batch: int, tokens: int, width: int,
+                   heads: int) -> tuple[int, dict[str, Callable[[bool], object]]]:
+    """The operators of one cell, each a function of `tiles`: forward (inference: the softmax not kept),
+    forward keeping the softmax (training, where it is kept) and backward; each calls its operator `calls`
+    times (the first value), to ~20 images, so that one timing is not a few microseconds."""
     ops = torch.ops.vitkit
     torch.manual_seed(0)
     head_dim = width // heads
@@ -70,7 +73,8 @@ def operator_calls(batch: int, tokens: int, width: int, heads: int) -> tuple[int
     saved = {tiles: ops.attention_forward(qkv, heads, scale, keep, tiles) for tiles in (True, False)}
 
     def forward(keep_probs: bool) -> Callable[[bool], object]:
-        return lambda tiles: [ops.attention_forward(qkv, heads, scale, keep_probs, tiles) for _ in range(calls)]
+        return lambda tiles: [ops.attention_forward(qkv, heads, scale, keep_probs, tiles)
+                              for _ in range(calls)]
 
     def backward(tiles: bool) -> object:
         return [ops.attention_backward(grad, qkv, *saved[tiles], heads, scale, tiles) for _ in range(calls)]
@@ -84,10 +88,11 @@ def operator_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
     for name, batch, tokens, width, heads in OPERATOR_CELLS:
         calls, measures = operator_calls(batch, tokens, width, heads)
         for what, fn in measures.items():
-            r = timed_pair({"tiles": lambda fn=fn: fn(True), "sgemm": lambda fn=fn: fn(False)}, repeats, warmup, rng)
+            r = timed_pair({"tiles": lambda fn=fn: fn(True), "sgemm": lambda fn=fn: fn(False)}, repeats,
+                           warmup, rng)
             rows.append({"cell": name, "measure": what, "calls": calls, **r})
-            print(f"{name:>20} {what:<22} tiles {r['ms_tiles'] / calls:8.3f} ms  sgemm {r['ms_sgemm'] / calls:8.3f} ms"
-                  f"  tiles {r['tiles_speedup']:.3f}x", flush=True)
+            print(f"{name:>20} {what:<22} tiles {r['ms_tiles'] / calls:8.3f} ms  sgemm "
+                  f"{r['ms_sgemm'] / calls:8.3f} ms  tiles {r['tiles_speedup']:.3f}x", flush=True)
     return rows
 
 
@@ -143,13 +148,14 @@ def main() -> None:
     if args.repeats < 1 or args.warmup < 0:
         p.error(f"--repeats must be at least 1 and --warmup at least 0, got {args.repeats} and {args.warmup}")
     if not attention_available():
-        sys.exit("bench_attention: vitkit's attention operator is not available here (VITKIT_KERNELS=0, or no "
-                 "C++ compiler to build it)")
+        sys.exit("bench_attention: vitkit's attention operator is not available here (VITKIT_KERNELS=0, or "
+                 "no C++ compiler to build it)")
     if args.threads:
         torch.set_num_threads(args.threads)
     tiled = [w // h for _, _, _, w, h in OPERATOR_CELLS if torch.ops.vitkit.attention_tiles_apply(w // h)]
     if not tiled:
-        print("bench_attention: the register tiles do not apply on this CPU (no AVX-512): both ways are sgemm")
+        print("bench_attention: the register tiles do not apply on this CPU (no AVX-512): both ways are "
+              "sgemm")
     rng = random.Random(0)
     print(f"threads {torch.get_num_threads()}; tiles against sgemm, paired over {args.repeats} rounds")
     rows = operator_rows(args.repeats, args.warmup, rng)

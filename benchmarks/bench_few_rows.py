@@ -101,14 +101,17 @@ def measure_batch(name: str, fast: vitkit.VisionTransformer, slow: vitkit.Vision
         parts.append({"batch": batch, **compare(f"{name} batch {batch} tail", calls, args.repeats, rng)})
         if args.model_repeats:
             calls = {"few_rows": lambda: fast(images), "onednn": lambda: slow(images)}
-            parts.append({"batch": batch, **compare(f"{name} batch {batch} model", calls, args.model_repeats, rng)})
+            parts.append({"batch": batch,
+                          **compare(f"{name} batch {batch} model", calls, args.model_repeats, rng)})
     return parts
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", "-m", action="append", default=None, help="model presets (default ViT-S/16, ViT-B/16)")
-    p.add_argument("--batch", "-b", action="append", type=int, default=None, help="batch sizes (default 1, 2)")
+    p.add_argument("--model", "-m", action="append", default=None,
+                   help="model presets (default ViT-S/16, ViT-B/16)")
+    p.add_argument("--batch", "-b", action="append", type=int, default=None,
+                   help="batch sizes (default 1, 2)")
     p.add_argument("--repeats", "-r", type=int, default=200, help="rounds for the layers and the tail")
     p.add_argument("--model-repeats", type=int, default=30, help="rounds for the whole model (0: skip it)")
     p.add_argument("--threads", "-t", type=int, default=0, help="intra-op threads (default: torch's)")

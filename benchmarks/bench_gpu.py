@@ -6,7 +6,8 @@ One command, a few minutes, a table and a JSON file (a record for benchmarks/res
     .venv/bin/python benchmarks/bench_gpu.py --json gpu.json                 # ViT-B/16 on cuda:0
     .venv/bin/python benchmarks/bench_gpu.py --no-compile                    # skip torch.compile (faster)
     .venv/bin/python benchmarks/bench_gpu.py --only training --json t.json   # one part per device call
-    .venv/bin/python benchmarks/bench_gpu.py --only training --train-compile-mode reduce-overhead  # CUDA graphs
+    # CUDA graphs
+    .venv/bin/python benchmarks/bench_gpu.py --only training --train-compile-mode reduce-overhead
     .venv/bin/python benchmarks/bench_gpu.py --device cpu --tiny --no-compile   # the same code on the CPU
 
 What is measured, every contender with the same architecture and random weights, calls interleaved in a fresh
@@ -18,8 +19,8 @@ img/s are medians, ratios are paired round by round (`vitkit.bench.paired_ratio`
 - training step (forward, cross-entropy, backward, AdamW): vitkit and timm under bf16 autocast with fp32
   weights, each eager and compiled.
 
-Before timing, one forward of each bf16 model runs with PyTorch's SDPA restricted to the flash kernel (on CUDA),
-so a model that would not reach flash attention fails loudly instead of being timed on another kernel.
+Before timing, one forward of each bf16 model runs with PyTorch's SDPA restricted to the flash kernel (on
+CUDA), so a model that would not reach flash attention fails loudly instead of being timed on another kernel.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def bf16_allowed(device: torch.device) -> bool:
 
 
 def check_flash(model: nn.Module, x: torch.Tensor) -> None:
-    """Run one forward with SDPA limited to the flash kernel: raises if the model's attention cannot use it."""
+    """Run one forward with SDPA limited to the flash kernel: raises if the model's attention cannot use
+    it."""
     if x.device.type != "cuda":
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -103,8 +105,8 @@ def measure_inference(cfg: ViTConfig, device: torch.device, batch: int, repeats:
 
 def training_steps(cfg: ViTConfig, device: torch.device, batch: int, compile: bool,
                    compile_mode: str | None = None) -> dict[str, Callable[[], None]]:
-    """One training step per contender; `compile_mode` is torch.compile's mode for the compiled ones (None: its
-    default; "reduce-overhead" replays CUDA graphs, for a step whose GPU waits on the host's launches)."""
+    """One training step per contender; `compile_mode` is torch.compile's mode for the compiled ones (None:
+    its default; "reduce-overhead" replays CUDA graphs, for a step whose GPU waits on the host's launches)."""
     torch.manual_seed(0)
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size, device=device)
     y = torch.randint(0, cfg.num_classes, (batch,), device=device)
@@ -131,7 +133,8 @@ def training_steps(cfg: ViTConfig, device: torch.device, batch: int, compile: bo
 
 
 def measure_training(cfg: ViTConfig, device: torch.device, batch: int, repeats: int, warmup: int,
-                     compile: bool, rng: random.Random, profile: int = 0, compile_mode: str | None = None) -> dict:
+                     compile: bool, rng: random.Random, profile: int = 0,
+                     compile_mode: str | None = None) -> dict:
     steps = training_steps(cfg, device, batch, compile, compile_mode)
     times = interleaved_times(steps, repeats, warmup, rng)
     result = {**summarize(times, batch, reference="timm"), "compile_mode": compile_mode or "default"}
@@ -142,9 +145,9 @@ def measure_training(cfg: ViTConfig, device: torch.device, batch: int, repeats: 
 
 def profile_step(step: Callable[[], None], rows: int) -> dict:
     """Where one (warm) step's time goes, under the profiler (which slows the host): the wall time, the host's
-    time in PyTorch's operators, the device's time in kernels (totals in ms), and the `rows` operators that keep
-    the device (else the host) busiest. Kernel time well under the step's time means the host is the bottleneck
-    (Python and operator dispatch launching the kernels), not the GPU."""
+    time in PyTorch's operators, the device's time in kernels (totals in ms), and the `rows` operators that
+    keep the device (else the host) busiest. Kernel time well under the step's time means the host is the
+    bottleneck (Python and operator dispatch launching the kernels), not the GPU."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -158,7 +161,8 @@ def profile_step(step: Callable[[], None], rows: int) -> dict:
     device_time = sum(e.self_device_time_total for e in events
                       if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e3
     host_time = sum(e.self_cpu_time_total for e in events) / 1e3
-    wall = (prof.events()[-1].time_range.end - prof.events()[0].time_range.start) / 1e3 if prof.events() else 0.0
+    wall = ((prof.events()[-1].time_range.end - prof.events()[0].time_range.start) / 1e3 if prof.events()
+            else 0.0)
     key = "self_cuda_time_total" if device_time else "self_cpu_time_total"
     return {"wall_ms": wall, "host_ops_ms": host_time, "device_kernels_ms": device_time,
             "table": events.table(sort_by=key, row_limit=rows)}
@@ -190,14 +194,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--train-batch", type=int, default=64, help="training batch size")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="untimed rounds first (compilation happens here)")
-    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile contenders")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="skip the torch.compile contenders")
     p.add_argument("--only", choices=["inference", "training"], default=None,
                    help="measure one part only (to split the work over two short device calls)")
     p.add_argument("--train-compile-mode", default="default",
                    choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
                    help="torch.compile's mode for the compiled training steps (reduce-overhead: CUDA graphs)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
-                   help="also profile one training step of each contender and print its ROWS busiest operators")
+                   help="also profile one training step of each contender and print its ROWS busiest "
+                        "operators")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -216,12 +222,13 @@ def main(argv: list[str] | None = None) -> dict:
         "model": cfg.name or args.model,
     }
     if args.only in (None, "inference"):
-        report["inference"] = measure_inference(cfg, device, args.batch, args.repeats, args.warmup, args.compile,
-                                                rng)
+        report["inference"] = measure_inference(cfg, device, args.batch, args.repeats, args.warmup,
+                                                args.compile, rng)
     if args.only in (None, "training"):
         report["training"] = measure_training(cfg, device, args.train_batch, args.repeats, args.warmup,
                                               args.compile, rng, args.profile,
-                                              None if args.train_compile_mode == "default" else args.train_compile_mode)
+                                              None if args.train_compile_mode == "default"
+                                              else args.train_compile_mode)
     print(f"{report['model']} on {report['machine']['device']}")
     if "inference" in report:
         print_table("inference", report["inference"])
@@ -231,8 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
         print_table(title + (f", compiled with mode={mode}" if args.compile and mode != "default" else ""),
                     report["training"])
         for name, prof in report["training"].get("profile", {}).items():
-            print(f"\nprofile of one {name} training step (under the profiler): {prof['wall_ms']:.1f} ms wall, "
-                  f"{prof['host_ops_ms']:.1f} ms in host operators, {prof['device_kernels_ms']:.1f} ms in kernels")
+            print(f"\nprofile of one {name} training step (under the profiler): {prof['wall_ms']:.1f} ms "
+                  f"wall, {prof['host_ops_ms']:.1f} ms in host operators, {prof['device_kernels_ms']:.1f} ms "
+                  "in kernels")
             print(prof["table"])
     if args.json:
         write_json(report, args.json)

@@ -1,7 +1,8 @@
-"""Inference benchmarks: the speed table (vitkit against timm, Hugging Face and torchvision) and the int8
+r"""Inference benchmarks: the speed table (vitkit against timm, Hugging Face and torchvision) and the int8
 agreement of a trained checkpoint on the Fashion-MNIST test set.
 
-    .venv/bin/python benchmarks/bench_inference.py speed --threads 1 --json runs/bench-1.json --markdown runs/bench-1.md
+    .venv/bin/python benchmarks/bench_inference.py speed --threads 1 --json runs/bench-1.json \
+        --markdown runs/bench-1.md
     .venv/bin/python benchmarks/bench_inference.py agreement --checkpoint runs/fmnist-demo
 
 `speed` is `vitkit bench` with the same options (see vitkit.bench). `agreement` runs the checkpoint on all
@@ -27,7 +28,8 @@ def run_speed(args: argparse.Namespace) -> None:
 
     config = bench.BenchConfig(
         models=tuple(args.model), batch_sizes=tuple(args.batch), repeats=args.repeats, warmup=args.warmup,
-        threads=args.threads or None, contenders=tuple(args.contender) if args.contender else bench.CONTENDERS,
+        threads=args.threads or None,
+        contenders=tuple(args.contender) if args.contender else bench.CONTENDERS,
     )
     start = time.time()
     report = bench.run(config, on_progress=lambda done, total: print(f"\r{done}/{total} timed calls", end=""))

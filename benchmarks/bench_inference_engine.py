@@ -1,15 +1,16 @@
-"""The accelerated model's inference products on oneDNN against MKL (vitkit.cpu.linear), in one process.
+r"""The accelerated model's inference products on oneDNN against MKL (vitkit.cpu.linear), in one process.
 
 With tuning off, vitkit.cpu.linear.FastLinear multiplies without a gradient on the engine
 `inference_engine(rows)` picks: MKL up to two rows, on Intel CPUs also from MKL_FROM_ROWS rows (four images)
 on, oneDNN otherwise. This script times the accelerated model (as `vitkit bench` builds it) at several batch
 sizes three ways,
 interleaved in a fresh random order each round: every product of more than two rows on oneDNN ("onednn", the
-rule before), every product on MKL ("mkl"), and the rule ("auto"). Ratios are paired (vitkit.bench.paired_ratio):
-how many times faster than "onednn" each way is, so above 1 means faster.
+rule before), every product on MKL ("mkl"), and the rule ("auto"). Ratios are paired
+(vitkit.bench.paired_ratio): how many times faster than "onednn" each way is, so above 1 means faster.
 
     .venv/bin/python benchmarks/bench_inference_engine.py --threads 2
-    .venv/bin/python benchmarks/bench_inference_engine.py --threads 2 -m ViT-B/16 -b 1 -b 16 --json engine.json
+    .venv/bin/python benchmarks/bench_inference_engine.py --threads 2 -m ViT-B/16 -b 1 -b 16 \
+        --json engine.json
 
 With --layers, each linear layer shape of the models at batch 1 and at the largest batch as well, the two
 engines interleaved (`F.linear` against oneDNN's linear on the plain weight).
@@ -46,12 +47,14 @@ def timed_engines(calls: dict, repeats: int, warmup: int, rng: random.Random) ->
     for the others, its paired speed-up over oneDNN (`<engine>_speedup`)."""
     times = interleaved_times(calls, repeats, warmup, rng)
     out = {f"ms_{e}": 1e3 * statistics.median(t) for e, t in times.items()}
-    out.update({f"{e}_speedup": paired_ratio(t, [times["onednn"]]) for e, t in times.items() if e != "onednn"})
+    out.update({f"{e}_speedup": paired_ratio(t, [times["onednn"]])
+                for e, t in times.items() if e != "onednn"})
     return out
 
 
 def model_rows(names: list[str], batches: list[int], repeats: int, rng: random.Random) -> list[dict]:
-    """Each accelerated model at each batch size, the three ways (ENGINES) interleaved: medians and paired speed-ups."""
+    """Each accelerated model at each batch size, the three ways (ENGINES) interleaved: medians and paired
+    speed-ups."""
     out = []
     with torch.inference_mode():
         for name in names:
@@ -64,7 +67,8 @@ def model_rows(names: list[str], batches: list[int], repeats: int, rng: random.R
                 out.append(row)
                 print(f"{name:<9} batch {batch:>3} ({row['rows']:>5} rows, auto = {row['auto_engine']:<6}): "
                       + "  ".join(f"{e} {row[f'ms_{e}']:8.1f} ms" for e in ENGINES)
-                      + f"   mkl {row['mkl_speedup']:.3f}x, auto {row['auto_speedup']:.3f}x oneDNN's", flush=True)
+                      + f"   mkl {row['mkl_speedup']:.3f}x, auto {row['auto_speedup']:.3f}x oneDNN's",
+                      flush=True)
     return out
 
 
@@ -74,7 +78,8 @@ def layer_rows(names: list[str], batches: list[int], repeats: int, rng: random.R
     with torch.inference_mode():
         for name in names:
             cfg = get_config(name)
-            shapes = sorted({(cfg.dim, 3 * cfg.dim), (cfg.dim, cfg.dim), (cfg.dim, cfg.mlp_dim), (cfg.mlp_dim, cfg.dim)})
+            shapes = sorted({(cfg.dim, 3 * cfg.dim), (cfg.dim, cfg.dim), (cfg.dim, cfg.mlp_dim),
+                             (cfg.mlp_dim, cfg.dim)})
             for n in sorted({min(batches), max(batches)}):
                 n_rows = n * cfg.num_tokens
                 for fan_in, fan_out in shapes:
@@ -84,15 +89,18 @@ def layer_rows(names: list[str], batches: list[int], repeats: int, rng: random.R
                     row = {"model": name, "rows": n_rows, "in": fan_in, "out": fan_out}
                     row.update(timed_engines(calls, repeats, 2, rng))
                     out.append(row)
-                    print(f"{name:<9} {n_rows:>5} rows {fan_in:>5} -> {fan_out:<5}: oneDNN {row['ms_onednn']:8.2f} ms, "
-                          f"MKL {row['ms_mkl']:8.2f} ms, MKL {row['mkl_speedup']:.3f}x", flush=True)
+                    print(f"{name:<9} {n_rows:>5} rows {fan_in:>5} -> {fan_out:<5}: oneDNN "
+                          f"{row['ms_onednn']:8.2f} ms, MKL {row['ms_mkl']:8.2f} ms, MKL "
+                          f"{row['mkl_speedup']:.3f}x", flush=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-m", "--model", action="append", help="preset (repeat; default ViT-S/16 and ViT-B/16)")
-    parser.add_argument("-b", "--batch", action="append", type=int, help="batch size (repeat; default 1 2 4 16)")
+    parser.add_argument("-m", "--model", action="append",
+                        help="preset (repeat; default ViT-S/16 and ViT-B/16)")
+    parser.add_argument("-b", "--batch", action="append", type=int,
+                        help="batch size (repeat; default 1 2 4 16)")
     parser.add_argument("--repeats", type=int, default=12, help="rounds per cell (median and paired ratio)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument("--layers", action="store_true", help="also time each layer shape on both engines")

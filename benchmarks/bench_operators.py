@@ -1,4 +1,4 @@
-"""What each of vitkit's compiled CPU operators buys, as whole-model figures, in one interleaved run.
+r"""What each of vitkit's compiled CPU operators buys, as whole-model figures, in one interleaved run.
 
 For each operator, the same model is timed with and without it in one process, the rounds interleaved in a
 fresh random order; the ratio is paired (the median over rounds of the time without over the time with):
@@ -14,7 +14,8 @@ fresh random order; the ratio is paired (the median over rounds of the time with
 An operator stays in vitkit where it buys at least 5 % of one of these figures on one of the CPU kinds vitkit
 runs on (docs/speed.md). Run:
 
-    .venv/bin/python benchmarks/bench_operators.py --threads 2 --json benchmarks/results/operators_CPU_DATE.json
+    .venv/bin/python benchmarks/bench_operators.py --threads 2 \
+        --json benchmarks/results/operators_CPU_DATE.json
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def paired(calls: dict[str, Callable[[], None]], repeats: int, warmup: int, rng:
 def cells(quick: bool):
     from vitkit.train.recipes import get_recipe
 
-    vit_s, vit_b = vitkit.get_config("ViT-S/16", num_classes=1000), vitkit.get_config("ViT-B/16", num_classes=1000)
+    vit_s, vit_b = (vitkit.get_config("ViT-S/16", num_classes=1000),
+                    vitkit.get_config("ViT-B/16", num_classes=1000))
     out = []
     for name in ("fashion-mnist", "demo"):
         r = get_recipe(name)

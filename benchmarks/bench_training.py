@@ -1,8 +1,8 @@
 """Training-step speed (forward, loss, backward, AdamW) of vitkit against timm's VisionTransformer.
 
 Both models have the same architecture and random weights, train on the same random batch, and their steps
-are timed interleaved in a fresh random order each round; img/s are medians, the ratio is paired (the median over
-rounds of timm's time over vitkit's in the same round). The models: ViT-S/16 at 224 px, and the
+are timed interleaved in a fresh random order each round; img/s are medians, the ratio is paired (the median
+over rounds of timm's time over vitkit's in the same round). The models: ViT-S/16 at 224 px, and the
 models of the Fashion-MNIST recipes in vitkit.train.recipes (`fashion-mnist` and `demo`), at the recipes'
 batch size.
 
@@ -40,8 +40,8 @@ from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine, training
 from vitkit.train.optim import build_optimizer
 from vitkit.train.settings import OptimConfig
 
-# The optimizers both contenders may step with: vitkit's trainer's (build_optimizer), or torch's AdamW with its
-# defaults over all parameters.
+# The optimizers both contenders may step with: vitkit's trainer's (build_optimizer), or torch's AdamW with
+# its defaults over all parameters.
 OPTIMIZERS = ("trainer", "torch-default")
 
 
@@ -83,7 +83,8 @@ def contenders(cfg: ViTConfig, batch: int, engines: Sequence[str] = (),
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
     models = ([(f"vitkit[{e}]", vitkit.accelerate(vitkit.create_model(cfg)), e) for e in engines]
-              or [("vitkit", vitkit.accelerate(vitkit.create_model(cfg)), None)])  # as vitkit's trainer runs it
+              # as vitkit's trainer runs it
+              or [("vitkit", vitkit.accelerate(vitkit.create_model(cfg)), None)])
     steps = {}
     for name, model, engine in [*models, ("timm", build_timm(cfg), None)]:
         model.train()
@@ -117,7 +118,8 @@ def profile(cfg: ViTConfig, batch: int, rows: int, optimizer: str = "trainer") -
             for _ in range(3):
                 step()
         print(f"\n=== {name}, {cfg.name or 'model'}, batch {batch}: top operators by self CPU time ===")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows,
+                                        max_name_column_width=50))
 
 
 def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int, engines: Sequence[str] = (),
@@ -160,10 +162,11 @@ def main() -> None:
                    help="training recipe whose model to measure (default: fashion-mnist and demo)")
     p.add_argument("--only", choices=["vit-s", "recipes"], default=None)
     p.add_argument("--engines", action="store_true",
-                   help=f"time vitkit on each engine of its training products ({', '.join(TRAINING_ENGINES)})")
+                   help="time vitkit on each engine of its training products "
+                        f"({', '.join(TRAINING_ENGINES)})")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="trainer",
-                   help="both models' optimizer: vitkit's trainer's AdamW (fused where torch has it), or torch's "
-                        "AdamW with its defaults")
+                   help="both models' optimizer: vitkit's trainer's AdamW (fused where torch has it), or "
+                        "torch's AdamW with its defaults")
     p.add_argument("--profile", action="store_true", help="print the profiler's operator tables and exit")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
@@ -180,13 +183,14 @@ def main() -> None:
         return
     results = []
     for cfg, batch in cells:
-        r = measure(cfg, batch, args.repeats, args.warmup, seed=0, engines=TRAINING_ENGINES if args.engines else (),
-                    optimizer=args.optimizer)
+        r = measure(cfg, batch, args.repeats, args.warmup, seed=0,
+                    engines=TRAINING_ENGINES if args.engines else (), optimizer=args.optimizer)
         results.append(r)
         ips = r["images_per_s"]
         line = ", ".join(f"{name} {v:8.2f} img/s" for name, v in ips.items())
         print(f"{r['model']:>22} batch {batch:>4} threads {r['threads']}: {line}, vitkit/timm "
-              f"{r['ratio_vitkit_over_timm']:.3f}x (engine {r['training_engine']}, optimizer {args.optimizer})")
+              f"{r['ratio_vitkit_over_timm']:.3f}x (engine {r['training_engine']}, optimizer "
+              f"{args.optimizer})")
         for name, ratio in r.get("ratio_over_timm_by_engine", {}).items():
             print(f"{'':>22} {name}/timm {ratio:.3f}x")
     if args.json:

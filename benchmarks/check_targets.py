@@ -54,7 +54,8 @@ class Target:
 
 
 # The keys each kind of file's entries must have for the targets to be read off them.
-REQUIRED_KEYS = {"inference": ("model", "batch", "contender"), "training": ("model", "batch"), "agreement": ()}
+REQUIRED_KEYS = {"inference": ("model", "batch", "contender"), "training": ("model", "batch"),
+                 "agreement": ()}
 
 
 class InputError(ValueError):
@@ -99,7 +100,8 @@ def classify(path: Path, data: object) -> str:
         return "inference"
     if isinstance(data, dict) and "int8_top1_agreement_with_fp32" in data:
         return "agreement"
-    if isinstance(data, list) and data and all(isinstance(r, dict) and "ratio_vitkit_over_timm" in r for r in data):
+    if isinstance(data, list) and data and all(isinstance(r, dict) and "ratio_vitkit_over_timm" in r
+                                               for r in data):
         return "training"
     raise InputError(f"{path}: not a file of `vitkit bench --json`, benchmarks/bench_training.py --json or "
                      "benchmarks/bench_inference.py agreement --json")
@@ -166,7 +168,8 @@ def machine_line(runs: list[Run]) -> str:
     cpus = sorted({str(m.get("cpu", "?")) for m in machines})
     vnni = {m.get("vnni") for m in machines}
     threads = sorted({str(m.get("threads", "?")) for m in machines})
-    vnni_text = "yes" if vnni == {True} else "no" if vnni == {False} else "not recorded" if vnni == {None} else "mixed"
+    vnni_text = ("yes" if vnni == {True} else "no" if vnni == {False} else "not recorded" if vnni == {None}
+                 else "mixed")
     return f"machine: {', '.join(cpus)}; VNNI {vnni_text}; threads {', '.join(threads)}"
 
 
@@ -215,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         Path(args.markdown).write_text(table)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_line(runs), "targets": results}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"machine": machine_line(runs), "targets": results},
+                                              indent=1) + "\n")
     return 0 if all_met(results) else 1
 
 

@@ -6,8 +6,8 @@ the same machine state. Only one worker computes at a time. The cells:
 
 - the training step (forward, loss, backward, the trainer's AdamW) of the `fashion-mnist` and `demo` recipes'
   models at their batch sizes and precision (bf16 autocast where the recipe asks for it and the CPU has native
-  bf16), and of ViT-S/16 at batch 8; the model as `vitkit train` runs it (through `vitkit.accelerate` where the
-  commit has it);
+  bf16), and of ViT-S/16 at batch 8; the model as `vitkit train` runs it (through `vitkit.accelerate` where
+  the commit has it);
 - inference of ViT-S/16 and ViT-B/16 at batch 1 and 16 through `vitkit.optimize(model, "fp32")` and "int8",
   as `vitkit eval` and `vitkit predict` run it.
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CELLS = [("train", "fashion-mnist", 0), ("train", "demo", 0), ("train", "ViT-S/16", 8)]
-INFER_CELLS = [("infer", f"ViT-{size}/16", batch, precision) for size in ("S", "B") for precision in ("fp32", "int8")
-               for batch in (1, 16)]
+INFER_CELLS = [("infer", f"ViT-{size}/16", batch, precision) for size in ("S", "B")
+               for precision in ("fp32", "int8") for batch in (1, 16)]
 
 
 # --- the worker: one commit's vitkit, imported from PYTHONPATH ----------------------------------------------
@@ -63,7 +63,8 @@ def _training_call(name: str, batch: int):
     from vitkit.train.recipes import get_recipe
 
     if name.startswith("ViT-"):
-        cfg, optim, precision = vitkit.get_config(name, num_classes=1000), type(get_recipe("demo").optim)(), "auto"
+        cfg, optim, precision = (vitkit.get_config(name, num_classes=1000), type(get_recipe("demo").optim)(),
+                                 "auto")
     else:
         recipe = get_recipe(name)
         cfg, optim, precision, batch = recipe.model, recipe.optim, recipe.precision, recipe.batch_size
@@ -137,7 +138,8 @@ class Worker:
     def __init__(self, tree: Path, threads: int):
         env = {**os.environ, "PYTHONPATH": str(tree / "src")}
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", "--threads", str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=tree)
 
     def ask(self, line: str) -> str:
         self.proc.stdin.write(line + "\n")
@@ -164,7 +166,8 @@ def checkout(rev: str, where: Path) -> Path:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("old", nargs="?", help="the commit to compare against (e.g. a tag or a hash)")
-    p.add_argument("new", nargs="?", default="WORKTREE", help="the commit to measure (default: the working tree)")
+    p.add_argument("new", nargs="?", default="WORKTREE",
+                   help="the commit to measure (default: the working tree)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of each worker (0: torch's default)")
     p.add_argument("--repeats", type=int, default=8, help="interleaved rounds per cell")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of each commit first")
@@ -210,11 +213,13 @@ def main() -> None:
                 w.close()
             for tree in trees.values():
                 if tree != REPO:
-                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                                   check=False)
     if args.json:
         cpu = _cpuinfo("model name")
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"old": args.old, "new": args.new, "cpu": cpu, "threads": args.threads,
+        Path(args.json).write_text(json.dumps({"old": args.old, "new": args.new, "cpu": cpu,
+                                               "threads": args.threads,
                                                "repeats": repeats, "rows": rows}, indent=1) + "\n")
 
 

@@ -1,17 +1,18 @@
-"""The Fashion-MNIST benchmark: the `fashion-mnist` recipe (a pure ViT, no convolution beyond the patch
+r"""The Fashion-MNIST benchmark: the `fashion-mnist` recipe (a pure ViT, no convolution beyond the patch
 projection) trained from scratch on the CPU, its test accuracy and its wall time, next to the anchors of the
 dataset's README. The target: 93.0 % or better within 30 minutes on 2 CPU cores; the goal 94.5 %.
 
     .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/bench-fmnist
     .venv/bin/python benchmarks/fashion_mnist.py --out runs/x            # one process (slower on 2 cores)
     .venv/bin/python benchmarks/fashion_mnist.py --recipe demo --out runs/bench-demo
-    .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/x --set epochs=100
+    .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/x \
+        --set epochs=100
     .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/x --record seed0
 
 The recipe's figures are for two processes of one thread each (torchrun sets one thread per process). The run
 is an ordinary `vitkit train` run (resumable with --resume); the test set is evaluated every few epochs (the
-recipe's `eval_every`) and at the end, so the report also gives the time at which each accuracy level was first
-reached (from RUN/metrics.csv); `wall_minutes` counts from the first process's start.
+recipe's `eval_every`) and at the end, so the report also gives the time at which each accuracy level was
+first reached (from RUN/metrics.csv); `wall_minutes` counts from the first process's start.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def fp32_test_top1(model_dir: Path, cfg) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="fashion-mnist")
     parser.add_argument("--out", required=True, type=Path, help="run folder")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -100,15 +102,17 @@ def main() -> None:
         "steps": result.steps,
         "parameters": count_parameters(result_cfg := cfg.model.replace(num_classes=10)),
         "tokens": result_cfg.num_tokens,
-        "minutes_to_accuracy": {f"{k:.1f}": (None if v is None else round(v / 60, 2)) for k, v in reached.items()},
+        "minutes_to_accuracy": {f"{k:.1f}": (None if v is None else round(v / 60, 2))
+                                for k, v in reached.items()},
     }
     (args.out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
     if args.record is not None:
         record = record_path(f"recipe-{args.recipe}", tag=args.record or None)
         record.write_text(json.dumps(report, indent=2) + "\n")
         print(f"record: {record}")
-    print(f"\n{args.recipe}: test top-1 {report['test_top1']:.2f} % (best epoch {report['best_test_top1']:.2f} %) "
-          f"after {report['train_minutes']:.1f} min, {result.steps} steps, {report['parameters']:,} parameters")
+    print(f"\n{args.recipe}: test top-1 {report['test_top1']:.2f} % (best epoch "
+          f"{report['best_test_top1']:.2f} %) after {report['train_minutes']:.1f} min, {result.steps} steps, "
+          f"{report['parameters']:,} parameters")
     print(f"  the saved model evaluated in fp32: {fp32:.2f} % (training precision: {cfg.precision})")
     for level, minutes in report["minutes_to_accuracy"].items():
         print(f"  {level} % reached after " + (f"{minutes:.1f} min" if minutes is not None else "-"))

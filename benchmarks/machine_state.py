@@ -2,8 +2,8 @@
 
 Some speed cells (ViT-S/16 at batch 1 for `optimize(fp32)` and `optimize(int8)`, and the ViT-S/16 training
 step) move with the machine's state more than with the code (docs/speed.md). Each round
-here times, in a fresh random order: the int8 model with 2 threads and with 1, `optimize(fp32)` and timm with 2,
-and a small matrix product on each vCPU at once (one thread pinned to each): per-core speed while both run.
+here times, in a fresh random order: the int8 model with 2 threads and with 1, `optimize(fp32)` and timm with
+2, and a small matrix product on each vCPU at once (one thread pinned to each): per-core speed while both run.
 The 1- and 2-thread int8 times give the two-thread speed-up; at the end the rounds are split into the
 faster and the slower half by the int8 model's 2-thread time, with the medians of each half.
 
@@ -76,7 +76,8 @@ def summarise(rounds: list[dict]) -> dict:
 def measure(contenders: dict, x: torch.Tensor, seconds: float) -> list[dict]:
     """Rounds until `seconds` have passed (at least one): every job once in a fresh random order, then the
     per-core products; printed as they come."""
-    jobs = {"int8_2": ("int8", 2), "int8_1": ("int8", 1), "fp32_opt_2": ("fp32_opt", 2), "timm_2": ("timm", 2)}
+    jobs = {"int8_2": ("int8", 2), "int8_1": ("int8", 1), "fp32_opt_2": ("fp32_opt", 2),
+            "timm_2": ("timm", 2)}
     rounds: list[dict] = []
     with torch.inference_mode():
         for net in contenders.values():
@@ -94,10 +95,11 @@ def measure(contenders: dict, x: torch.Tensor, seconds: float) -> list[dict]:
             row["fp32_opt_vs_timm"] = row["timm_2"] / row["fp32_opt_2"]
             rounds.append(row)
             cores_ms = " ".join(f"cpu{cpu} {1e6 * s:.0f} us" for cpu, s in sorted(cores.items()))
-            print(f"int8 {1e3 * row['int8_2']:6.1f} ms (1 thread {1e3 * row['int8_1']:6.1f}, two-thread speed-up "
-                  f"{row['speedup_2_threads']:.2f}x) | optimize(fp32) {1e3 * row['fp32_opt_2']:6.1f} | timm "
-                  f"{1e3 * row['timm_2']:6.1f} | vs timm: int8 {row['int8_vs_timm']:.2f}x fp32 "
-                  f"{row['fp32_opt_vs_timm']:.2f}x | mm {cores_ms}", flush=True)
+            print(f"int8 {1e3 * row['int8_2']:6.1f} ms (1 thread {1e3 * row['int8_1']:6.1f}, two-thread "
+                  f"speed-up {row['speedup_2_threads']:.2f}x) | optimize(fp32) "
+                  f"{1e3 * row['fp32_opt_2']:6.1f} | timm {1e3 * row['timm_2']:6.1f} | vs timm: int8 "
+                  f"{row['int8_vs_timm']:.2f}x fp32 {row['fp32_opt_vs_timm']:.2f}x | mm {cores_ms}",
+                  flush=True)
     return rounds
 
 

@@ -25,14 +25,16 @@ import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="fashion-mnist", help="whose model, batch size and augmentation")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds per model")
     parser.add_argument("--steps", type=int, default=15, help="optimizer steps per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each round")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--synthetic", action="store_true", help="random uint8 images instead of Fashion-MNIST")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="random uint8 images instead of Fashion-MNIST")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
 
@@ -83,7 +85,8 @@ def main() -> None:
             return next(batches)[1]
 
     def run(name: str, steps: int) -> float:
-        """Images per second over `steps` full training steps (data, augmentation, forward, backward, AdamW)."""
+        """Images per second over `steps` full training steps (data, augmentation, forward, backward,
+        AdamW)."""
         model, opt = models[name], optimizers[name]
         model.train()
         start = time.perf_counter()
@@ -95,7 +98,8 @@ def main() -> None:
 
     rates: dict[str, list[float]] = {"vitkit": [], "timm": []}
     print(f"{args.recipe}: {model_cfg.dim} wide, {model_cfg.depth} deep, {model_cfg.num_tokens} tokens, "
-          f"{n_params['vitkit']:,} parameters, batch {cfg.batch_size}, {torch.get_num_threads()} threads, {device}")
+          f"{n_params['vitkit']:,} parameters, batch {cfg.batch_size}, {torch.get_num_threads()} threads, "
+          f"{device}")
     for r in range(args.rounds):
         for name in ("vitkit", "timm") if r % 2 == 0 else ("timm", "vitkit"):
             run(name, args.warmup)
@@ -108,8 +112,9 @@ def main() -> None:
           f"(per round {min(ratios):.2f}-{max(ratios):.2f}x)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"recipe": args.recipe, "vitkit_img_s": ours, "timm_img_s": theirs, "ratio": ours / theirs,
-                       "rounds": rates, "threads": torch.get_num_threads(), "device": str(device)}, f, indent=2)
+            json.dump({"recipe": args.recipe, "vitkit_img_s": ours, "timm_img_s": theirs,
+                       "ratio": ours / theirs, "rounds": rates, "threads": torch.get_num_threads(),
+                       "device": str(device)}, f, indent=2)
 
 
 if __name__ == "__main__":
