@@ -1,4 +1,5 @@
-"""vitkit's CPU speed-ups, kept apart from the model: the model (vitkit.model) is plain PyTorch, and these swap in.
+"""vitkit's CPU speed-ups, kept apart from the model: the model (vitkit.model) is plain PyTorch, and these
+swap in.
 
 - `accelerate(model)` (accelerate.py): oneDNN/MKL linear layers (linear.py) and the attention operator
   (attention.py) swapped into a model in place, for training and evaluation; the same parameters, state dict,

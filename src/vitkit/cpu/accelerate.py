@@ -1,11 +1,11 @@
 """`accelerate(model)`: vitkit's CPU kernels swapped into a model in place, for training and evaluation.
 
-Each nn.Linear becomes a `FastLinear` and each of the model's `Attention` layers a `FastAttention`, by changing
-the module's class: the same parameter objects under the same names (so the state dict, an optimizer made
-before, hooks and `torch.save` are unaffected), the same function and gradients to float rounding. The swap
-is done only where the kernels can run, on a model on the CPU; a model elsewhere (a GPU) is returned as it is.
-The kernels themselves fall back to PyTorch's operators wherever they do not apply (other dtypes, autocast,
-torch.compile, torch.func transforms, forward-mode AD).
+Each nn.Linear becomes a `FastLinear` and each of the model's `Attention` layers a `FastAttention`, by
+changing the module's class: the same parameter objects under the same names (so the state dict, an optimizer
+made before, hooks and `torch.save` are unaffected), the same function and gradients to float rounding. The
+swap is done only where the kernels can run, on a model on the CPU; a model elsewhere (a GPU) is returned as
+it is. The kernels themselves fall back to PyTorch's operators wherever they do not apply (other dtypes,
+autocast, torch.compile, torch.func transforms, forward-mode AD).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _on_cpu(model: nn.Module) -> bool:
 
 
 def accelerate(model: nn.Module) -> nn.Module:
-    """Swap vitkit's CPU kernels into `model` in place (module docstring) and return it; a model not on the CPU
-    is returned unchanged. Calling it twice changes nothing more."""
+    """Swap vitkit's CPU kernels into `model` in place (module docstring) and return it; a model not on the
+    CPU is returned unchanged. Calling it twice changes nothing more."""
     if not _on_cpu(model):
         return model
     for module in model.modules():
@@ -40,7 +40,8 @@ def accelerate(model: nn.Module) -> nn.Module:
 
 
 def plain(model: nn.Module) -> nn.Module:
-    """Undo `accelerate` in place: every swapped module back to its PyTorch or vitkit class; returns `model`."""
+    """Undo `accelerate` in place: every swapped module back to its PyTorch or vitkit class; returns
+    `model`."""
     for module in model.modules():
         original = PLAIN.get(type(module))
         if original is not None:

@@ -3,14 +3,14 @@
 glibc's malloc serves every request above its mmap threshold (128 KiB at start, raised as blocks are freed, to
 at most 32 MiB) with a fresh `mmap`, and gives the block back to the kernel on `free`. A ViT allocates such
 blocks at every layer (ViT-S/16 at batch 16: 19 MB for the MLP's hidden activations), so each new one is
-faulted in again page by page and zeroed by the kernel before a kernel writes it: on 2 cores of an AMD EPYC that
-was a quarter of the int8 ViT-S/16 time at batch 16 (docs/speed.md).
+faulted in again page by page and zeroed by the kernel before a kernel writes it: on 2 cores of an AMD EPYC
+that was a quarter of the int8 ViT-S/16 time at batch 16 (docs/speed.md).
 
-`retain_freed_memory()` asks glibc (`mallopt`) to serve large blocks from its heap and to keep freed memory for
-reuse instead of returning it: what PyTorch's CPU performance guide gets from jemalloc or tcmalloc with
-LD_PRELOAD, without a preload. It is process-wide and one-way: the process keeps its peak memory. `vitkit bench`
-(for every contender alike), `vitkit eval` and `vitkit predict` call it; a Python program calls it once at
-start. Training is left alone: on the Fashion-MNIST models it changed nothing beyond noise (2 threads).
+`retain_freed_memory()` asks glibc (`mallopt`) to serve large blocks from its heap and to keep freed memory
+for reuse instead of returning it: what PyTorch's CPU performance guide gets from jemalloc or tcmalloc with
+LD_PRELOAD, without a preload. It is process-wide and one-way: the process keeps its peak memory. `vitkit
+bench` (for every contender alike), `vitkit eval` and `vitkit predict` call it; a Python program calls it once
+at start. Training is left alone: on the Fashion-MNIST models it changed nothing beyond noise (2 threads).
 Where the C library is not glibc it does nothing and returns False.
 """
 

@@ -6,10 +6,10 @@ heads (B, T, C), with its gradient. The operators (csrc/attention.cpp) read q, k
 gradient of the whole projection at once, where PyTorch's path stacks the three head gradients into one (a
 copy); they work on blocks of query rows that stay in the cache, and multiply on AVX-512 register tiles where
 the CPU has them and the head width is a multiple of 16 up to 128 (every ViT preset), else with MKL's sgemm
-(`sgemm_products()` forces sgemm, for comparison: benchmarks/bench_attention.py). In training the forward keeps
-the softmax for the backward when it is no larger than the MLP's hidden activation (`keeps_probabilities`); on
-longer sequences the backward recomputes it from q, k and the saved log-sum-exp, as flash attention does, so
-memory stays linear in T.
+(`sgemm_products()` forces sgemm, for comparison: benchmarks/bench_attention.py). In training the forward
+keeps the softmax for the backward when it is no larger than the MLP's hidden activation
+(`keeps_probabilities`); on longer sequences the backward recomputes it from q, k and the saved log-sum-exp,
+as flash attention does, so memory stays linear in T.
 
 `FastAttention` is the model's `Attention` (same parameters, same function) that `vitkit.accelerate` swaps in:
 its projections go through `vitkit.cpu.linear`, and the attention itself through the operator where
@@ -39,8 +39,9 @@ _sgemm_only = False
 
 @contextlib.contextmanager
 def sgemm_products() -> Iterator[None]:
-    """Within the block the attention operators multiply with MKL's sgemm, not on their AVX-512 register tiles:
-    the same function, another summation order; benchmarks/bench_attention.py times the two in one process."""
+    """Within the block the attention operators multiply with MKL's sgemm, not on their AVX-512 register
+    tiles: the same function, another summation order; benchmarks/bench_attention.py times the two in one
+    process."""
     global _sgemm_only
     previous, _sgemm_only = _sgemm_only, True
     try:
@@ -61,24 +62,29 @@ class _QKVAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         qkv, out, lse, probs = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a gradient differentiable again, by PyTorch's operators
+        if torch.is_grad_enabled():
+            # create_graph=True: a gradient differentiable again, by PyTorch's operators
             return differentiable_gradient(qkv, grad_out, ctx.heads, ctx.scale), None, None, None
-        grad = torch.ops.vitkit.attention_backward(grad_out, qkv, out, lse, probs, ctx.heads, ctx.scale, ctx.tiles)
+        grad = torch.ops.vitkit.attention_backward(grad_out, qkv, out, lse, probs, ctx.heads, ctx.scale,
+                                                   ctx.tiles)
         return grad, None, None, None
 
 
-def differentiable_gradient(qkv: torch.Tensor, grad_out: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
-    """The attention's gradient in qkv through PyTorch's operators (the explicit softmax), itself differentiable:
-    what a second derivative (create_graph=True, e.g. a gradient penalty) needs; the operators have none."""
+def differentiable_gradient(qkv: torch.Tensor, grad_out: torch.Tensor, heads: int,
+                            scale: float) -> torch.Tensor:
+    """The attention's gradient in qkv through PyTorch's operators (the explicit softmax), itself
+    differentiable: what a second derivative (create_graph=True, e.g. a gradient penalty) needs; the operators
+    have none."""
     q, k, v = split_heads(qkv, heads)
     out = merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
     return torch.autograd.grad(out, qkv, grad_out, create_graph=True)[0]
 
 
 def keeps_probabilities(tokens: int, head_dim: int) -> bool:
-    """Whether training keeps the softmax (B, heads, T, T) for the backward instead of recomputing it from q, k
-    and the log-sum-exp: when it is no larger than the MLP's hidden activation (B, T, 4C), which training keeps
-    anyway, i.e. T <= 4 head_dim (ViT-S/16 and ViT-B/16 at 224 px, 197 tokens: yes; at 384 px, 577: no)."""
+    """Whether training keeps the softmax (B, heads, T, T) for the backward instead of recomputing it from q,
+    k and the log-sum-exp: when it is no larger than the MLP's hidden activation (B, T, 4C), which training
+    keeps anyway, i.e. T <= 4 head_dim (ViT-S/16 and ViT-B/16 at 224 px, 197 tokens: yes; at 384 px, 577:
+    no)."""
     return tokens <= 4 * head_dim
 
 
@@ -99,16 +105,18 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     return torch.ops.vitkit.attention_forward(qkv, heads, scale, False, not _sgemm_only)[0]
 
 
-# Where timing is off (vitkit.cpu.autotune) or the tensors are not fp32 on the CPU: training on the CPU, SDPA's
-# fused kernel has a slow backward on short sequences (with 50 tokens of 4 heads of 16, the fashion-mnist recipe,
-# the explicit product and softmax made the whole training step 1.13x faster; at 197 tokens they are even, and
-# the fused kernel keeps memory linear in the sequence length), so the explicit products up to this many tokens.
+# Where timing is off (vitkit.cpu.autotune) or the tensors are not fp32 on the CPU: training on the CPU,
+# SDPA's fused kernel has a slow backward on short sequences (with 50 tokens of 4 heads of 16, the
+# fashion-mnist recipe, the explicit product and softmax made the whole training step 1.13x faster; at 197
+# tokens they are even, and the fused kernel keeps memory linear in the sequence length), so the explicit
+# products up to this many tokens.
 EXPLICIT_ATTENTION_MAX_TOKENS = 128
 IMPLEMENTATIONS = ("sdpa", "explicit", "operator")  # PyTorch's own first
 
 
 def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
-    """The fixed rule: whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T, D)."""
+    """The fixed rule: whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T,
+    D)."""
     return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
 
 
@@ -126,8 +134,8 @@ def attend(how: str, qkv: torch.Tensor, heads: int, scale: float, dropout: float
 
 
 def _candidates(B: int, T: int, heads: int, width: int, dropout: float, grad: bool, operator: bool):
-    """Each implementation of `attend` on a random projection output of this shape: forward, and backward where
-    `grad`."""
+    """Each implementation of `attend` on a random projection output of this shape: forward, and backward
+    where `grad`."""
     qkv = torch.randn(B, T, 3 * width, generator=autotune.generator(), requires_grad=grad)
     out_grad = torch.randn(B, T, width, generator=autotune.generator())
     scale = (width // heads) ** -0.5
@@ -149,7 +157,8 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
     if forward_ad_may_be_on():
         return "explicit"
     operator = qkv_attention_applies(qkv, dropout)
-    default = "operator" if operator else ("explicit" if explicit_attention_is_faster(qkv, training) else "sdpa")
+    default = "operator" if operator else ("explicit" if explicit_attention_is_faster(qkv, training)
+                                           else "sdpa")
     if not eager_fp32_on_cpu(qkv) or qkv.dim() != 3:
         return default
     grad = torch.is_grad_enabled() and qkv.requires_grad
@@ -160,13 +169,15 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
 
 
 class FastAttention(Attention):
-    """The model's Attention on vitkit's CPU kernels (module docstring); a drop-in: same parameters and names."""
+    """The model's Attention on vitkit's CPU kernels (module docstring); a drop-in: same parameters and
+    names."""
 
     def project(self, x: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
         if queries is None:
             return split_heads(self.qkv(x), self.num_heads)
         w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
-        (q,) = split_heads(linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads, parts=1)
+        (q,) = split_heads(linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads,
+                           parts=1)
         k, v = split_heads(linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
         return q, k, v
 

@@ -1,11 +1,12 @@
-"""Which kernel computes an operation of a given shape: the fastest on this machine, timed once, cached on disk.
+"""Which kernel computes an operation of a given shape: the fastest on this machine, timed once, cached on
+disk.
 
 As `torch.backends.cudnn.benchmark` does for convolutions, the first call of an operation at a new shape times
-each candidate implementation on tensors of that shape (interleaved rounds; each candidate's fastest round, the
-figure least disturbed by other work on the machine) and keeps the fastest. The caller's default (its fixed
-rule) is kept unless another candidate is at least `MARGIN` faster, and PyTorch's own implementation is always
-among the candidates, so a tuned path is never slower than PyTorch's beyond that margin. The choice is kept for the
-process and written to a JSON file per CPU model, PyTorch version and thread count
+each candidate implementation on tensors of that shape (interleaved rounds; each candidate's fastest round,
+the figure least disturbed by other work on the machine) and keeps the fastest. The caller's default (its
+fixed rule) is kept unless another candidate is at least `MARGIN` faster, and PyTorch's own implementation is
+always among the candidates, so a tuned path is never slower than PyTorch's beyond that margin. The choice is
+kept for the process and written to a JSON file per CPU model, PyTorch version and thread count
 (`$VITKIT_CACHE_DIR` or `~/.cache/vitkit`, file `autotune-<cpu>-torch<version>.json`), so later processes on
 the machine (a resumed run among them) make the same choice without timing again. The first choice written
 for a shape wins: processes that tune at once (those of a data-parallel run) take the one written first.
@@ -36,12 +37,14 @@ ENV = "VITKIT_AUTOTUNE"
 CACHE_ENV = "VITKIT_CACHE_DIR"
 # A candidate must beat the default by this fraction to be chosen instead.
 MARGIN = 0.05
-# Timing of one decision: at least MIN_ROUNDS interleaved rounds, more while under BUDGET_S, at most MAX_ROUNDS.
+# Timing of one decision: at least MIN_ROUNDS interleaved rounds, more while under BUDGET_S, at most
+# MAX_ROUNDS.
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 5, 40, 0.15
 
 _choices: dict[str, str] = {}  # the cache file's, once read
 _loaded_from: Path | None = None
-_memo: dict[tuple, str] = {}  # the choices made or read in this process, by (cache folder, op, shape, threads)
+# the choices made or read in this process, by (cache folder, op, shape, threads)
+_memo: dict[tuple, str] = {}
 
 
 def enabled() -> bool:
@@ -50,7 +53,8 @@ def enabled() -> bool:
 
 
 def cache_path() -> Path:
-    """This machine's cache file: per CPU model and PyTorch version, under $VITKIT_CACHE_DIR or ~/.cache/vitkit."""
+    """This machine's cache file: per CPU model and PyTorch version, under $VITKIT_CACHE_DIR or
+    ~/.cache/vitkit."""
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vitkit")
     cpu = re.sub(r"[^a-z0-9]+", "-", (cpu_model() or "unknown-cpu").lower()).strip("-")
     return root / f"autotune-{cpu}-torch{torch.__version__.split('+')[0]}.json"
@@ -72,7 +76,8 @@ def _read(path: Path) -> dict[str, str]:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock beside `path`, so that processes tuning at once merge their choices, not clobber them."""
+    """An exclusive lock beside `path`, so that processes tuning at once merge their choices, not clobber
+    them."""
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -106,7 +111,8 @@ def _store(key: str, choice: str) -> str:
                                       indent=1, sort_keys=True))
             os.replace(tmp, path)
     except OSError as e:  # a read-only home: the choice holds for this process only
-        warnings.warn(f"vitkit: cannot write the autotuning cache {path} ({e}); choices last for this process",
+        warnings.warn(f"vitkit: cannot write the autotuning cache {path} ({e}); choices last for this "
+                      "process",
                       RuntimeWarning, stacklevel=3)
     return choice
 
@@ -134,7 +140,8 @@ def pick(times: dict[str, float], default: str) -> str:
     return best if times[best] < (1.0 - MARGIN) * times[default] else default
 
 
-def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable[[], Any]]], default: str) -> str:
+def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable[[], Any]]],
+           default: str) -> str:
     """The implementation of operation `op` at `shape`: the cached choice, else (tuning on) the fastest of
     `candidates()` (a dict of callables that includes PyTorch's own implementation and `default`, made only
     when needed; `pick`), else `default`. The key holds the thread count too."""

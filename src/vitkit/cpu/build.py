@@ -66,8 +66,8 @@ def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> Non
         from torch.utils.cpp_extension import load
 
         if not extension_library_exists(name):  # said once: it takes a while
-            print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s", file=sys.stderr,
-                  flush=True)
+            print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s",
+                  file=sys.stderr, flush=True)
         load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     finally:
@@ -87,13 +87,15 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
     try:
         digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
         # One library per source folder: two installations (two checkouts, two virtual environments) sharing
-        # the cache under one name would each rebuild it, for their own source paths, every time they alternate.
+        # the cache under one name would each rebuild it, for their own source paths, every time they
+        # alternate.
         here = hashlib.sha256(str(CSRC.resolve()).encode()).hexdigest()[:8]
         _build(f"{name}_{here}", sources, [f"-DVITKIT_HEADERS_DIGEST={digest}"])
         if hasattr(torch.ops.vitkit, op):
             return True
         why = f"library {name} loaded without registering {op}"
-    except Exception as e:  # a missing compiler or ninja, a failed build: the callers' Python path still works
+    except Exception as e:
+        # a missing compiler or ninja, a failed build: the callers' Python path still works
         lines = str(e).strip().splitlines()
         why = f"{type(e).__name__}: {lines[0] if lines else ''}"
     warnings.warn(f"vitkit: could not build the operator {op} ({why}); vitkit runs plain PyTorch operators "
@@ -105,7 +107,8 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
 @functools.cache
 def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block", [CSRC / "block_region.h"])
+    return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block",
+                          [CSRC / "block_region.h"])
 
 
 def int8_block_available() -> bool:
@@ -126,6 +129,6 @@ def _attention_built() -> bool:
 
 
 def attention_available() -> bool:
-    """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled operators
-    not turned off, and the library built (on the first call) and loaded."""
+    """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled
+    operators not turned off, and the library built (on the first call) and loaded."""
     return kernels_enabled() and _attention_built()

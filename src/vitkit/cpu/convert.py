@@ -39,8 +39,8 @@ def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
 
 
 def fuse_blocks(model: nn.Module) -> nn.Module:
-    """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (with class-token pooling the
-    last one ready for few queries, the class-token shortcut of VisionTransformer.forward) and its patch
+    """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (with class-token pooling
+    the last one ready for few queries, the class-token shortcut of VisionTransformer.forward) and its patch
     convolution by a LinearPatchEmbed. The linear layers stay as they are, for pack_linears or
     quantize_linears_int8 to convert. Other models are left alone."""
     blocks = getattr(model, "blocks", None)
@@ -71,9 +71,9 @@ def int8_block_eligible(block: nn.Module) -> bool:
 
 def quantize_linears_int8(model: nn.Module) -> nn.Module:
     """Replace, in place, the encoder's linear layers (`blocks.*`) by DynamicInt8Linear, the MLP's GELU by
-    an in-place one, and, on CPUs with native bf16, a FusedBlock's attention matrices by bf16 ones; FusedBlocks
-    then run through the compiled int8 block operator where it can be built (vitkit.cpu.build). The
-    classifier and the patch projection stay fp32: they cost little and carry the decision."""
+    an in-place one, and, on CPUs with native bf16, a FusedBlock's attention matrices by bf16 ones;
+    FusedBlocks then run through the compiled int8 block operator where it can be built (vitkit.cpu.build).
+    The classifier and the patch projection stay fp32: they cost little and carry the decision."""
     blocks = getattr(model, "blocks", None)
     target = blocks if isinstance(blocks, nn.Module) else model
     for module in list(target.modules()):

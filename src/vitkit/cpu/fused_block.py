@@ -33,7 +33,8 @@ def attend_through_projections(q: torch.Tensor, h: torch.Tensor, w_k: torch.Tens
     by_head = q.transpose(0, 1).reshape(H, B * Q, Dh)  # a copy of the few queries only
     q_in = torch.bmm(by_head, w_k).view(H, B, Q, D).transpose(0, 1).reshape(B, H * Q, D)  # W_k^T q, per head
     attn = torch.bmm(q_in, h.transpose(1, 2)).mul_(scale).softmax(dim=-1)  # (B, H * Q, T)
-    mixed = torch.bmm(attn, h).view(B, H, Q, D).transpose(0, 1).reshape(H, B * Q, D)  # sum_j a_j h_j, per head
+    # sum_j a_j h_j, per head
+    mixed = torch.bmm(attn, h).view(B, H, Q, D).transpose(0, 1).reshape(H, B * Q, D)
     out = torch.bmm(mixed, w_v.transpose(1, 2)).view(H, B, Q, Dh).transpose(0, 1)  # (B, H, Q, Dh)
     return out if b_v is None else out.add_(b_v)
 
@@ -65,7 +66,8 @@ class FusedBlock(Block):
         self.drop_path = block.drop_path
         self.train(block.training)
         self.attention_dtype: torch.dtype | None = None
-        self.int8_kernel = False  # the whole block through torch.ops.vitkit.int8_block (quantize_linears_int8)
+        # the whole block through torch.ops.vitkit.int8_block (quantize_linears_int8)
+        self.int8_kernel = False
         self.query = None
         if few_queries:
             qkv, heads = block.attn.qkv, block.attn.num_heads
@@ -77,9 +79,12 @@ class FusedBlock(Block):
                 if qkv.bias is not None:
                     self.query.bias.copy_(qkv.bias[:D])
             self.query.requires_grad_(False)
-            self.register_buffer("key_weight", w[D:2 * D].reshape(heads, D // heads, D).clone(), persistent=False)
-            self.register_buffer("value_weight", w[2 * D:].reshape(heads, D // heads, D).clone(), persistent=False)
-            b_v = None if qkv.bias is None else qkv.bias.detach().float()[2 * D:].reshape(heads, 1, D // heads)
+            self.register_buffer("key_weight", w[D:2 * D].reshape(heads, D // heads, D).clone(),
+                                 persistent=False)
+            self.register_buffer("value_weight", w[2 * D:].reshape(heads, D // heads, D).clone(),
+                                 persistent=False)
+            b_v = (None if qkv.bias is None
+                   else qkv.bias.detach().float()[2 * D:].reshape(heads, 1, D // heads))
             self.register_buffer("value_bias", None if b_v is None else b_v.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):

@@ -1,6 +1,6 @@
 """What the CPU is and can do: its vendor and feature flags, read once from /proc/cpuinfo. The fast paths
-(vitkit.optimize's int8 and bf16, the training loop's `precision="bf16-native"`, the engine of the linear layers'
-training products) ask these before choosing a kernel."""
+(vitkit.optimize's int8 and bf16, the training loop's `precision="bf16-native"`, the engine of the linear
+layers' training products) ask these before choosing a kernel."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_vendor() -> str:
-    """The CPU's vendor string ("GenuineIntel", "AuthenticAMD", ...); "" where /proc/cpuinfo cannot be read."""
+    """The CPU's vendor string ("GenuineIntel", "AuthenticAMD", ...); "" where /proc/cpuinfo cannot be
+    read."""
     return _cpuinfo_field("vendor_id")
 
 

@@ -26,8 +26,9 @@ class DynamicInt8Linear(Unsaved):
     def __init__(self, linear: nn.Linear, reduce_range: bool | None = None):
         super().__init__()
         if reduce_range is False and not cpu_has_vnni():
-            raise ValueError("reduce_range=False (8-bit activations) needs a CPU with VNNI, and this one has none: "
-                             "fbgemm's int16 sums would saturate; use reduce_range=True or None (the CPU's choice)")
+            raise ValueError("reduce_range=False (8-bit activations) needs a CPU with VNNI, and this one has "
+                             "none: fbgemm's int16 sums would saturate; use reduce_range=True or None (the "
+                             "CPU's choice)")
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         w = linear.weight.detach().float()
@@ -49,7 +50,8 @@ class DynamicInt8Linear(Unsaved):
 
     def extra_repr(self) -> str:
         bits = 7 if self.reduce_range else 8
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, {bits}-bit activations"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, "
+                f"{bits}-bit activations")
 
 
 class GELUInPlace(nn.Module):
@@ -63,7 +65,8 @@ class GELUInPlace(nn.Module):
         return gelu_(x, self.approximate)
 
 
-def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int | None = None) -> torch.Tensor:
+def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float,
+                   queries: int | None = None) -> torch.Tensor:
     """Multi-head softmax(q k^T scale) v from the fused q;k;v projection's output (B, T, 3D), with both
     products in bfloat16 (torch's CPU softmax of bf16 computes in fp32 and rounds once at the end). For the
     int8 model on CPUs with native bf16 (AVX512-BF16, AMX), where these small batched products run faster
@@ -86,12 +89,12 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int
 
 
 def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> torch.Tensor:
-    """Eq. 2 and 3 for every token of `x` (B, T, D) of a FusedBlock whose layers are int8 (`int8_block_eligible`)
-    through torch.ops.vitkit.int8_block (src/vitkit/cpu/csrc): the block as one parallel region with two meeting
-    points between the threads instead of one per operator. It computes what the operator-by-operator path
-    computes, except that the activations' int8 scales are per thread's share of the tokens rather than per
-    tensor: `shares` (default: the number of intra-op threads) sets the cut, so the result depends slightly on
-    it. What it buys: benchmarks/bench_operators.py."""
+    """Eq. 2 and 3 for every token of `x` (B, T, D) of a FusedBlock whose layers are int8
+    (`int8_block_eligible`) through torch.ops.vitkit.int8_block (src/vitkit/cpu/csrc): the block as one
+    parallel region with two meeting points between the threads instead of one per operator. It computes what
+    the operator-by-operator path computes, except that the activations' int8 scales are per thread's share of
+    the tokens rather than per tensor: `shares` (default: the number of intra-op threads) sets the cut, so the
+    result depends slightly on it. What it buys: benchmarks/bench_operators.py."""
     attn, mlp = block.attn, block.mlp
     return torch.ops.vitkit.int8_block(
         x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,

@@ -1,17 +1,18 @@
 """The linear layer of an accelerated model: nn.Linear whose matrix products run through oneDNN on the CPU.
 
 `FastLinear` is `nn.Linear` (same parameters, same names, same function) with one change of engine: for fp32
-tensors on a CPU whose PyTorch build has oneDNN, the forward product x W^T + b and the backward product dY W may
-run through oneDNN's linear kernel instead of the MKL `addmm`/`mm` that `F.linear` calls; the weight gradient
-dY^T X stays an ordinary `mm`. `vitkit.accelerate` swaps it in for the model's nn.Linear layers.
+tensors on a CPU whose PyTorch build has oneDNN, the forward product x W^T + b and the backward product dY W
+may run through oneDNN's linear kernel instead of the MKL `addmm`/`mm` that `F.linear` calls; the weight
+gradient dY^T X stays an ordinary `mm`. `vitkit.accelerate` swaps it in for the model's nn.Linear layers.
 
 Which engine is faster depends on the CPU and the shape, and differently for inference and training: products
-of at most `MKL_MAX_ROWS` rows (the classifier at batch 1 and 2) stay with MKL, whose matrix-vector kernels beat
-oneDNN's; MKL runs its tuned kernels on Intel CPUs only, so there it often wins larger products too. The engine
-of each product is chosen per shape by timing both on the machine, once, cached on disk (vitkit.cpu.autotune:
-`training_engine_for`, `inference_engine_for`); with tuning off, by a fixed rule (`machine_training_engine`,
-`inference_engine`). `VITKIT_TRAINING_ENGINE=onednn|mkl` overrides the training choice. The cached choice stays
-the same for the machine, so a resumed run stays bitwise equal to an uninterrupted one on it.
+of at most `MKL_MAX_ROWS` rows (the classifier at batch 1 and 2) stay with MKL, whose matrix-vector kernels
+beat oneDNN's; MKL runs its tuned kernels on Intel CPUs only, so there it often wins larger products too. The
+engine of each product is chosen per shape by timing both on the machine, once, cached on disk
+(vitkit.cpu.autotune: `training_engine_for`, `inference_engine_for`); with tuning off, by a fixed rule
+(`machine_training_engine`, `inference_engine`). `VITKIT_TRAINING_ENGINE=onednn|mkl` overrides the training
+choice. The cached choice stays the same for the machine, so a resumed run stays bitwise equal to an
+uninterrupted one on it.
 
 Everywhere else (CUDA, other dtypes, autocast, torch.compile tracing, torch.jit.trace, torch.func transforms,
 forward-mode AD: `vitkit.cpu.private.eager_fp32_on_cpu`) it is exactly `F.linear`, and so in TorchScript; a
@@ -35,11 +36,11 @@ from . import autotune
 from .hardware import cpu_vendor
 from .private import eager_fp32_on_cpu, onednn_linear, onednn_linear_available
 
-# Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (ViT-S/16's fc1 at one row, 2 threads,
-# AVX-512: 150 against 222-230 us; from 4 rows on oneDNN leads).
+# Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (ViT-S/16's fc1 at one row, 2
+# threads, AVX-512: 150 against 222-230 us; from 4 rows on oneDNN leads).
 MKL_MAX_ROWS = 2
-# On Intel CPUs, from this many rows on (four images of 197 tokens make 788) MKL's F.linear beats oneDNN's linear
-# again in inference (benchmarks/bench_inference_engine.py).
+# On Intel CPUs, from this many rows on (four images of 197 tokens make 788) MKL's F.linear beats oneDNN's
+# linear again in inference (benchmarks/bench_inference_engine.py).
 MKL_FROM_ROWS = 768
 
 
@@ -56,7 +57,8 @@ def _check_engine(name: str, source: str, engines: tuple[str, ...] = TRAINING_EN
 @functools.lru_cache(maxsize=1)
 def machine_training_engine() -> str:
     """This machine's engine for the training products (see the module docstring): the environment variable
-    VITKIT_TRAINING_ENGINE where set, else "mkl" on Intel CPUs and "onednn" elsewhere. Read once per process."""
+    VITKIT_TRAINING_ENGINE where set, else "mkl" on Intel CPUs and "onednn" elsewhere. Read once per
+    process."""
     chosen = os.environ.get(TRAINING_ENGINE_ENV, "").strip()
     if chosen:
         return _check_engine(chosen.lower(), TRAINING_ENGINE_ENV)
@@ -74,8 +76,8 @@ def training_engine() -> str:
 
 @contextlib.contextmanager
 def forced_training_engine(name: str) -> Iterator[None]:
-    """Within the block, the training products run on `name` ("onednn" or "mkl") whatever the machine's choice;
-    benchmarks/bench_training.py --engines times both in one process."""
+    """Within the block, the training products run on `name` ("onednn" or "mkl") whatever the machine's
+    choice; benchmarks/bench_training.py --engines times both in one process."""
     global _forced_engine
     previous, _forced_engine = _forced_engine, _check_engine(name, "training engine")
     try:
@@ -102,8 +104,8 @@ def inference_engine(n: int) -> str:
 
 @contextlib.contextmanager
 def forced_inference_engine(name: str) -> Iterator[None]:
-    """Within the block, the products that need no gradient run on `name`: "onednn" (every product of more than
-    MKL_MAX_ROWS rows), "mkl" (every product) or "auto" (`inference_engine`'s rule);
+    """Within the block, the products that need no gradient run on `name`: "onednn" (every product of more
+    than MKL_MAX_ROWS rows), "mkl" (every product) or "auto" (`inference_engine`'s rule);
     benchmarks/bench_inference_engine.py times them in one process."""
     global _forced_inference_engine
     previous, _forced_inference_engine = (_forced_inference_engine,
@@ -177,7 +179,8 @@ def _shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 def _operands(n: int, k: int, m: int, has_bias: bool, grad: bool):
     g = autotune.generator()
-    x, w = torch.randn(n, k, generator=g, requires_grad=grad), torch.randn(m, k, generator=g, requires_grad=grad)
+    x, w = (torch.randn(n, k, generator=g, requires_grad=grad),
+            torch.randn(m, k, generator=g, requires_grad=grad))
     b = torch.randn(m, generator=g, requires_grad=grad) if has_bias else None
     return x, w, b
 
@@ -206,7 +209,8 @@ def training_engine_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if _forced_engine or os.environ.get(TRAINING_ENGINE_ENV, "").strip():
         return training_engine()
     shape = _shape(x, weight, bias)
-    return autotune.choose("linear-train", shape, lambda: _training_candidates(*shape), machine_training_engine())
+    return autotune.choose("linear-train", shape, lambda: _training_candidates(*shape),
+                           machine_training_engine())
 
 
 def inference_engine_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
@@ -215,12 +219,13 @@ def inference_engine_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     shape = _shape(x, weight, bias)
     if _forced_inference_engine != "auto" or shape[0] <= MKL_MAX_ROWS:
         return inference_engine(shape[0])
-    return autotune.choose("linear-infer", shape, lambda: _inference_candidates(*shape), inference_engine(shape[0]))
+    return autotune.choose("linear-infer", shape, lambda: _inference_candidates(*shape),
+                           inference_engine(shape[0]))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + b as `FastLinear` computes it (the same engines, the same gradients), for any weight: a Linear's own
-    or a slice of one (the last block's query rows)."""
+    """x W^T + b as `FastLinear` computes it (the same engines, the same gradients), for any weight: a
+    Linear's own or a slice of one (the last block's query rows)."""
     if not use_onednn(x, weight):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
@@ -234,7 +239,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class FastLinear(nn.Linear):
-    """nn.Linear through oneDNN on the CPU (see the module docstring); a drop-in: same parameters and names."""
+    """nn.Linear through oneDNN on the CPU (see the module docstring); a drop-in: same parameters and
+    names."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():  # TorchScript compiles this branch alone: nn.Linear's product

@@ -2,8 +2,8 @@
 
 A private API may change or vanish with any PyTorch release. Each one is read here through `_lookup`: where
 it is missing, vitkit warns once (naming the API) and takes a plain path that computes the same function with
-public operators, only slower. Nothing outside `vitkit.cpu` calls these, so a PyTorch upgrade can cost the fast
-path its speed, never the model its function.
+public operators, only slower. Nothing outside `vitkit.cpu` calls these, so a PyTorch upgrade can cost the
+fast path its speed, never the model its function.
 
 The APIs:
 - `torch.ops.mkldnn._linear_pointwise` (and its `.binary` overload): oneDNN's linear layer, with a fused GELU
@@ -35,8 +35,8 @@ def _lookup(name: str, get: Callable[[], Any]) -> Any | None:
     try:
         return get()
     except (AttributeError, ImportError, RuntimeError):
-        warnings.warn(f"vitkit: this PyTorch ({torch.__version__}) has no {name}; vitkit's CPU speed-ups that "
-                      "use it run plain PyTorch operators instead (the same results, slower)",
+        warnings.warn(f"vitkit: this PyTorch ({torch.__version__}) has no {name}; vitkit's CPU speed-ups "
+                      "that use it run plain PyTorch operators instead (the same results, slower)",
                       RuntimeWarning, stacklevel=3)
         return None
 
@@ -122,8 +122,8 @@ def onednn_linear_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 
 def pack_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
-    """`weight` (out, in) reordered into oneDNN's blocked layout for about `batch_hint` rows; the weight itself
-    where this PyTorch cannot reorder (onednn_linear then multiplies it plainly)."""
+    """`weight` (out, in) reordered into oneDNN's blocked layout for about `batch_hint` rows; the weight
+    itself where this PyTorch cannot reorder (onednn_linear then multiplies it plainly)."""
     reorder = _reorder_linear_weight() if onednn_linear_available() else None
     return weight if reorder is None else reorder(weight, batch_hint)
 
