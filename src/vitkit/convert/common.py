@@ -147,20 +147,21 @@ def _abbrev(keys: list[str], limit: int = 40) -> str:
 
 
 # --- the architecture from the shapes -----------------------------------------------------------------
-_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # src/vitkit/: warnings name the code that called it
+# src/vitkit/: warnings name the code that called it
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
 
 
 def warn_assumed(source: str, what: str, assumed: str, advice: str) -> None:
-    """A UserWarning that `source` holds no config that gives its `what` (number of heads, image size, pooling),
-    that vitkit `assumed` it, and how to say it (`advice`: the argument of vitkit.load; the convert options
-    follow). Attributed to the first caller outside vitkit (the line that called `vitkit.load`), so that it
-    names the user's code, not vitkit's."""
+    """A UserWarning that `source` holds no config that gives its `what` (number of heads, image size,
+    pooling), that vitkit `assumed` it, and how to say it (`advice`: the argument of vitkit.load; the convert
+    options follow). Attributed to the first caller outside vitkit (the line that called `vitkit.load`), so
+    that it names the user's code, not vitkit's."""
     level, frame = 2, sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
-    message = (f"{source} holds no config that gives its {what}: assumed {assumed}; {advice}; on the command line, "
-               "`vitkit convert FILE FOLDER --num-heads N --image-size HxW --pool P` writes it once as a vitkit "
-               "folder that says all three")
+    message = (f"{source} holds no config that gives its {what}: assumed {assumed}; {advice}; on the command "
+               "line, `vitkit convert FILE FOLDER --num-heads N --image-size HxW --pool P` writes it once as "
+               "a vitkit folder that says all three")
     warnings.warn(message, UserWarning, stacklevel=level)
 
 
@@ -171,7 +172,8 @@ def warn_assumed_heads(source: str, assumed: str) -> None:
 
 def named_preset(name: str) -> Preset | None:
     """The preset a checkpoint's name names: a timm or paper name ("vit_base_patch16_224.augreg_in21k"), a
-    release file's ("vit_base_patch16_224-80ecf9dd"), or DeiT's ("deit_tiny_patch16_224", timm's plain ViT)."""
+    release file's ("vit_base_patch16_224-80ecf9dd"), or DeiT's ("deit_tiny_patch16_224", timm's plain
+    ViT)."""
     if not name:
         return None
     base = name.split("-", 1)[0] if "/" not in name else name
@@ -190,7 +192,8 @@ def is_the_preset(preset: Preset | None, dim: int, depth: int, mlp_dim: int, pat
     if preset is None:
         return False
     c = preset.config
-    return (c.dim, c.depth, c.mlp_dim, c.patch_size, c.hybrid_layers) == (dim, depth, mlp_dim, patch, hybrid_layers)
+    return ((c.dim, c.depth, c.mlp_dim, c.patch_size, c.hybrid_layers)
+            == (dim, depth, mlp_dim, patch, hybrid_layers))
 
 
 def heads_for(dim: int, mlp_dim: int, hints: Hints, exact: bool = False) -> tuple[int, str]:
@@ -206,8 +209,9 @@ def heads_for(dim: int, mlp_dim: int, hints: Hints, exact: bool = False) -> tupl
         return hints.num_heads, ""
     preset = named_preset(hints.name)
     if preset is not None and preset.config.dim == dim:
-        return preset.config.num_heads, "" if exact else (f"as {preset.name} has, the model its name {hints.name!r} "
-                                                          "names (though its other shapes are not that model's)")
+        return preset.config.num_heads, "" if exact else (f"as {preset.name} has, the model its name "
+                                                          f"{hints.name!r} names (though its other shapes "
+                                                          "are not that model's)")
     for variant, (width, _depth, heads, mlp) in VARIANTS.items():
         if (width, mlp) == (dim, mlp_dim):
             return heads, f"as ViT-{variant} of width {width} and MLP {mlp} (Table 1)"
@@ -251,8 +255,10 @@ def grid_for(rows: int, stride: int, hints: Hints, source: str, square_only: boo
                               "the image size (e.g. vitkit.load(path, image_size=(H, W)))")
     if not square_only and rows > 1:
         px = side * stride
-        warn_assumed(source, "image size", f"a square {side}x{side} grid of {stride}-pixel patches ({px}x{px} "
-                     f"images) for its {rows} position rows", "pass image_size=(H, W) if the images are not square")
+        warn_assumed(source, "image size",
+                     f"a square {side}x{side} grid of {stride}-pixel patches ({px}x{px} "
+                     f"images) for its {rows} position rows",
+                     "pass image_size=(H, W) if the images are not square")
     return side, side
 
 
@@ -296,7 +302,8 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, squa
     """
     def shape(key: str) -> tuple[int, ...]:
         if key not in state:
-            raise CheckpointError(f"{source}: missing key {key!r} (vitkit name), needed to read the architecture")
+            raise CheckpointError(f"{source}: missing key {key!r} (vitkit name), needed to read the "
+                                  "architecture")
         return tuple(state[key].shape)
 
     fields: dict[str, Any] = {}
@@ -315,7 +322,8 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, squa
         raise CheckpointError(f"{source}: non-square patches {patch}x{patch_w} are not supported")
     depth = count_indexed(state, "blocks.{}.norm1.weight")
     if depth == 0:
-        raise CheckpointError(f"{source}: no encoder blocks found (no 'blocks.0.norm1.weight' after renaming)")
+        raise CheckpointError(f"{source}: no encoder blocks found (no 'blocks.0.norm1.weight' after "
+                              "renaming)")
     mlp_dim = shape("blocks.0.mlp.fc1.weight")[0]
     class_token = "cls_token" in state
     preset = named_preset(hints.name)
@@ -325,8 +333,8 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, squa
         warn_assumed_heads(source, f"{_heads_text(heads, dim)} {how}")
     fields.update(patch_size=patch, dim=dim, depth=depth, mlp_dim=mlp_dim, class_token=class_token,
                   qkv_bias="blocks.0.attn.qkv.bias" in state, num_heads=heads)
-    fields["pool"] = hints.pool or hints.config.get("pool") or _pool_for(class_token, token_or_gap, preset, exact,
-                                                                         source)
+    fields["pool"] = (hints.pool or hints.config.get("pool")
+                      or _pool_for(class_token, token_or_gap, preset, exact, source))
     fields["num_classes"] = shape("head.weight")[0] if "head.weight" in state else 0
     fields["representation_size"] = shape("pre_logits.weight")[0] if "pre_logits.weight" in state else None
     prefix = 1 if class_token else 0
@@ -348,8 +356,10 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, squa
         fields["image_size"] = max(sizes) if sizes else (224, 224)
         if not sizes and fields["pos_embed"] != "none":  # the size sets the fixed table, so the function
             side = 224 // stride
-            warn_assumed(source, "image size", f"224x224 images (a {side}x{side} grid of {stride}-pixel patches) for "
-                         f"its fixed {fields['pos_embed']} position embedding, which leaves no table to count",
+            warn_assumed(source, "image size",
+                         f"224x224 images (a {side}x{side} grid of {stride}-pixel patches) for "
+                         f"its fixed {fields['pos_embed']} position embedding, which leaves no table to "
+                         "count",
                          "pass image_size=(H, W) if the model was trained at another size")
     for key, value in hints.config.items():
         fields.setdefault(key, value)
@@ -370,14 +380,15 @@ def _pool_for(class_token: bool, token_or_gap: bool, preset: Preset | None, exac
         return preset.config.pool
     if token_or_gap:
         warn_assumed(source, "pooling", "pool='token' (the class token's output, timm's global_pool='token')",
-                     "pass pool='gap' if the model averages the patch tokens (timm's global_pool='avg' with its class "
-                     "token kept)")
+                     "pass pool='gap' if the model averages the patch tokens (timm's global_pool='avg' with "
+                     "its class token kept)")
     return "token"
 
 
 def build_model(converted: Converted, map_location: str | torch.device = "cpu") -> VisionTransformer:
     """The model of `converted`, after checking that every tensor fits it (all problems listed at once)."""
-    label = converted.source if converted.format == "vitkit" else f"{converted.source} ({converted.format} format)"
+    label = (converted.source if converted.format == "vitkit"
+             else f"{converted.source} ({converted.format} format)")
     with torch.device("meta"):
         check_state_dict(VisionTransformer(converted.cfg), converted.state, label)
     model = VisionTransformer(converted.cfg)

@@ -61,8 +61,8 @@ def check_extension(path: Path, kind: str) -> None:
     """Refuse a file whose name claims another format than its content."""
     claimed = EXTENSIONS.get(path.suffix.lower())
     if claimed is not None and claimed != kind:
-        raise CheckpointError(f"{path}: named {path.suffix} (a {claimed} file) but its content is a {kind} file; "
-                              "rename it or check where it came from")
+        raise CheckpointError(f"{path}: named {path.suffix} (a {claimed} file) but its content is a {kind} "
+                              "file; rename it or check where it came from")
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -81,8 +81,8 @@ def folder_format(folder: Path) -> tuple[str, dict[str, Any]]:
     if not cfg_path.is_file():
         if weight_files(folder, required=False):
             return "weights", {}
-        raise CheckpointError(f"{folder}: not a vitkit checkpoint (no config.json), nor a timm or Hugging Face "
-                              f"folder, nor a folder of weights ({', '.join(WEIGHT_FILES)})")
+        raise CheckpointError(f"{folder}: not a vitkit checkpoint (no config.json), nor a timm or Hugging "
+                              f"Face folder, nor a folder of weights ({', '.join(WEIGHT_FILES)})")
     config = read_json(cfg_path)
     if config.get("format") == "vitkit":
         return "vitkit", config
@@ -96,8 +96,8 @@ def folder_format(folder: Path) -> tuple[str, dict[str, Any]]:
                               "(no \"format\", \"architecture\" or \"model_type\")")
     if not weight_files(folder, required=False):
         name = "timm" if fmt == "timm" else "Hugging Face"
-        raise CheckpointError(f"{cfg_path}: not a vitkit checkpoint config but a {name} one, and {folder} holds "
-                              f"no weights ({', '.join(WEIGHT_FILES)} or {' / '.join(SHARD_INDEXES)})")
+        raise CheckpointError(f"{cfg_path}: not a vitkit checkpoint config but a {name} one, and {folder} "
+                              f"holds no weights ({', '.join(WEIGHT_FILES)} or {' / '.join(SHARD_INDEXES)})")
     return fmt, config
 
 
@@ -115,7 +115,8 @@ def weight_files(folder: Path, required: bool = True) -> list[Path]:
                 raise CheckpointError(f"{folder}: shards listed in {name} are missing: {missing}")
             return [folder / s for s in shards]
     if required:
-        raise CheckpointError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)} or {' / '.join(SHARD_INDEXES)})")
+        raise CheckpointError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)} or "
+                              f"{' / '.join(SHARD_INDEXES)})")
     return []
 
 
@@ -135,9 +136,9 @@ def read_weight_map(index: Path) -> dict[str, str]:
 
 
 def check_shards(index: Path, held: dict[str, set[str]]) -> None:
-    """That the shards (`held`: shard file name -> the tensor names it holds) hold what the index says: a tensor
-    the index names that no shard holds would be missing from the model, one that two shards hold is ambiguous
-    (which is the model's?); both are listed in one error naming the index."""
+    """That the shards (`held`: shard file name -> the tensor names it holds) hold what the index says: a
+    tensor the index names that no shard holds would be missing from the model, one that two shards hold is
+    ambiguous (which is the model's?); both are listed in one error naming the index."""
     holders: dict[str, list[str]] = {}
     for shard, names in sorted(held.items()):
         for name in names:
@@ -149,7 +150,8 @@ def check_shards(index: Path, held: dict[str, set[str]]) -> None:
         problems.append(f"tensors it names that no shard holds {_few(absent)}")
     if twice:
         problems.append("tensors more than one shard holds: " + "; ".join(
-            f"{k} (in {', '.join(v)})" for k, v in list(twice.items())[:10]) + ("; ..." if len(twice) > 10 else ""))
+            f"{k} (in {', '.join(v)})"
+            for k, v in list(twice.items())[:10]) + ("; ..." if len(twice) > 10 else ""))
     if problems:
         raise CheckpointError(f"{index}: " + "; ".join(problems))
 
@@ -181,5 +183,5 @@ def state_format(keys: set[str]) -> str:
     if is_torchvision_state(keys):
         return "torchvision"
     sample = sorted(keys)[:8]
-    raise CheckpointError(f"not a ViT state dict vitkit recognises (timm, Hugging Face or torchvision names); "
-                          f"its first keys are {sample}")
+    raise CheckpointError("not a ViT state dict vitkit recognises (timm, Hugging Face or torchvision "
+                          f"names); its first keys are {sample}")

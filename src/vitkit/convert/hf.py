@@ -151,14 +151,15 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
         raise ValueError("cannot write this model for Hugging Face transformers: " + "; ".join(problems))
     classify = cfg.num_classes > 0
     if not classify and cfg.representation_size is None:
-        warnings.warn("this model has no pre-logits layer, so ViTModel's pooler gets no weights and transformers "
-                      "initialises it at random: use last_hidden_state (whose first token is this model's "
-                      "representation), or load with ViTModel.from_pretrained(folder, add_pooling_layer=False)",
+        warnings.warn("this model has no pre-logits layer, so ViTModel's pooler gets no weights and "
+                      "transformers initialises it at random: use last_hidden_state (whose first token is "
+                      "this model's representation), or load with ViTModel.from_pretrained(folder, "
+                      "add_pooling_layer=False)",
                       stacklevel=2)
     if cfg.crop_mode == "center":
-        warnings.warn("ViTImageProcessor has no centre crop: it resizes a whole image to the input size, where "
-                      f"this model resizes and centre-crops (crop_pct {cfg.crop_pct:g}); images of another "
-                      "shape will be preprocessed differently", stacklevel=2)
+        warnings.warn("ViTImageProcessor has no centre crop: it resizes a whole image to the input size, "
+                      f"where this model resizes and centre-crops (crop_pct {cfg.crop_pct:g}); images of "
+                      "another shape will be preprocessed differently", stacklevel=2)
     prefix = "vit." if classify else ""
     state = split_qkv({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
                       "blocks.{i}.attn.{part}.{kind}")
@@ -174,7 +175,8 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
             new = "embeddings.patch_embeddings.projection." + parts[-1]
         elif key.startswith("blocks."):
             i, rest = parts[1], ".".join(parts[2:-1])
-            inner = {"norm1": "layernorm_before", "norm2": "layernorm_after", "attn.proj": "attention.output.dense",
+            inner = {"norm1": "layernorm_before", "norm2": "layernorm_after",
+                     "attn.proj": "attention.output.dense",
                      "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}.get(rest)
             if inner is None:  # attn.q / attn.k / attn.v
                 inner = f"attention.attention.{names[rest.split('.')[-1]]}"
@@ -194,7 +196,8 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
         "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
         "model_type": "vit",
         "hidden_size": cfg.dim, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
-        "intermediate_size": cfg.mlp_dim, "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
+        "intermediate_size": cfg.mlp_dim,
+        "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
         "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attn_dropout,
         "layer_norm_eps": cfg.ln_eps, "image_size": h if h == w else [h, w], "patch_size": cfg.patch_size,
         "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size,
@@ -208,7 +211,8 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
     preprocessor = {
         "image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
         "resample": {v: k for k, v in RESAMPLE.items()}.get(cfg.interpolation, 3), "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(cfg.mean), "image_std": list(cfg.std),
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(cfg.mean),
+        "image_std": list(cfg.std),
     }
     return out, config, preprocessor
 
@@ -216,4 +220,5 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
 def write_hf(model: VisionTransformer, folder: str | Path, class_names: list[str] | None = None) -> Path:
     """A folder `transformers.ViTForImageClassification.from_pretrained` (or ViTModel) reads."""
     state, config, preprocessor = to_hf(model, class_names)
-    return write_model_folder(folder, state, "pt", {"config.json": config, "preprocessor_config.json": preprocessor})
+    return write_model_folder(folder, state, "pt",
+                              {"config.json": config, "preprocessor_config.json": preprocessor})

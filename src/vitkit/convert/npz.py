@@ -48,7 +48,8 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
         with np.load(str(path), allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
     except ValueError as e:
-        raise CheckpointError(f"{path}: refused: the .npz holds pickled objects, not plain arrays ({e})") from None
+        raise CheckpointError(f"{path}: refused: the .npz holds pickled objects, not plain arrays "
+                              f"({e})") from None
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise CheckpointError(f"{path}: not a readable .npz file ({e})") from None
 
@@ -140,7 +141,8 @@ def unstack_scan(arrays: dict[str, np.ndarray], source: str) -> dict[str, np.nda
         return arrays
     depths = {v.shape[0] for v in scanned.values()}
     if len(depths) != 1:
-        raise CheckpointError(f"{source}: scanned encoder arrays disagree on the depth axis: {sorted(depths)}")
+        raise CheckpointError(f"{source}: scanned encoder arrays disagree on the depth axis: "
+                              f"{sorted(depths)}")
     out = {k: v for k, v in arrays.items() if k not in scanned}
     for key, value in scanned.items():
         rest = key[len("Transformer/encoderblock/"):]

@@ -61,8 +61,10 @@ RULES = [
 ]
 
 TIMM_GELU_TANH = "gelu_tanh"
-TIMM_POS_EMBED = {"learned": "learn", "none": "none"}  # vitkit's position embeddings timm's ViT has, by its name
-TIMM_LN_EPS = 1e-6  # timm's VisionTransformer builds its LayerNorms with this epsilon; model_args cannot change it
+# vitkit's position embeddings timm's ViT has, by its name
+TIMM_POS_EMBED = {"learned": "learn", "none": "none"}
+# timm's VisionTransformer builds its LayerNorms with this epsilon; model_args cannot change it
+TIMM_LN_EPS = 1e-6
 
 
 def timm_mlp_ratio(dim: int, mlp_dim: int) -> float:
@@ -84,7 +86,8 @@ TIMM_WRAPPER_PREFIX = "timm_model."  # transformers' TimmWrapperModel keeps the 
 def unwrap_timm_wrapper(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The timm state dict inside a transformers TimmWrapper folder (config.json: model_type "timm_wrapper",
     with timm's architecture and model_args): timm's names under `timm_model.`; other folders as they are."""
-    if config.get("model_type") != "timm_wrapper" or not all(k.startswith(TIMM_WRAPPER_PREFIX) for k in state):
+    if (config.get("model_type") != "timm_wrapper"
+            or not all(k.startswith(TIMM_WRAPPER_PREFIX) for k in state)):
         return state
     return {k[len(TIMM_WRAPPER_PREFIX):]: v for k, v in state.items()}
 
@@ -93,9 +96,9 @@ def hints_from_config(config: dict[str, Any], source: str) -> Hints:
     """What a timm config.json says that the tensors do not.
 
     A folder vitkit wrote also holds `vitkit_config`, for what timm's fields cannot say (LayerNorm eps, name,
-    ...). Someone who edits the folder's config.json edits timm's fields, which timm computes with, and may leave
-    that entry as it was: the fields timm reads (model_args' heads, image size and activation, pretrained_cfg's
-    mean, std, interpolation and crop) win over it.
+    ...). Someone who edits the folder's config.json edits timm's fields, which timm computes with, and may
+    leave that entry as it was: the fields timm reads (model_args' heads, image size and activation,
+    pretrained_cfg's mean, std, interpolation and crop) win over it.
     """
     pcfg = config.get("pretrained_cfg", config)  # older files kept everything at the top level
     args = config.get("model_args", {}) or {}
@@ -132,17 +135,18 @@ def hints_from_config(config: dict[str, Any], source: str) -> Hints:
     if isinstance(names, dict):
         names = [names[k] for k in sorted(names, key=int)]
     # transformers (a TimmWrapper folder) fills the names with "LABEL_i" when a model has none: not names.
-    hints.class_names = list(names) if names and list(names) != [f"LABEL_{i}" for i in range(len(names))] else None
+    hints.class_names = (list(names) if names and list(names) != [f"LABEL_{i}" for i in range(len(names))]
+                         else None)
     if "no_embed_class" in args:
         hints.no_embed_class = bool(args["no_embed_class"])
     return hints
 
 
 def architecture_defaults(architecture: str, model_args: dict[str, Any]) -> dict[str, Any] | None:
-    """What timm's builder of `architecture` (with `model_args`) makes that shapes cannot tell: width (to check
-    against the tensors'), heads, activation, LayerNorm eps, whether the class token has a position row, and the
-    pooling. Read from the model built on the meta device, so no weights are allocated. None without timm, for
-    a name timm does not know, or for a model that is not a ViT of timm's blocks."""
+    """What timm's builder of `architecture` (with `model_args`) makes that shapes cannot tell: width (to
+    check against the tensors'), heads, activation, LayerNorm eps, whether the class token has a position row,
+    and the pooling. Read from the model built on the meta device, so no weights are allocated. None without
+    timm, for a name timm does not know, or for a model that is not a ViT of timm's blocks."""
     try:
         import timm
     except ImportError:
@@ -156,21 +160,24 @@ def architecture_defaults(architecture: str, model_args: dict[str, Any]) -> dict
     try:
         block = model.blocks[0]
         act = block.mlp.act
-        found = {"dim": int(model.embed_dim), "num_heads": int(block.attn.num_heads), "ln_eps": float(block.norm1.eps),
+        found = {"dim": int(model.embed_dim), "num_heads": int(block.attn.num_heads),
+                 "ln_eps": float(block.norm1.eps),
                  "no_embed_class": bool(getattr(model, "no_embed_class", False)),
                  "global_pool": getattr(model, "global_pool", None)}
     except (AttributeError, IndexError, TypeError):
         return None
-    found["gelu"] = {"none": "exact", "tanh": "tanh"}.get(act.approximate) if isinstance(act, torch.nn.GELU) else None
+    found["gelu"] = ({"none": "exact", "tanh": "tanh"}.get(act.approximate) if isinstance(act, torch.nn.GELU)
+                     else None)
     found["activation"] = type(act).__name__
     return found
 
 
 def hints_from_architecture(hints: Hints, dim: int, source: str) -> Hints:
-    """The heads (and activation, eps, class-token position, pooling) of a timm folder whose config.json gives no
-    num_heads (the hub serves timm's own folders without model_args), from timm's builder of its architecture
-    with the model_args there are; a vitkit preset's name alone already says them (`heads_for`). Left to the
-    warned guess where timm is not installed, does not know the name, or builds another width than the tensors'."""
+    """The heads (and activation, eps, class-token position, pooling) of a timm folder whose config.json gives
+    no num_heads (the hub serves timm's own folders without model_args), from timm's builder of its
+    architecture with the model_args there are; a vitkit preset's name alone already says them (`heads_for`).
+    Left to the warned guess where timm is not installed, does not know the name, or builds another width than
+    the tensors'."""
     if hints.num_heads or not hints.architecture:
         return hints
     if named_preset(hints.architecture) is not None and not hints.architecture_args:
@@ -179,8 +186,8 @@ def hints_from_architecture(hints: Hints, dim: int, source: str) -> Hints:
     if built is None or built["dim"] != dim:
         return hints
     if built["gelu"] is None:
-        raise CheckpointError(f"{source}: timm's {hints.architecture} uses the activation {built['activation']}, "
-                              "not one vitkit has (GELU, exact or tanh)")
+        raise CheckpointError(f"{source}: timm's {hints.architecture} uses the activation "
+                              f"{built['activation']}, not one vitkit has (GELU, exact or tanh)")
     hints.num_heads = built["num_heads"]
     hints.config.setdefault("gelu", built["gelu"])
     hints.config.setdefault("ln_eps", built["ln_eps"])
@@ -195,10 +202,10 @@ def lacks_class_row(rows: int, stride: int, hints: Hints, source: str) -> bool:
     """Whether a position table of `rows` rows beside a class token has no row for it (timm's no_embed_class),
     when config.json does not say.
 
-    An image size (the caller's, or one the name mentions) gives the patch count, which decides. Else the shape
-    does: a square table is one row per patch of a square grid, a square plus one a square grid and the class
-    row. The first is a guess that is warned of (a 6x8 grid and the class row have the 49 rows of a 7x7 grid
-    without it); a table that is neither is an error naming both counts.
+    An image size (the caller's, or one the name mentions) gives the patch count, which decides. Else the
+    shape does: a square table is one row per patch of a square grid, a square plus one a square grid and the
+    class row. The first is a guess that is warned of (a 6x8 grid and the class row have the 49 rows of a 7x7
+    grid without it); a table that is neither is an error naming both counts.
     """
     sizes = ([hints.image_size] if hints.image_size else []) + sizes_in_name(hints.name)
     for h, w in sizes:
@@ -209,14 +216,17 @@ def lacks_class_row(rows: int, stride: int, hints: Hints, source: str) -> bool:
         return False  # the grid's check names the size that does not fit
     if is_square(rows) and not is_square(rows - 1):
         side = math.isqrt(rows)
-        warn_assumed(source, "class token's position row", f"none (timm's no_embed_class=True): its {rows} position "
-                     f"rows a {side}x{side} grid of patches, not {rows - 1} patches and the class token's row",
+        warn_assumed(source, "class token's position row",
+                     f"none (timm's no_embed_class=True): its {rows} position "
+                     f"rows a {side}x{side} grid of patches, not {rows - 1} patches and the class token's "
+                     "row",
                      "pass image_size=(H, W) if the grid is another (its patch count then tells)")
         return True
     if not is_square(rows - 1):
-        raise CheckpointError(f"{source}: the position table has {rows} rows, not a square grid of patches with "
-                              f"the class token's row ({rows - 1} patches) or without it ({rows}, timm's "
-                              "no_embed_class); give the image size (e.g. vitkit.load(path, image_size=(H, W)))")
+        raise CheckpointError(f"{source}: the position table has {rows} rows, not a square grid of patches "
+                              f"with the class token's row ({rows - 1} patches) or without it ({rows}, "
+                              "timm's no_embed_class); give the image size (e.g. vitkit.load(path, "
+                              "image_size=(H, W)))")
     return False
 
 
@@ -228,7 +238,8 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
     no_embed_class = hints.no_embed_class
     if "cls_token" in state and "pos_embed" in state:
         if no_embed_class is None:
-            no_embed_class = lacks_class_row(state["pos_embed"].shape[1], patch_stride_of(state), hints, source)
+            no_embed_class = lacks_class_row(state["pos_embed"].shape[1], patch_stride_of(state), hints,
+                                             source)
         if no_embed_class:
             state = add_class_row(state)
     if "deit" in hints.name.lower() and "mean" not in hints.config:
@@ -276,17 +287,18 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
     if cfg.representation_size:
         # timm >= 0.9 has no pre-logits layer: its checkpoint_filter_fn drops pre_logits.fc.*, so timm would
         # compute another function (or refuse the head's width).
-        problems.append("timm's VisionTransformer has no pre-logits layer (it drops pre_logits.fc.* on loading)")
+        problems.append("timm's VisionTransformer has no pre-logits layer (it drops pre_logits.fc.* on "
+                        "loading)")
     if cfg.ln_eps > TIMM_LN_EPS * (1 + 1e-9):
-        problems.append(f"timm's VisionTransformer normalises with LayerNorm eps {TIMM_LN_EPS:g}, this model with "
-                        f"{cfg.ln_eps:g}")
+        problems.append(f"timm's VisionTransformer normalises with LayerNorm eps {TIMM_LN_EPS:g}, this model "
+                        f"with {cfg.ln_eps:g}")
     if problems:
         raise ValueError("cannot write this model for timm: " + "; ".join(problems)
                          + "; write it as vitkit instead")
     if cfg.hybrid_layers is not None and cfg.hybrid_norm != "timm":
-        warnings.warn("timm's hybrid ResNet standardises its kernels by sqrt(var + 1e-8) with GroupNorm eps 1e-5, "
-                      f"this model ({cfg.hybrid_norm}) by (std + 1e-5) with eps 1e-6: timm's outputs will differ "
-                      "slightly (about 1e-3 relative in the tokens)", stacklevel=2)
+        warnings.warn("timm's hybrid ResNet standardises its kernels by sqrt(var + 1e-8) with GroupNorm eps "
+                      f"1e-5, this model ({cfg.hybrid_norm}) by (std + 1e-5) with eps 1e-6: timm's outputs "
+                      "will differ slightly (about 1e-3 relative in the tokens)", stacklevel=2)
     if cfg.ln_eps < TIMM_LN_EPS * (1 - 1e-9):
         # Hugging Face's configs say 1e-12 (for weights Google trained with 1e-6): a change of the normalised
         # value by about eps / (2 variance), relative, below 1e-4 for any token of variance 0.005 or more.
@@ -296,9 +308,10 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
     args: dict[str, Any] = {
         "img_size": list(cfg.image_size), "patch_size": cfg.patch_size, "in_chans": cfg.in_chans,
         "embed_dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
-        "mlp_ratio": timm_mlp_ratio(cfg.dim, cfg.mlp_dim), "qkv_bias": cfg.qkv_bias, "class_token": cfg.class_token,
-        "global_pool": "token" if cfg.pool == "token" else "avg",
-        "fc_norm": False,  # vitkit normalises every token before pooling, as the paper (and timm's token pool)
+        "mlp_ratio": timm_mlp_ratio(cfg.dim, cfg.mlp_dim), "qkv_bias": cfg.qkv_bias,
+        "class_token": cfg.class_token, "global_pool": "token" if cfg.pool == "token" else "avg",
+        # vitkit normalises every token before pooling, as the paper (and timm's token pool)
+        "fc_norm": False,
     }
     if cfg.pos_embed != "learned":
         args["pos_embed"] = TIMM_POS_EMBED[cfg.pos_embed]

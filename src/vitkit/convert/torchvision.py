@@ -54,18 +54,21 @@ def is_torchvision_state(keys: set[str]) -> bool:
 
 
 def torchvision_hints(hints: Hints, dim: int | None = None, source: str = "") -> Hints:
-    """torchvision's mean, std and LayerNorm eps; the heads of the paper's model a `vit_*` name names (a guess,
-    warned of, when the file's width `dim` is not that model's; an error when they do not divide it)."""
+    """torchvision's mean, std and LayerNorm eps; the heads of the paper's model a `vit_*` name names (a
+    guess, warned of, when the file's width `dim` is not that model's; an error when they do not divide
+    it)."""
     for tv, paper in NAMES.items():
         if tv in hints.name and hints.num_heads is None:
             preset = get_preset(paper).config
             if dim is not None and dim % preset.num_heads:
-                raise CheckpointError(f"{source}: its width {dim} is not divisible by {preset.num_heads}, the heads of "
-                                      f"{paper}, which its name ({tv}) names; pass num_heads= (the model's count)")
+                raise CheckpointError(f"{source}: its width {dim} is not divisible by {preset.num_heads}, "
+                                      f"the heads of {paper}, which its name ({tv}) names; pass num_heads= "
+                                      "(the model's count)")
             hints.num_heads = preset.num_heads
             if dim is not None and dim != preset.dim:
-                warn_assumed_heads(source, f"{preset.num_heads} heads, as {paper} (which the name {tv} names) has, "
-                                           f"though its width is {dim}, not {preset.dim}")
+                warn_assumed_heads(source,
+                                   f"{preset.num_heads} heads, as {paper} (which the name {tv} names) has, "
+                                   f"though its width is {dim}, not {preset.dim}")
             break
     defaults = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "ln_eps": 1e-6, "gelu": "exact"}
     for k, v in defaults.items():
@@ -78,8 +81,8 @@ SWAG_RECIPE = {"interpolation": "bicubic", "crop_pct": 1.0}  # resize to the mod
 
 
 def preprocessing_for(state: dict[str, torch.Tensor]) -> dict[str, float | str]:
-    """torchvision's evaluation resize and crop for weights with this position table: its ImageNet recipe up to
-    the 224 px grid, its SWAG weights' for a larger one (they are trained at 384, 512 and 518 px)."""
+    """torchvision's evaluation resize and crop for weights with this position table: its ImageNet recipe up
+    to the 224 px grid, its SWAG weights' for a larger one (they are trained at 384, 512 and 518 px)."""
     if "pos_embed" not in state or "patch_embed.proj.weight" not in state:
         return IMAGENET_RECIPE
     patches = state["pos_embed"].shape[1] - 1  # torchvision's table always has the class token's row
@@ -95,4 +98,5 @@ def from_torchvision(state: dict[str, torch.Tensor], hints: Hints, source: str) 
         hints.config.setdefault(k, v)
     # torchvision's VisionTransformer takes one image_size (square) and classifies from its class token.
     cfg = infer_config(state, hints, source, square_only=True)
-    return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source, "torchvision")
+    return Converted(cfg, state, default_class_names(cfg.num_classes, hints.class_names), source,
+                     "torchvision")
