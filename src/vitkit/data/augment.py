@@ -19,8 +19,8 @@ class AugmentConfig:
     hflip: probability of a horizontal flip.
     randaugment: "N,M" for RandAugment with N ops of magnitude M (of 31 levels; Cubuk et al. 2020), or None.
     random_erasing: probability of erasing one random rectangle (to the mean: 0 after normalisation).
-    mixup, cutmix: Beta(alpha, alpha) parameters of MixUp and CutMix on batches; 0 turns one off. With both on,
-        each batch gets one of the two at random.
+    mixup, cutmix: Beta(alpha, alpha) parameters of MixUp and CutMix on batches; 0 turns one off. With both
+        on, each batch gets one of the two at random.
     """
 
     crop: str = "rrc"

@@ -117,7 +117,8 @@ def load_cifar(
     elif name == "cifar100":
         if label not in CIFAR100_META:
             raise ValueError(f"cifar100 label={label!r}: choose fine or coarse")
-        files, meta, subfolders, label_bytes = CIFAR100_FILES[split], CIFAR100_META[label], CIFAR100_SUBFOLDERS, 2
+        files, meta, subfolders, label_bytes = (CIFAR100_FILES[split], CIFAR100_META[label],
+                                                CIFAR100_SUBFOLDERS, 2)
         label_index = 1 if label == "fine" else 0  # each record starts with the coarse byte, then the fine
     else:
         raise ValueError(f"unknown CIFAR {name!r}: choose cifar10 or cifar100")
@@ -139,5 +140,6 @@ def load_cifar(
     images = torch.cat([p[0] for p in parts])
     targets = torch.cat([p[1] for p in parts])
     if targets.numel() and int(targets.max()) >= len(classes):
-        raise ValueError(f"{folder}: label {int(targets.max())} but {folder / meta} names {len(classes)} classes")
+        raise ValueError(f"{folder}: label {int(targets.max())} but {folder / meta} names {len(classes)} "
+                         "classes")
     return TensorImageDataset(images, targets, classes, name=f"{name}/{split}")

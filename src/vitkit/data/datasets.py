@@ -5,8 +5,8 @@
   items are `(uint8 tensor (C, H, W), int label)`. Where they are looked for: vitkit.data.locations.
 * A folder of class sub-folders (vitkit.data.folders): items are `(PIL image, int label)`.
 
-torchvision.transforms.v2 accepts both. Every dataset has `.classes` (list of names) and `.num_channels` (1 for
-grey, 3 for colour).
+torchvision.transforms.v2 accepts both. Every dataset has `.classes` (list of names) and `.num_channels` (1
+for grey, 3 for colour).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from .locations import check_split
 DATASET_NAMES = ("fashion-mnist", "cifar10", "cifar100")
 _ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
             "cifar10": "cifar10", "cifar-10": "cifar10", "cifar100": "cifar100", "cifar-100": "cifar100"}
-_SPLIT_FOLDERS = {"train": ("train", "training"), "test": ("test", "testing"), "val": ("val", "valid", "validation")}
+_SPLIT_FOLDERS = {"train": ("train", "training"), "test": ("test", "testing"),
+                  "val": ("val", "valid", "validation")}
 
 
 def _split_folder(root: Path, split: str) -> Path:

@@ -25,12 +25,13 @@ class DownloadError(ValueError):
 
 
 
-def download_file(url: str, dest: str | os.PathLike[str], md5: str | None = None, progress: bool = True) -> Path:
+def download_file(url: str, dest: str | os.PathLike[str], md5: str | None = None,
+                  progress: bool = True) -> Path:
     """Download `url` to `dest` and return `dest`.
 
     With `md5`, the downloaded bytes must have that digest, else DownloadError names the file and both digests
-    and nothing is written to `dest`. The bytes go to a temporary file beside `dest` first and are renamed into
-    place (`os.replace`, atomic on one file system) only after the check.
+    and nothing is written to `dest`. The bytes go to a temporary file beside `dest` first and are renamed
+    into place (`os.replace`, atomic on one file system) only after the check.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)

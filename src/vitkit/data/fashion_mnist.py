@@ -1,5 +1,5 @@
-"""Fashion-MNIST from its IDX files (gzip-compressed or not), downloaded from the official location and checked
-against the published MD5s when it is nowhere on disk (see vitkit.data.locations)."""
+"""Fashion-MNIST from its IDX files (gzip-compressed or not), downloaded from the official location and
+checked against the published MD5s when it is nowhere on disk (see vitkit.data.locations)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def read_idx(path: str | os.PathLike[str]) -> torch.Tensor:
     shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     expected = int(np.prod(shape, dtype=np.int64))
     if len(raw) - header != expected:
-        raise ValueError(f"{path}: header says shape {shape} ({expected} bytes), file has {len(raw) - header}")
+        raise ValueError(f"{path}: header says shape {shape} ({expected} bytes), file has "
+                         f"{len(raw) - header}")
     data = np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
     return torch.from_numpy(data.copy())
 
@@ -70,7 +71,8 @@ def _find_file(folder: Path, base: str) -> Path | None:
     return None
 
 
-def find_fashion_mnist(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, Path] | None:
+def find_fashion_mnist(split: str = "train",
+                       data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, Path] | None:
     """The (images, labels) IDX files of a split, from the first place that has both; None if none has."""
     split = check_split(split, "fashion-mnist")
     images_base, labels_base = FASHION_MNIST_FILES[split]
@@ -121,7 +123,8 @@ def load_fashion_mnist(
         places = ", ".join(str(p) for p in data_roots(data_dir))
         missing = f"Fashion-MNIST ({split}) not found in {places} (nor their fashion-mnist/ sub-folders)"
         if not download:
-            raise FileNotFoundError(f"{missing}; allow the download, or install Debian's dataset-fashion-mnist")
+            raise FileNotFoundError(f"{missing}; allow the download, or install Debian's "
+                                    "dataset-fashion-mnist")
         try:
             found = download_fashion_mnist(split, data_dir, base_url=base_url, md5s=md5s)
         except DownloadError as e:
@@ -134,7 +137,9 @@ def load_fashion_mnist(
     if images.ndim != 3:
         raise ValueError(f"{images_path}: expected images (N, H, W), got shape {tuple(images.shape)}")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise ValueError(f"{labels_path}: {tuple(labels.shape)} labels for {images.shape[0]} images in {images_path}")
+        raise ValueError(f"{labels_path}: {tuple(labels.shape)} labels for {images.shape[0]} images in "
+                         f"{images_path}")
     if labels.numel() and int(labels.max()) >= len(FASHION_MNIST_CLASSES):
         raise ValueError(f"{labels_path}: label {int(labels.max())} out of range 0-9")
-    return TensorImageDataset(images.unsqueeze(1), labels, FASHION_MNIST_CLASSES, name=f"fashion-mnist/{split}")
+    return TensorImageDataset(images.unsqueeze(1), labels, FASHION_MNIST_CLASSES,
+                              name=f"fashion-mnist/{split}")

@@ -15,7 +15,8 @@ from torch.utils.data import Dataset
 from .images import IMAGE_EXTENSIONS, BadImageError, image_files, is_ignored_name, open_image
 
 # Errors opening a listed file that make it unreadable, as a corrupt one (BadImageError) is: gone since it was
-# listed, no permission, a folder by an image's name. Others (too many open files, ...) are not the file's fault.
+# listed, no permission, a folder by an image's name. Others (too many open files, ...) are not the file's
+# fault.
 _UNREADABLE = (BadImageError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
@@ -25,13 +26,14 @@ class ImageFolderDataset(Dataset):
     ignored, symbolic links to folders followed). Items are `(PIL image in `mode`, int label)`. A class folder
     without any image file is refused (ValueError naming it), as torchvision's ImageFolder does.
 
-    Bad files (corrupt, truncated, empty, not an image, decompression bombs, broken symbolic links, unreadable)
-    are found lazily, when an item is loaded. Without `skip_bad_images` loading one raises `BadImageError` (or
-    the OSError) naming the file. With it, the file is recorded as skipped and the next good file in order is
-    returned in its place (what training wants: every batch full); `read(index)` returns None instead (what
-    evaluation wants: each readable image scored once). The record lives in shared memory, so skips found in
-    DataLoader worker processes count too: `num_skipped` and `skipped` (the paths) give the distinct bad files
-    found so far, and a skipped file is not opened again. `check_all()` finds them all up front.
+    Bad files (corrupt, truncated, empty, not an image, decompression bombs, broken symbolic links,
+    unreadable) are found lazily, when an item is loaded. Without `skip_bad_images` loading one raises
+    `BadImageError` (or the OSError) naming the file. With it, the file is recorded as skipped and the next
+    good file in order is returned in its place (what training wants: every batch full); `read(index)` returns
+    None instead (what evaluation wants: each readable image scored once). The record lives in shared memory,
+    so skips found in DataLoader worker processes count too: `num_skipped` and `skipped` (the paths) give the
+    distinct bad files found so far, and a skipped file is not opened again. `check_all()` finds them all up
+    front.
 
     `split` and `split_of_root` tell how `resolve` chose the folder: `split` is the split asked for (None when
     built directly) and `split_of_root` is True when the folder given to `resolve` has no split sub-folders
@@ -55,7 +57,8 @@ class ImageFolderDataset(Dataset):
         self.extensions = exts = tuple(e.lower() for e in extensions)
         self.split: str | None = None
         self.split_of_root = False
-        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not is_ignored_name(d.name))
+        self.classes = sorted(d.name for d in self.root.iterdir()
+                              if d.is_dir() and not is_ignored_name(d.name))
         if not self.classes:
             raise ValueError(f"{self.root}: no class sub-folders (expected one folder of images per class)")
         self.samples: list[tuple[Path, int]] = []
@@ -125,8 +128,8 @@ class ImageFolderDataset(Dataset):
         first bad one raises BadImageError."""
         from tqdm import tqdm
 
-        for i, (path, _) in enumerate(tqdm(self.samples, desc=f"checking {self.root.name}", disable=not progress,
-                                           leave=False)):
+        for i, (path, _) in enumerate(tqdm(self.samples, desc=f"checking {self.root.name}",
+                                           disable=not progress, leave=False)):
             if self._bad[i]:
                 continue
             try:

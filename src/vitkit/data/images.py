@@ -1,7 +1,7 @@
-"""Opening an image file safely: every Pillow mode to 'RGB' or 'L', decompression bombs refused, and every way a
-file can be bad (corrupt, truncated, empty, not an image, a broken symbolic link) reported as one `BadImageError`
-naming the file. And which files in a folder are images (`image_files`), for image-folder datasets and
-`vitkit predict` alike."""
+"""Opening an image file safely: every Pillow mode to 'RGB' or 'L', decompression bombs refused, and every way
+a file can be bad (corrupt, truncated, empty, not an image, a broken symbolic link) reported as one
+`BadImageError` naming the file. And which files in a folder are images (`image_files`), for image-folder
+datasets and `vitkit predict` alike."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def image_files(folder: str | os.PathLike[str], extensions: Sequence[str] = IMAG
             above[os.path.join(dirpath, d)] = chain | {target}
             keep.append(d)
         dirnames[:] = keep
-        out += [Path(dirpath) / f for f in sorted(filenames) if not is_ignored_name(f) and f.lower().endswith(exts)]
+        out += [Path(dirpath) / f for f in sorted(filenames)
+                if not is_ignored_name(f) and f.lower().endswith(exts)]
     return out
 
 
@@ -149,7 +150,8 @@ def open_image(path: str | os.PathLike[str], mode: str = "RGB") -> Image.Image:
         if e.errno == errno.ELOOP:
             raise BadImageError(f"{path}: a loop of symbolic links", path) from e
         if isinstance(e, (FileNotFoundError, NotADirectoryError)) and path.is_symlink():
-            raise BadImageError(f"{path}: broken symbolic link (to {os.readlink(path)}, which does not exist)",
+            raise BadImageError(f"{path}: broken symbolic link (to {os.readlink(path)}, which does not "
+                                "exist)",
                                 path) from e
         raise
     if size == 0:

@@ -1,7 +1,7 @@
-"""Where the named datasets are looked for and downloaded to, in order: the `data_dir` argument, `$VITKIT_DATA`,
-`~/.cache/vitkit`, and `/usr/share/datasets` (Debian's dataset-fashion-mnist installs
-`/usr/share/datasets/fashion-mnist`). In each place the files may lie directly or in the dataset's own sub-folder
-(`fashion-mnist/`, `cifar-10-batches-bin/`, `cifar-100-binary/`, ...).
+"""Where the named datasets are looked for and downloaded to, in order: the `data_dir` argument,
+`$VITKIT_DATA`, `~/.cache/vitkit`, and `/usr/share/datasets` (Debian's dataset-fashion-mnist installs
+`/usr/share/datasets/fashion-mnist`). In each place the files may lie directly or in the dataset's own
+sub-folder (`fashion-mnist/`, `cifar-10-batches-bin/`, `cifar-100-binary/`, ...).
 """
 
 from __future__ import annotations

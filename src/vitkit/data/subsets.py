@@ -1,6 +1,6 @@
 """The smaller datasets quick runs ask for (`data.limit`, `data.val_limit`, eval's `--limit`, fewshot's and
-probe's `--max-train`/`--max-test`): N items spread evenly over the dataset, every (len / N)-th, rather than the
-first N. An image folder lists its files class by class, so its first N would hold only the first classes;
+probe's `--max-train`/`--max-test`): N items spread evenly over the dataset, every (len / N)-th, rather than
+the first N. An image folder lists its files class by class, so its first N would hold only the first classes;
 spread out, every class keeps its share. Deterministic, with no random draw."""
 
 from __future__ import annotations

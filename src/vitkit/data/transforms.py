@@ -8,8 +8,8 @@
   `normalize_batch` (resize, scale, normalise, channel count) and `random_erase_batch`; `train_batch` chains
   the three.
 
-Normalisation uses the preprocessing config (`ViTConfig.mean`, `.std`, `.interpolation`, `.crop_pct`, `.crop_mode`);
-grey images become the model's channel count (1 -> 3 by repeating, 3 -> 1 by ITU-R 601 luma).
+Normalisation uses the preprocessing config (`ViTConfig.mean`, `.std`, `.interpolation`, `.crop_pct`,
+`.crop_mode`); grey images become the model's channel count (1 -> 3 by repeating, 3 -> 1 by ITU-R 601 luma).
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def build_train_transform(cfg: ViTConfig, aug: AugmentConfig) -> v2.Compose:
     interp = interpolation_mode(cfg.interpolation)
     steps: list[nn.Module] = [v2.ToImage(), _channel_transform(cfg.in_chans)]
     if aug.crop == "rrc":
-        steps.append(v2.RandomResizedCrop(size, scale=aug.crop_scale, ratio=aug.crop_ratio, interpolation=interp,
-                                          antialias=True))
+        steps.append(v2.RandomResizedCrop(size, scale=aug.crop_scale, ratio=aug.crop_ratio,
+                                          interpolation=interp, antialias=True))
     else:
         steps.append(v2.Resize(size, interpolation=interp, antialias=True))  # a no-op at the model's size
         if aug.crop == "pad-crop" and aug.pad > 0:
@@ -154,7 +154,8 @@ def _randint(high: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     return torch.minimum((u * high).long(), high - 1)
 
 
-def random_pad_crop_batch(images: torch.Tensor, pad: int, generator: torch.Generator | None = None) -> torch.Tensor:
+def random_pad_crop_batch(images: torch.Tensor, pad: int,
+                          generator: torch.Generator | None = None) -> torch.Tensor:
     """Pad each image with `pad` zeros per side and crop it back to its size at a random offset of its own:
     a random translation by up to `pad` pixels in each direction."""
     if pad == 0:
@@ -163,7 +164,8 @@ def random_pad_crop_batch(images: torch.Tensor, pad: int, generator: torch.Gener
     padded = F.pad(images, (pad, pad, pad, pad))
     top = _randint(torch.full((b,), 2 * pad + 1, device=images.device), generator)
     left = _randint(torch.full((b,), 2 * pad + 1, device=images.device), generator)
-    rows = (top[:, None] + torch.arange(h, device=images.device))[:, None, :, None].expand(b, c, h, w + 2 * pad)
+    rows = ((top[:, None] + torch.arange(h, device=images.device))[:, None, :, None]
+            .expand(b, c, h, w + 2 * pad))
     picked = padded.gather(2, rows)  # (B, C, H, W+2p)
     cols = (left[:, None] + torch.arange(w, device=images.device))[:, None, None, :].expand(b, c, h, w)
     return picked.gather(3, cols)  # (B, C, H, W)
@@ -171,10 +173,10 @@ def random_pad_crop_batch(images: torch.Tensor, pad: int, generator: torch.Gener
 
 def _rectangle_draws(b: int, area: int, scale: tuple[float, float], ratio: tuple[float, float],
                      generator: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """RRC_ATTEMPTS rectangles per image as torchvision's RandomResizedCrop and RandomErasing draw them: an area
-    a = `area` x uniform(`scale`) and a log-uniform aspect ratio r in `ratio`; returns round(sqrt(a r)) and
-    round(sqrt(a / r)), each (B, RRC_ATTEMPTS) (RandomResizedCrop takes the first as the width, RandomErasing as
-    the height)."""
+    """RRC_ATTEMPTS rectangles per image as torchvision's RandomResizedCrop and RandomErasing draw them: an
+    area a = `area` x uniform(`scale`) and a log-uniform aspect ratio r in `ratio`; returns round(sqrt(a r))
+    and round(sqrt(a / r)), each (B, RRC_ATTEMPTS) (RandomResizedCrop takes the first as the width,
+    RandomErasing as the height)."""
     a = area * _uniform(b * RRC_ATTEMPTS, *scale, generator, device).view(b, RRC_ATTEMPTS)
     r = torch.exp(_uniform(b * RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, device))
     r = r.view(b, RRC_ATTEMPTS)
@@ -182,7 +184,8 @@ def _rectangle_draws(b: int, area: int, scale: tuple[float, float], ratio: tuple
 
 
 def _first_fitting(sides: torch.Tensor, fits: torch.Tensor) -> torch.Tensor:
-    """Per row of (B, attempts) `sides`, the value of the first attempt that `fits` (of the first if none does)."""
+    """Per row of (B, attempts) `sides`, the value of the first attempt that `fits` (of the first if none
+    does)."""
     return sides.gather(1, fits.float().argmax(dim=1)[:, None]).squeeze(1)
 
 
@@ -223,11 +226,13 @@ def random_resized_crop_batch(
     b, c, h, w = images.shape
     boxes = random_resized_crop_boxes(b, h, w, scale, ratio, generator, images.device)
     rois = torch.cat([torch.arange(b, device=images.device, dtype=boxes.dtype)[:, None], boxes], dim=1)
-    out = roi_align(images.float(), rois, output_size=(h, w), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    out = roi_align(images.float(), rois, output_size=(h, w), spatial_scale=1.0, sampling_ratio=-1,
+                    aligned=True)
     return out.round_().clamp_(0, 255).to(images.dtype) if images.dtype == torch.uint8 else out
 
 
-def random_hflip_batch(images: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def random_hflip_batch(images: torch.Tensor, p: float,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
     """Flip each image left-right with probability p, independently."""
     flip = torch.rand(images.shape[0], generator=generator, device=images.device) < p
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
@@ -256,20 +261,21 @@ _RA_OPS: tuple[tuple[str, Callable[[int, int, int], float], bool], ...] = (
 
 def _apply_ra_op(x: torch.Tensor, name: str, v: float) -> torch.Tensor:
     """One RandAugment operation of strength v on a uint8 batch (the same v for every image in x), as
-    torchvision's v2.RandAugment applies it, which the per-image pipeline runs: the geometric ops with fill=None
-    (zeros outside the image, with no blending at its edge, which a given fill of 0 would do) and the shears
-    about the top-left corner."""
+    torchvision's v2.RandAugment applies it, which the per-image pipeline runs: the geometric ops with
+    fill=None (zeros outside the image, with no blending at its edge, which a given fill of 0 would do) and
+    the shears about the top-left corner."""
     bilinear = InterpolationMode.BILINEAR
     if name == "identity":
         return x
     if name in ("shear_x", "shear_y"):
         deg = math.degrees(math.atan(v))
         shear = [deg, 0.0] if name == "shear_x" else [0.0, deg]
-        return TF.affine(x, angle=0.0, translate=[0, 0], scale=1.0, shear=shear, interpolation=bilinear, fill=None,
-                         center=[0, 0])
+        return TF.affine(x, angle=0.0, translate=[0, 0], scale=1.0, shear=shear, interpolation=bilinear,
+                         fill=None, center=[0, 0])
     if name in ("translate_x", "translate_y"):
         t = [int(v), 0] if name == "translate_x" else [0, int(v)]
-        return TF.affine(x, angle=0.0, translate=t, scale=1.0, shear=[0.0, 0.0], interpolation=bilinear, fill=None)
+        return TF.affine(x, angle=0.0, translate=t, scale=1.0, shear=[0.0, 0.0], interpolation=bilinear,
+                         fill=None)
     if name == "rotate":
         return TF.rotate(x, v, interpolation=bilinear, fill=None)
     if name == "brightness":
@@ -294,8 +300,9 @@ def _apply_ra_op(x: torch.Tensor, name: str, v: float) -> torch.Tensor:
 def randaugment_batch(images: torch.Tensor, num_ops: int, magnitude: int,
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """RandAugment with its own draws per image: `num_ops` rounds, in each every image gets a random op of
-    RANDAUGMENT_LEVELS-scaled strength `magnitude` and, for signed ops, a random sign. The images that drew the
-    same (op, sign) are transformed together, so a round costs at most 2 x 14 batched calls, not B calls."""
+    RANDAUGMENT_LEVELS-scaled strength `magnitude` and, for signed ops, a random sign. The images that drew
+    the same (op, sign) are transformed together, so a round costs at most 2 x 14 batched calls, not B
+    calls."""
     b, _, h, w = images.shape
     out = images.clone()
     for _ in range(num_ops):
@@ -314,14 +321,17 @@ def randaugment_batch(images: torch.Tensor, num_ops: int, magnitude: int,
     return out
 
 
-def augment_batch(images: torch.Tensor, aug: AugmentConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+def augment_batch(images: torch.Tensor, aug: AugmentConfig,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Random crop ('pad-crop' or 'rrc'), horizontal flip and RandAugment of a uint8 batch (B, C, H, W), each
     image with its own random draws, all from `generator` (torch's global one if None; it must live on the
-    images' device, so that a batch already on the GPU is augmented there). Returns uint8 of the same shape. Random erasing is not done here: it erases to the normalised mean, so it comes after
-    `normalize_batch` (`random_erase_batch`; `train_batch` chains all three). MixUp/CutMix: build_batch_transform.
+    images' device, so that a batch already on the GPU is augmented there). Returns uint8 of the same shape.
+    Random erasing is not done here: it erases to the normalised mean, so it comes after `normalize_batch`
+    (`random_erase_batch`; `train_batch` chains all three). MixUp/CutMix: build_batch_transform.
     """
     if images.dtype != torch.uint8 or images.ndim != 4:
-        raise ValueError(f"augment_batch expects uint8 (B, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        raise ValueError(f"augment_batch expects uint8 (B, C, H, W), got {images.dtype} "
+                         f"{tuple(images.shape)}")
     if aug.crop == "pad-crop":
         images = random_pad_crop_batch(images, aug.pad, generator)
     elif aug.crop == "rrc":
@@ -365,7 +375,8 @@ def normalize_batch(images: torch.Tensor, cfg: ViTConfig) -> torch.Tensor:
     cfg.mean and cfg.std. For images no larger than the model's this equals build_eval_transform up to
     interpolation rounding (both just resize); larger images are resized, not centre-cropped."""
     if images.dtype != torch.uint8 or images.ndim != 4:
-        raise ValueError(f"normalize_batch expects uint8 (B, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        raise ValueError(f"normalize_batch expects uint8 (B, C, H, W), got {images.dtype} "
+                         f"{tuple(images.shape)}")
     x = images.float().div_(255.0)
     size = tuple(cfg.image_size)
     if tuple(x.shape[-2:]) != size:

@@ -35,7 +35,8 @@ class DatasetView(Dataset):
         return image, label
 
     def read(self, index: int):
-        """Item `index` as the view shows it, or None when it is a bad image file that is skipped (read_item)."""
+        """Item `index` as the view shows it, or None when it is a bad image file that is skipped
+        (read_item)."""
         item = read_item(self.dataset, index)
         return None if item is None else self.map_item(*item)
 
@@ -61,7 +62,8 @@ def read_item(dataset: Dataset, index: int):
 
 
 class LabelMapped(DatasetView):
-    """A dataset whose label `t` becomes `mapping[t]`, with `classes` as its class names (see with_classes)."""
+    """A dataset whose label `t` becomes `mapping[t]`, with `classes` as its class names (see
+    with_classes)."""
 
     def __init__(self, dataset: Dataset, mapping: Sequence[int], classes: Sequence[str]):
         super().__init__(dataset, classes)
@@ -74,8 +76,8 @@ class LabelMapped(DatasetView):
 def with_classes(dataset: Dataset, classes: Sequence[str], what: str = "the dataset",
                  reference: str = "the training data") -> Dataset:
     """`dataset` with its labels indexing `classes`, matched by name. A folder's class index is the position
-    of its sub-folder among its own, so a validation folder lacking one of the training classes would shift the
-    labels of every class after it; matching by name keeps them. A class of `dataset` that `classes` lacks
+    of its sub-folder among its own, so a validation folder lacking one of the training classes would shift
+    the labels of every class after it; matching by name keeps them. A class of `dataset` that `classes` lacks
     raises ValueError naming it (`what` has classes `reference` lacks). Unchanged when the lists are equal or
     `dataset` has no `.classes`."""
     own, classes = list(getattr(dataset, "classes", None) or []), list(classes)
@@ -84,12 +86,13 @@ def with_classes(dataset: Dataset, classes: Sequence[str], what: str = "the data
     known = set(classes)
     unknown = [name for name in own if name not in known]
     if unknown:
-        raise ValueError(f"{what} has classes that {reference} lacks: {short_list(unknown)} (classes are matched by "
-                         f"name; {reference} has {short_list(classes)})")
+        raise ValueError(f"{what} has classes that {reference} lacks: {short_list(unknown)} (classes are "
+                         f"matched by name; {reference} has {short_list(classes)})")
     index = {name: i for i, name in enumerate(classes)}
     mapping = [index[name] for name in own]
     if isinstance(dataset, ImageFolderDataset):
         return dataset.relabeled(mapping, classes)
     if isinstance(dataset, TensorImageDataset):
-        return TensorImageDataset(dataset.images, torch.tensor(mapping)[dataset.targets], classes, dataset.name)
+        return TensorImageDataset(dataset.images, torch.tensor(mapping)[dataset.targets], classes,
+                                  dataset.name)
     return LabelMapped(dataset, mapping, classes)
