@@ -7,11 +7,11 @@ it, cut into micro-batches for gradient accumulation. The union over processes a
 batch, which is why W processes with accumulation compute the gradient of one process with the whole batch.
 
 Augmentation draws are stateless, so resuming needs no augmentation state: a whole in-memory micro-batch draws
-from a generator seeded by (seed, epoch, step, rank, micro-batch), an image of any other dataset from one seeded
-by (seed, epoch, step, its place in the global batch), whichever DataLoader worker makes it. So image folders
-draw the same augmentations for any number of processes and micro-batch size, while in-memory data, augmented a
-micro-batch at a time, draws others when these change (the same batches, differently augmented). Two sources
-of batches:
+from a generator seeded by (seed, epoch, step, rank, micro-batch), an image of any other dataset from one
+seeded by (seed, epoch, step, its place in the global batch), whichever DataLoader worker makes it. So image
+folders draw the same augmentations for any number of processes and micro-batch size, while in-memory data,
+augmented a micro-batch at a time, draws others when these change (the same batches, differently augmented).
+Two sources of batches:
 
 * `MemoryBatches`, for datasets held as a uint8 tensor (Fashion-MNIST, CIFAR): whole batches are augmented at
   once (`vitkit.data.transforms.train_batch`), no worker processes. The fast path on a few CPU cores.
@@ -41,7 +41,8 @@ _MIX = 1_000_003  # a prime, to spread (seed, epoch, step, ...) over the seed sp
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How one optimizer step's global batch is split: `world` processes x `accum` micro-batches of `micro`."""
+    """How one optimizer step's global batch is split: `world` processes x `accum` micro-batches of
+    `micro`."""
 
     global_batch: int
     world: int
@@ -51,8 +52,8 @@ class BatchPlan:
     def __post_init__(self) -> None:
         per_rank, rest = divmod(self.global_batch, self.world)
         if rest or per_rank % self.micro:
-            raise ValueError(f"batch_size={self.global_batch} must be a multiple of processes ({self.world}) x "
-                             f"micro_batch ({self.micro})")
+            raise ValueError(f"batch_size={self.global_batch} must be a multiple of processes ({self.world}) "
+                             f"x micro_batch ({self.micro})")
 
     @property
     def per_rank(self) -> int:
@@ -112,7 +113,8 @@ def is_in_memory(dataset: Dataset) -> bool:
 class MemoryBatches:
     """Batches of an in-memory uint8 dataset, augmented a whole batch at a time."""
 
-    def __init__(self, dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int, seed: int):
+    def __init__(self, dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int,
+                 seed: int):
         self.images, self.targets = dataset.images, dataset.targets
         self.cfg, self.aug, self.seed = model_cfg, aug, seed
         self.mix = build_batch_transform(aug, num_classes)
@@ -120,7 +122,8 @@ class MemoryBatches:
     def __len__(self) -> int:
         return len(self.images)
 
-    def epoch(self, epoch: int, plan: BatchPlan, start_step: int, num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
+    def epoch(self, epoch: int, plan: BatchPlan, start_step: int,
+              num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
         order = epoch_order(len(self), self.seed, epoch)
         for step in range(start_step, num_steps):
             micro_batches = []
@@ -138,7 +141,8 @@ class _IndexBatches(torch.utils.data.Sampler):
     """Yields this process's micro-batches, steps start_step .. num_steps - 1, as lists of (augmentation seed,
     index) pairs for _SeededItems."""
 
-    def __init__(self, order: torch.Tensor, plan: BatchPlan, start_step: int, num_steps: int, seed: int, epoch: int):
+    def __init__(self, order: torch.Tensor, plan: BatchPlan, start_step: int, num_steps: int, seed: int,
+                 epoch: int):
         self.order, self.plan, self.start, self.stop = order, plan, start_step, num_steps
         self.seed, self.epoch = seed, epoch
 
@@ -174,8 +178,8 @@ class _SeededItems(Dataset):
 class LoaderBatches:
     """Batches of any dataset through per-image v2 transforms, in `workers` DataLoader processes."""
 
-    def __init__(self, dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int, seed: int,
-                 workers: int = 0):
+    def __init__(self, dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int,
+                 seed: int, workers: int = 0):
         from ..data import TransformedDataset
 
         self.dataset = TransformedDataset(dataset, build_train_transform(model_cfg, aug))
@@ -185,7 +189,8 @@ class LoaderBatches:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def epoch(self, epoch: int, plan: BatchPlan, start_step: int, num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
+    def epoch(self, epoch: int, plan: BatchPlan, start_step: int,
+              num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
         order = epoch_order(len(self), self.seed, epoch)
         sampler = _IndexBatches(order, plan, start_step, num_steps, self.seed, epoch)
         # The loader's own generator: without one, each iterator draws its workers' base seed from the global

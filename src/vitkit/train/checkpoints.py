@@ -41,7 +41,7 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_NAME = "state.json"
 
 
-# --- optimizer state as tensors + JSON -----------------------------------------------------------------------
+# --- optimizer state as tensors + JSON ----------------------------------------------------------------------
 def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Split `optimizer.state_dict()` into tensors (for safetensors) and JSON-able hyper-parameters."""
     sd = optimizer.state_dict()
@@ -74,7 +74,7 @@ def optimizer_from_flat(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
     return {"state": state, "param_groups": groups}
 
 
-# --- random generator states ---------------------------------------------------------------------------------
+# --- random generator states --------------------------------------------------------------------------------
 def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The states of torch's (CPU and CUDA), numpy's and Python's global generators."""
     tensors = {"torch": torch.get_rng_state()}
@@ -101,7 +101,7 @@ def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
 
 
-# --- writing and finding checkpoints -------------------------------------------------------------------------
+# --- writing and finding checkpoints ------------------------------------------------------------------------
 def step_dir_name(step: int) -> str:
     return f"step-{step:07d}"
 
@@ -261,8 +261,8 @@ class RunFolderLock:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunFolderBusy(f"{self.path.parent} is in use by another run (process {holder}); wait for it "
-                                "to end, or choose another --out") from None
+            raise RunFolderBusy(f"{self.path.parent} is in use by another run (process {holder}); wait for "
+                                "it to end, or choose another --out") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd

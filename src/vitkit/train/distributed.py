@@ -44,9 +44,9 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
         gpus = torch.cuda.device_count()
         if local_rank >= gpus:
             raise ValueError(
-                f"process LOCAL_RANK={local_rank} needs GPU cuda:{local_rank}, but this machine has {gpus}: start "
-                f"at most {gpus} process(es) per machine (--nproc, torchrun --nproc_per_node), or train on the "
-                "CPU with --set device=cpu")
+                f"process LOCAL_RANK={local_rank} needs GPU cuda:{local_rank}, but this machine has {gpus}: "
+                f"start at most {gpus} process(es) per machine (--nproc, torchrun --nproc_per_node), or "
+                "train on the CPU with --set device=cpu")
         return torch.device("cuda", local_rank)
     return torch.device(name)
 

@@ -17,8 +17,8 @@ class EMA:
     `module` is a copy of the model holding the averaged parameters (buffers are copied, not averaged); use it
     for evaluation. The first updates use a smaller decay, min(decay, (1 + n) / (10 + n)) after n updates, so
     that the random initialisation is forgotten quickly (as TensorFlow's ExponentialMovingAverage with
-    num_updates). That ramp is slow for decays near 1: with the paper's Polyak factor 0.9999 the decay is still
-    0.99955 after 20k steps (an average over the last ~2k steps, not ~10k).
+    num_updates). That ramp is slow for decays near 1: with the paper's Polyak factor 0.9999 the decay is
+    still 0.99955 after 20k steps (an average over the last ~2k steps, not ~10k).
     """
 
     def __init__(self, model: nn.Module, decay: float):

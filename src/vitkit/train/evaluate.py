@@ -29,8 +29,8 @@ from .stopping import ignore_stop_signals
 
 @dataclass
 class EvalResult:
-    """Metrics over `count` images. `loss` is the mean of evaluate's `loss_fn` (softmax cross-entropy unless the
-    run trains with another loss). `confusion[i, j]` counts images of class i predicted as class j.
+    """Metrics over `count` images. `loss` is the mean of evaluate's `loss_fn` (softmax cross-entropy unless
+    the run trains with another loss). `confusion[i, j]` counts images of class i predicted as class j.
     `skipped`: unreadable image files left out (an image folder with `skip_bad_images`)."""
 
     top1: float
@@ -53,7 +53,8 @@ class EvalResult:
 
     def summary(self) -> str:
         """'top-1 87.50 %, top-5 99.10 %' (top-1 alone with 5 classes or fewer)."""
-        return f"top-1 {100 * self.top1:.2f} %" + (f", top-5 {100 * self.top5:.2f} %" if self.has_top5 else "")
+        return (f"top-1 {100 * self.top1:.2f} %"
+                + (f", top-5 {100 * self.top5:.2f} %" if self.has_top5 else ""))
 
     @property
     def per_class(self) -> list[float]:
@@ -63,13 +64,14 @@ class EvalResult:
 
     def to_dict(self) -> dict:
         """The metrics as JSON-ready values: a class with no images has accuracy None (JSON null), not nan,
-        which json.dumps would write as the bare `NaN` that JSON does not allow; top-5 is None with 5 classes or
-        fewer (see has_top5)."""
+        which json.dumps would write as the bare `NaN` that JSON does not allow; top-5 is None with 5 classes
+        or fewer (see has_top5)."""
         names = self.class_names or [str(i) for i in range(self.confusion.shape[0])]
         return {
-            "top1": self.top1, "top5": self.reported_top5, "loss": _finite_or_none(self.loss), "count": self.count,
-            "skipped": self.skipped,
-            "per_class": {name: _finite_or_none(acc) for name, acc in zip(names, self.per_class, strict=True)},
+            "top1": self.top1, "top5": self.reported_top5, "loss": _finite_or_none(self.loss),
+            "count": self.count, "skipped": self.skipped,
+            "per_class": {name: _finite_or_none(acc)
+                          for name, acc in zip(names, self.per_class, strict=True)},
             "confusion": self.confusion.tolist(),
         }
 
@@ -120,9 +122,10 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
              device: torch.device | str = "cpu", autocast_dtype: torch.dtype | None = None, rank: int = 0,
              world: int = 1, workers: int = 0, progress: bool | None = False,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> EvalResult:
-    """Evaluate `model` (its own `cfg` by default) on `dataset`; see EvalResult. `loss_fn(logits, labels)` is the
-    batch's mean loss, softmax cross-entropy by default (a training run passes its own, so that its train and val
-    losses are one quantity). `progress`: a progress bar on stderr (None: only where stderr is a terminal)."""
+    """Evaluate `model` (its own `cfg` by default) on `dataset`; see EvalResult. `loss_fn(logits, labels)` is
+    the batch's mean loss, softmax cross-entropy by default (a training run passes its own, so that its train
+    and val losses are one quantity). `progress`: a progress bar on stderr (None: only where stderr is a
+    terminal)."""
     cfg = cfg or model.cfg
     loss_fn = loss_fn or F.cross_entropy
     device = torch.device(device)
@@ -142,7 +145,8 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
         if x is None:
             continue
         x, y = x.to(device, non_blocking=True), torch.as_tensor(y).to(device)
-        ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+        ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
+               else contextlib.nullcontext())
         with ctx:
             logits = model(x)
         logits = logits.float()
@@ -159,10 +163,13 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
     model.train(was_training)
     n, skipped = int(sums[2]), int(sums[3])
     if n == 0:
-        raise ValueError(f"the evaluation set is empty{f': all {skipped} of its images are unreadable' if skipped else ''}")
+        raise ValueError("the evaluation set is "
+                         f"empty{f': all {skipped} of its images are unreadable' if skipped else ''}")
     names = list(getattr(dataset, "classes", []) or getattr(model, "class_names", None) or [])
-    return EvalResult(top1=float(confusion.diag().sum()) / n, top5=float(sums[1]) / n, loss=float(sums[0]) / n,
-                      count=n, confusion=confusion, class_names=names if len(names) == k else [], skipped=skipped)
+    return EvalResult(top1=float(confusion.diag().sum()) / n, top5=float(sums[1]) / n,
+                      loss=float(sums[0]) / n,
+                      count=n, confusion=confusion, class_names=names if len(names) == k else [],
+                      skipped=skipped)
 
 
 def confusion_png(result: EvalResult, path: str | Path, title: str = "") -> Path:

@@ -72,7 +72,8 @@ from .stopping import StopRequests, TrainingStopped
 
 
 class TrainingDiverged(ValueError):
-    """The loss became nan or infinite; the message says at which step and which checkpoint is the last good."""
+    """The loss became nan or infinite; the message says at which step and which checkpoint is the last
+    good."""
 
 
 @dataclass
@@ -105,7 +106,8 @@ class Lengths:
     def of(cls, cfg: TrainConfig, num_images: int) -> Lengths:
         per_epoch = steps_per_epoch(num_images, cfg.batch_size)
         total = cfg.steps or max(1, round(cfg.epochs * per_epoch))
-        return cls(per_epoch, total, warmup=cfg.optim.warmup_steps or round(cfg.optim.warmup_epochs * per_epoch),
+        return cls(per_epoch, total,
+                   warmup=cfg.optim.warmup_steps or round(cfg.optim.warmup_epochs * per_epoch),
                    full_tokens_from=total - round(cfg.full_token_epochs * per_epoch),
                    eval_every=cfg.eval_every or per_epoch, ckpt_every=cfg.ckpt_every or per_epoch)
 
@@ -113,8 +115,8 @@ class Lengths:
 @dataclass
 class Run:
     """One run's parts and where it stands, shared by the steps below: the resolved config, the run folder and
-    the processes, the data and its batches, the model with its optimizer and EMA, and the step, the best top-1
-    and the training time so far."""
+    the processes, the data and its batches, the model with its optimizer and EMA, and the step, the best
+    top-1 and the training time so far."""
 
     cfg: TrainConfig
     out: Path
@@ -204,8 +206,8 @@ def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, split: str,
 
 
 def resume_state(run: Run, newest: Path) -> None:
-    """Load the checkpoint `newest` into `run`: the weights, the optimizer, the EMA, the random states, the step,
-    the best top-1 and the time trained."""
+    """Load the checkpoint `newest` into `run`: the weights, the optimizer, the EMA, the random states, the
+    step, the best top-1 and the time trained."""
     ck = read_resume_checkpoint(run.out, newest, with_ema=run.ema is not None)
     run.model.load_state_dict(ck["model"])
     run.optimizer.load_state_dict(ck["optimizer"])
@@ -216,7 +218,8 @@ def resume_state(run: Run, newest: Path) -> None:
     run.elapsed_before = ck["state"].get("seconds", 0.0)
     world = run.ctx.world
     if run.ctx.is_main:
-        print(f"resuming {run.out} from {newest.name} (epoch {run.step / run.lengths.per_epoch:.2f})", flush=True)
+        print(f"resuming {run.out} from {newest.name} (epoch {run.step / run.lengths.per_epoch:.2f})",
+              flush=True)
         before = ck["state"].get("processes", world)
         if before != world and is_in_memory(run.train_set):
             print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
@@ -233,8 +236,8 @@ def finish_complete_run(run: Run) -> RunResult:
               + (f"; writing its missing {', '.join(missing)}" if missing else ""), flush=True)
     result = None
     if missing and run.val_set is not None:  # as the run's own end would: its final weights on the val split
-        result = evaluate(run.eval_model, run.val_set, run.cfg.model, run.cfg.data.eval_batch_size, run.ctx.device,
-                          run.amp, run.ctx.rank, run.ctx.world)
+        result = evaluate(run.eval_model, run.val_set, run.cfg.model, run.cfg.data.eval_batch_size,
+                          run.ctx.device, run.amp, run.ctx.rank, run.ctx.world)
     if missing:
         write_end_of_run(run, result, missing, run.elapsed_before)
     distributed.barrier()
@@ -247,7 +250,8 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
     cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
     net = DistributedDataParallel(run.model) if ctx.distributed else run.model
     if cfg.compile:
-        net = torch.compile(net)  # the same parameters: the optimizer, EMA and checkpoints use `model` as before
+        # the same parameters: the optimizer, EMA and checkpoints use `model` as before
+        net = torch.compile(net)
     loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
     val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
     report = Report(MetricsLog(run.out, ctx.is_main, run.step), progress_bar(run, progress))
@@ -302,12 +306,13 @@ def train_one_step(run: Run, net: nn.Module, micro_batches: list[tuple[torch.Ten
 
 def evaluate_and_keep_best(run: Run, report: Report, loss_fn) -> EvalResult | None:
     """Evaluate the run's weights (the EMA's when it keeps one) on the validation split and log the result;
-    weights whose top-1 is the best so far are saved as RUN/best. None when the run has no validation split."""
+    weights whose top-1 is the best so far are saved as RUN/best. None when the run has no validation
+    split."""
     if run.val_set is None:
         return None
     cfg, ctx = run.cfg, run.ctx
-    r = evaluate(run.eval_model, run.val_set, cfg.model, cfg.data.eval_batch_size, ctx.device, run.amp, ctx.rank,
-                 ctx.world, loss_fn=loss_fn)
+    r = evaluate(run.eval_model, run.val_set, cfg.model, cfg.data.eval_batch_size, ctx.device, run.amp,
+                 ctx.rank, ctx.world, loss_fn=loss_fn)
     report.log.write(run.step, run.step / run.lengths.per_epoch, "val", loss=r.loss, top1=r.top1,
                      top5=r.reported_top5)
     improved = run.best is None or r.top1 > run.best
@@ -339,7 +344,8 @@ def checkpoint_or_stop(run: Run, stop: bool, stops: StopRequests) -> None:
 def train_state(run: Run) -> dict[str, Any]:
     """What a checkpoint records of the run besides its tensors."""
     per_epoch = run.lengths.per_epoch
-    return {"epoch": run.step // per_epoch, "step_in_epoch": run.step % per_epoch, "total_steps": run.lengths.total,
+    return {"epoch": run.step // per_epoch, "step_in_epoch": run.step % per_epoch,
+            "total_steps": run.lengths.total,
             "best_top1": run.best, "ema_updates": run.ema.updates if run.ema else 0, "seconds": run.seconds(),
             "processes": run.ctx.world}
 
@@ -360,7 +366,7 @@ def run_result(run: Run, seconds: float, final: EvalResult | None) -> RunResult:
     return RunResult(run.out, run.step, seconds, final, run.best, run.out / "last", best_dir, run.split)
 
 
-# --- what the run reports as it goes -------------------------------------------------------------------------
+# --- what the run reports as it goes ------------------------------------------------------------------------
 def progress_bar(run: Run, progress: bool | None):
     """The main process's progress bar on stderr, or None: always with `progress` True, never with False, and
     with None only where stderr is a terminal (a log file would keep every frame the bar draws)."""

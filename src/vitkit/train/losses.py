@@ -29,7 +29,8 @@ def targets(y: torch.Tensor, num_classes: int, label_smoothing: float = 0.0) -> 
     return t * (1 - label_smoothing) + label_smoothing / num_classes if label_smoothing else t
 
 
-def sigmoid_cross_entropy(logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+def sigmoid_cross_entropy(logits: torch.Tensor, y: torch.Tensor,
+                          label_smoothing: float = 0.0) -> torch.Tensor:
     """Binary cross-entropy of every class's sigmoid against its target, summed over classes, mean over the
     batch."""
     t = targets(y, logits.shape[-1], label_smoothing)

@@ -27,13 +27,14 @@ class MetricsLog:
             self._rewrite([])
         from torch.utils.tensorboard import SummaryWriter
 
-        # Events after the checkpoint a run resumes from are replayed: purge them (the checkpoint's own step stays).
+        # Events after the checkpoint a run resumes from are replayed: purge them (the checkpoint's own step
+        # stays).
         self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
 
     @classmethod
     def read_rows(cls, path: Path) -> list[dict[str, str]]:
-        """The complete rows of a metrics.csv: a row a kill cut short (the file's last line, without its newline)
-        or one that is not a row of these columns is left out."""
+        """The complete rows of a metrics.csv: a row a kill cut short (the file's last line, without its
+        newline) or one that is not a row of these columns is left out."""
         text = path.read_text(errors="replace")
         if not text.endswith("\n"):
             text = text[:text.rfind("\n") + 1]

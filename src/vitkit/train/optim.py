@@ -37,15 +37,16 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "adamw":
         params = [p for g in groups for p in g["params"]]
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                 fused=fused_adamw_supported(params) or None)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                 weight_decay=cfg.weight_decay, fused=fused_adamw_supported(params) or None)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     raise ValueError(f"unknown optimizer {cfg.name!r}; choose adamw or sgd")
 
 
 def warmup_factor(step: int, warmup: int) -> float:
-    """Linear warm-up: (step + 1) / warmup for the first `warmup` steps, so the first step is not wasted at 0."""
+    """Linear warm-up: (step + 1) / warmup for the first `warmup` steps, so the first step is not wasted at
+    0."""
     return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
 
@@ -63,8 +64,8 @@ def lr_at(step: int, total_steps: int, peak: float, warmup: int, schedule: str =
           min_lr: float = 0.0) -> float:
     """The learning rate of step `step` (0-based) of `total_steps`: linear warm-up to `peak` over `warmup`
     steps, then `schedule` ('cosine', 'linear' or 'constant') from `peak` towards `min_lr`, at progress
-    (step - warmup) / (total_steps - warmup) as the paper's code computes it: the last step is one step short of
-    `min_lr`. The warm-up is one step ahead of that code's (whose first step has learning rate 0)."""
+    (step - warmup) / (total_steps - warmup) as the paper's code computes it: the last step is one step short
+    of `min_lr`. The warm-up is one step ahead of that code's (whose first step has learning rate 0)."""
     if step < warmup:
         return peak * warmup_factor(step, warmup)
     if schedule == "constant":

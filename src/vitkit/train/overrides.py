@@ -62,7 +62,8 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) ->
             from ..transfer import SHAPE_FIELDS
 
             fixed = [item for key, (value, item) in changes.items() if key.startswith("model.")
-                     and key[len("model."):] in SHAPE_FIELDS and value != getattr(cfg.model, key[len("model."):])]
+                     and key[len("model."):] in SHAPE_FIELDS
+                     and value != getattr(cfg.model, key[len("model."):])]
             if fixed:
                 raise ValueError(f"--set {', '.join(fixed)}: fine-tuning from init={cfg.init} keeps its "
                                  f"architecture, whose weights fix {', '.join(SHAPE_FIELDS)}")
@@ -70,14 +71,16 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) ->
 
 
 def field_type(key: str) -> Any:
-    """The type of the setting a dotted key names; an unknown key, or a group of settings, raises ValueError."""
+    """The type of the setting a dotted key names; an unknown key, or a group of settings, raises
+    ValueError."""
     t: Any = TrainConfig
     for name in key.split("."):
         if not dataclasses.is_dataclass(t) or name not in {f.name for f in dataclasses.fields(t)}:
             raise ValueError(f"unknown key {key!r}; valid keys: {', '.join(valid_keys())}")
         t = typing.get_type_hints(t)[name]
     if dataclasses.is_dataclass(t):
-        raise ValueError(f"{key!r} is a group of settings; set one of its keys, e.g. {valid_keys(t, key + '.')[0]}")
+        raise ValueError(f"{key!r} is a group of settings; set one of its keys, e.g. "
+                         f"{valid_keys(t, key + '.')[0]}")
     return t
 
 

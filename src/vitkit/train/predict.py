@@ -47,8 +47,8 @@ def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Failure]
 def predict(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None = None, top_k: int = 5,
             class_names: list[str] | None = None, batch_size: int = 64,
             device: torch.device | str = "cpu") -> tuple[list[Prediction], list[Failure]]:
-    """Top-k predictions for every image in `paths` (files and folders), in order, and the failures: `classify`'s
-    results gathered."""
+    """Top-k predictions for every image in `paths` (files and folders), in order, and the failures:
+    `classify`'s results gathered."""
     predictions: list[Prediction] = []
     failures: list[Failure] = []
     for r in classify(model, paths, cfg, top_k, class_names, batch_size, device):
@@ -59,21 +59,22 @@ def predict(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None
 def classify(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | None = None, top_k: int = 5,
              class_names: list[str] | None = None, batch_size: int = 64,
              device: torch.device | str = "cpu") -> Iterator[Prediction | Failure]:
-    """Top-k predictions for the images in `paths` (files and folders), in order, as each batch of `batch_size`
-    is classified, and a Failure for each path that does not exist or file that cannot be read, as it is met: a
-    folder of 50,000 images shows its first results after one batch, not after all of them."""
+    """Top-k predictions for the images in `paths` (files and folders), in order, as each batch of
+    `batch_size` is classified, and a Failure for each path that does not exist or file that cannot be read,
+    as it is met: a folder of 50,000 images shows its first results after one batch, not after all of them."""
     yield from classify_expanded(model, expand_paths(paths), cfg, top_k, class_names, batch_size, device)
 
 
-def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure]], cfg: ViTConfig | None = None,
+def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure]],
+                      cfg: ViTConfig | None = None,
                       top_k: int = 5, class_names: list[str] | None = None, batch_size: int = 64,
                       device: torch.device | str = "cpu") -> Iterator[Prediction | Failure]:
     """`classify` of what `expand_paths` found (its files and the paths that do not exist), for a caller that
     walked the folders already (the command line counts the images for its progress bar)."""
     cfg = cfg or model.cfg
     if cfg.num_classes == 0:
-        raise ValueError("this model has no classifier (num_classes=0): it gives features, not labels; give it a "
-                         "head first (vitkit train finetune, or vitkit.transfer.prepare_finetune)")
+        raise ValueError("this model has no classifier (num_classes=0): it gives features, not labels; give "
+                         "it a head first (vitkit train finetune, or vitkit.transfer.prepare_finetune)")
     names = class_names or getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
     if len(names) != cfg.num_classes:
         raise ValueError(f"{len(names)} class names for a model with {cfg.num_classes} classes")

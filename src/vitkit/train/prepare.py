@@ -49,7 +49,8 @@ def device_unavailable(name: str) -> str | None:
     return None
 
 
-def evaluated_split(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None) -> str:
+def evaluated_split(cfg: TrainConfig, train_set: Dataset | None = None,
+                    val_set: Dataset | None = None) -> str:
     """The name of the split a run evaluates on (`cfg.data.val_split`, or 'val' for datasets given to train):
     the one read, e.g. 'test' for Fashion-MNIST's val, which is its test split."""
     if train_set is None and val_set is None and cfg.data.val_split:
@@ -73,11 +74,12 @@ def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Datas
         if val_set is None and d.val_split:
             val_set = resolve(d.name, d.val_split, d.data_dir, d.download, d.skip_bad_images)
             if getattr(val_set, "split_of_root", False):  # a folder without split folders: its own images
-                warnings.warn(f"{d.name} has no {d.train_split}/ and {d.val_split}/ sub-folders: the {d.val_split} "
-                              "split is the training images themselves, so its accuracy (and the choice of best/) "
-                              "says how well they are fitted, not how the model generalises; give the folder "
-                              f"{d.train_split}/ and {d.val_split}/ sub-folders, or set data.val_split='' to train "
-                              "without evaluation", stacklevel=2)
+                warnings.warn(f"{d.name} has no {d.train_split}/ and {d.val_split}/ sub-folders: the "
+                              f"{d.val_split} split is the training images themselves, so its accuracy (and "
+                              "the choice of best/) says how well they are fitted, not how the model "
+                              f"generalises; give the folder {d.train_split}/ and {d.val_split}/ "
+                              "sub-folders, or set data.val_split='' to train without evaluation",
+                              stacklevel=2)
     classes = list(getattr(train_set, "classes", None) or [])
     if not classes:
         raise ValueError("the training set has no `.classes`; give it a list of class names")
@@ -97,9 +99,9 @@ def skipped_images(dataset: Dataset) -> list:
 def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
     """From scratch (`cfg.model` with the data's number of classes), or from `cfg.init` for fine-tuning:
     the checkpoint's weights with every setting of `cfg.model` that differs from the checkpoint's own (the
-    recipe's training rates, `--set model.*`; prepare_finetune refuses those that would change a weight's shape),
-    its position table resampled as `cfg.posemb_interpolation` says. Either way the new classifier's bias
-    starts at `cfg.optim.head_bias`."""
+    recipe's training rates, `--set model.*`; prepare_finetune refuses those that would change a weight's
+    shape), its position table resampled as `cfg.posemb_interpolation` says. Either way the new classifier's
+    bias starts at `cfg.optim.head_bias`."""
     if cfg.init:
         from .. import load
         from ..transfer import prepare_finetune

@@ -1,5 +1,5 @@
-"""Training recipes: functions that return a TrainConfig (vitkit.train.settings), and `get_recipe`, which applies
-`--set` overrides to one (vitkit.train.overrides).
+"""Training recipes: functions that return a TrainConfig (vitkit.train.settings), and `get_recipe`, which
+applies `--set` overrides to one (vitkit.train.overrides).
 
 A recipe's docstring gives the command that runs it and the result it reaches. Every recipe has a tiny twin
 (`NAME-tiny`) that runs in seconds on a CPU, for tests.
@@ -17,13 +17,14 @@ from .settings import DataConfig, OptimConfig, TrainConfig
 
 
 def pretrain() -> TrainConfig:
-    """Pre-training on ImageNet-21k as in the paper (Sec. 4.1; Appendix B.1, Table 3's ImageNet-21k row): ViT-B/16
-    at 224 px with the pre-training head (one tanh hidden layer), Adam (b1 0.9, b2 0.999) with decoupled weight
-    decay 0.03 (as Flax's Adam: lr x wd x weight per step), dropout 0.1, batch 4096, learning rate 1e-3 with a
-    linear warm-up over 10k steps then linear decay, gradient clipping at global norm 1, 90 epochs. The loss is
-    a sigmoid cross-entropy per class with the classifier's bias started at -10, as the authors trained on this
-    multi-label dataset (github.com/google-research/vision_transformer/issues/2; big_vision's configs/vit_i21k.py). Batch
-    4096 runs as 64 accumulation steps of 64 images (divided among the processes).
+    """Pre-training on ImageNet-21k as in the paper (Sec. 4.1; Appendix B.1, Table 3's ImageNet-21k row):
+    ViT-B/16 at 224 px with the pre-training head (one tanh hidden layer), Adam (b1 0.9, b2 0.999) with
+    decoupled weight decay 0.03 (as Flax's Adam: lr x wd x weight per step), dropout 0.1, batch 4096, learning
+    rate 1e-3 with a linear warm-up over 10k steps then linear decay, gradient clipping at global norm 1, 90
+    epochs. The loss is a sigmoid cross-entropy per class with the classifier's bias started at -10, as the
+    authors trained on this multi-label dataset (github.com/google-research/vision_transformer/issues/2;
+    big_vision's configs/vit_i21k.py). Batch 4096 runs as 64 accumulation steps of 64 images (divided among
+    the processes).
 
         vitkit train pretrain --out runs/pretrain --set data.name=/data/imagenet21k
         torchrun --nproc_per_node 8 -m vitkit.cli.main train pretrain --out runs/pretrain --set ...
@@ -44,12 +45,12 @@ def pretrain() -> TrainConfig:
 
 
 def finetune() -> TrainConfig:
-    """Fine-tuning as in the paper (Sec. 4.1, Appendix B.1.1) and its code (vit_jax): SGD with momentum 0.9, no
-    weight decay, gradient clipping at global norm 1, batch 512, 500 warm-up steps then cosine decay, lr 0.003
-    (the paper sweeps 0.001-0.03), 10k steps (the CIFAR setting), at 384 px; training crops of 5 % to 100 % of
-    the image (vit_jax's `sample_distorted_bounding_box` area range) and flips; the position table resampled
-    as vit_jax does (`posemb_interpolation='bilinear-corners'`). Batch 512 runs as accumulation steps of 32
-    images. `init` names the pre-trained checkpoint (anything `vitkit.load` reads).
+    """Fine-tuning as in the paper (Sec. 4.1, Appendix B.1.1) and its code (vit_jax): SGD with momentum 0.9,
+    no weight decay, gradient clipping at global norm 1, batch 512, 500 warm-up steps then cosine decay, lr
+    0.003 (the paper sweeps 0.001-0.03), 10k steps (the CIFAR setting), at 384 px; training crops of 5 % to
+    100 % of the image (vit_jax's `sample_distorted_bounding_box` area range) and flips; the position table
+    resampled as vit_jax does (`posemb_interpolation='bilinear-corners'`). Batch 512 runs as accumulation
+    steps of 32 images. `init` names the pre-trained checkpoint (anything `vitkit.load` reads).
 
         vitkit train finetune --out runs/ft --set init=path/to/vit_b16 --set data.name=cifar10
 
@@ -79,8 +80,8 @@ def fashion_mnist_vit(depth: int, name: str, patch: int = 7, dim: int = 128, mlp
 
 
 def fashion_mnist() -> TrainConfig:
-    """A pure ViT from scratch on Fashion-MNIST within 30 minutes on 2 CPU cores: 4x4 patches (49 tokens and the
-    class token), width 64, depth 6, 4 heads, MLP 128 (206k parameters), mimetic attention initialisation,
+    """A pure ViT from scratch on Fashion-MNIST within 30 minutes on 2 CPU cores: 4x4 patches (49 tokens and
+    the class token), width 64, depth 6, 4 heads, MLP 128 (206k parameters), mimetic attention initialisation,
     PatchDropout 0.5 except in the last epoch, AdamW lr 4e-3, batch 256, weight decay 0.05, label smoothing
     0.1, pad-crop, flips and random erasing, an EMA of the weights, 90 epochs, bf16 autocast where the CPU
     computes bf16 natively (fp32 elsewhere). Run it as two processes of one thread each:
@@ -134,11 +135,13 @@ def _tiny_model(cfg: ViTConfig, image_size: int, patch: int) -> ViTConfig:
 
 
 def _tiny(cfg: TrainConfig, image_size: int, patch: int, batch: int = 32, micro: int = 0) -> TrainConfig:
-    """A recipe's tiny twin: tiny model, a few hundred images, a few dozen steps, checkpoints every 4 steps."""
+    """A recipe's tiny twin: tiny model, a few hundred images, a few dozen steps, checkpoints every 4
+    steps."""
     return dataclasses.replace(
         cfg, recipe=cfg.recipe + "-tiny", model=_tiny_model(cfg.model, image_size, patch),
-        optim=dataclasses.replace(cfg.optim, warmup_steps=2 if cfg.optim.warmup_steps or cfg.optim.warmup_epochs
-                                  else 0, warmup_epochs=0.0),
+        optim=dataclasses.replace(cfg.optim,
+                                  warmup_steps=2 if cfg.optim.warmup_steps or cfg.optim.warmup_epochs else 0,
+                                  warmup_epochs=0.0),
         data=dataclasses.replace(cfg.data, limit=256, val_limit=128, workers=0, eval_batch_size=128),
         epochs=0.0, steps=16, batch_size=batch, micro_batch=micro, ckpt_every=4, eval_every=8, log_every=4,
         ema=cfg.ema and 0.9,
@@ -181,15 +184,17 @@ RECIPES: dict[str, Callable[[], TrainConfig]] = {
 }
 
 
-# Recipes that fine-tune: without `init` they would train their model from scratch, which they are not made for.
+# Recipes that fine-tune: without `init` they would train their model from scratch, which they are not made
+# for.
 NEEDS_INIT = ("finetune", "finetune-tiny")
 
 
 def missing_init(cfg: TrainConfig) -> str | None:
     """Why `cfg` cannot run as it is (a fine-tuning recipe without `init`), or None."""
     if cfg.recipe in NEEDS_INIT and not cfg.init:
-        return (f"the {cfg.recipe} recipe fine-tunes a pre-trained model: set init=CHECKPOINT (anything vitkit.load "
-                "reads, e.g. --set init=ViT-B_16.npz); to train from scratch, use pretrain, fashion-mnist or demo")
+        return (f"the {cfg.recipe} recipe fine-tunes a pre-trained model: set init=CHECKPOINT (anything "
+                "vitkit.load reads, e.g. --set init=ViT-B_16.npz); to train from scratch, use pretrain, "
+                "fashion-mnist or demo")
     return None
 
 

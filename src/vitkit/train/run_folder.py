@@ -29,15 +29,16 @@ from .evaluate import EvalResult, confusion_png
 from .settings import TrainConfig
 
 # Settings that may change when a run is resumed: they do not alter what is computed.
-RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads", "data.workers",
+RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads",
+                     "data.workers",
                      "data.eval_batch_size", "data.data_dir", "data.download", "compile", "fast",
                      # what a diverged run needs to go on from its last good checkpoint (diverged_message)
                      "optim.lr", "optim.clip_grad_norm")
 
 
 def check_run_folder(out: Path, resume: bool) -> None:
-    """Refuse, before any data is loaded, a run folder that cannot be used: a path that is a file or lies under
-    one, or a folder holding another run when not resuming."""
+    """Refuse, before any data is loaded, a run folder that cannot be used: a path that is a file or lies
+    under one, or a folder holding another run when not resuming."""
     for path in (out, *out.parents):
         if path.exists():
             if not path.is_dir():
@@ -49,16 +50,16 @@ def check_run_folder(out: Path, resume: bool) -> None:
             break
     newest = latest_checkpoint(out)
     if newest is not None and not resume:
-        raise ValueError(f"{out} already holds a run (checkpoint {newest.name}); pass --resume to continue it, "
-                         "or choose another --out")
+        raise ValueError(f"{out} already holds a run (checkpoint {newest.name}); pass --resume to continue "
+                         "it, or choose another --out")
 
 
 def open_run_folder(cfg: TrainConfig, out: Path, resume: bool, ctx: distributed.Context,
                     held: contextlib.ExitStack) -> Path | None:
-    """Take `out` for this run and return its newest checkpoint (None when it has none). One run at a time: the
-    main process holds the folder's lock (in `held`, for as long as the run) and tidies what a killed run left.
-    A new run must not overwrite an old one (checked again under the lock: train() checked before the data was
-    loaded); a resumed one must be the same run. Then the run's config.json is written."""
+    """Take `out` for this run and return its newest checkpoint (None when it has none). One run at a time:
+    the main process holds the folder's lock (in `held`, for as long as the run) and tidies what a killed run
+    left. A new run must not overwrite an old one (checked again under the lock: train() checked before the
+    data was loaded); a resumed one must be the same run. Then the run's config.json is written."""
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         held.enter_context(RunFolderLock(out))
@@ -76,8 +77,8 @@ def open_run_folder(cfg: TrainConfig, out: Path, resume: bool, ctx: distributed.
     newest_step = step_of(newest) if newest is not None else -1
     seen = newest_step if saved_cfg.is_file() else -2
     if not distributed.agree(seen, ctx.device):
-        raise ValueError(f"the processes of this run see different contents in {out}: --out must be a folder on "
-                         "a filesystem that every machine of the run shares")
+        raise ValueError(f"the processes of this run see different contents in {out}: --out must be a folder "
+                         "on a filesystem that every machine of the run shares")
     return newest
 
 
@@ -96,14 +97,14 @@ def check_same_run(saved_cfg: Path, cfg: TrainConfig) -> None:
     but for the settings a resumed run may change (RESUMABLE_CHANGES). Without that file nothing can be
     checked, and that too is refused: a run folder whose config.json is gone is not the run it was."""
     if not saved_cfg.is_file():
-        raise ValueError(f"--resume: {saved_cfg} is missing, so this config cannot be checked against the one the "
-                         f"run was started with; put it back (a copy of the run's config), or start a new run in "
-                         "another --out")
+        raise ValueError(f"--resume: {saved_cfg} is missing, so this config cannot be checked against the "
+                         "one the run was started with; put it back (a copy of the run's config), or start "
+                         "a new run in another --out")
     try:
         saved = saved_config(saved_cfg)
     except (OSError, ValueError) as e:  # a truncated or hand-damaged file
-        raise ValueError(f"--resume: {saved_cfg} is unreadable ({e}); put back the run's config, or start a new "
-                         "run in another --out") from None
+        raise ValueError(f"--resume: {saved_cfg} is unreadable ({e}); put back the run's config, or start a "
+                         "new run in another --out") from None
     changed = [k for k in config_differences(saved, json.loads(cfg.to_json())) if k not in RESUMABLE_CHANGES]
     if changed:
         raise ValueError(f"--resume: the config differs from the one {saved_cfg.parent} was started with, in "
@@ -117,7 +118,8 @@ def read_resume_checkpoint(out: Path, newest: Path, with_ema: bool) -> dict[str,
     try:
         ck = load_train_state(newest)
         if with_ema and ck["ema"] is None:
-            raise CheckpointError(f"{newest}: no ema.safetensors, though this run keeps an EMA of its weights")
+            raise CheckpointError(f"{newest}: no ema.safetensors, though this run keeps an EMA of its "
+                                  "weights")
     except CheckpointError as e:
         older = [p for p in list_checkpoints(out) if p != newest]
         fix = (f"delete {newest} to resume from {older[-1].name}, the checkpoint before it" if older else
@@ -138,14 +140,16 @@ def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -
     return out
 
 
-FINAL_OUTPUTS = ("last", "result.json", "confusion.png")  # written at the end of a run, after its last checkpoint
+# written at the end of a run, after its last checkpoint
+FINAL_OUTPUTS = ("last", "result.json", "confusion.png")
 
 
 def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
     """The end-of-run outputs a run folder lacks (confusion.png only counts when the run evaluates). A run
     killed after its final checkpoint but before writing these has finished training: resuming it writes just
     these."""
-    return [name for name in FINAL_OUTPUTS if not (out / name).exists() and (evaluated or name != "confusion.png")]
+    return [name for name in FINAL_OUTPUTS
+            if not (out / name).exists() and (evaluated or name != "confusion.png")]
 
 
 def write_final_outputs(out: Path, names: list[str], model: nn.Module, classes: list[str],
@@ -176,5 +180,5 @@ def diverged_message(loss: float, step: int, per_epoch: int, out: Path) -> str:
         return said + ("no checkpoint was written yet. Start again with a lower optim.lr or with "
                        "optim.clip_grad_norm set (the same --out will do: it holds no checkpoint)")
     return said + (f"the last good checkpoint is {good}. Lower optim.lr or set optim.clip_grad_norm, and "
-                   "--resume with them (if that checkpoint's weights have grown too large already, start again in "
-                   "a new --out)")
+                   "--resume with them (if that checkpoint's weights have grown too large already, start "
+                   "again in a new --out)")

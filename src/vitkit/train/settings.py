@@ -1,8 +1,9 @@
 """The settings of a training run as typed, frozen dataclasses (`TrainConfig` and its groups `OptimConfig`,
-`DataConfig`), each checked when it is built: a value out of its range, or a combination that cannot run, raises
-ValueError naming the keys. `TrainConfig.to_json`/`from_dict` write and read a run's config.json.
+`DataConfig`), each checked when it is built: a value out of its range, or a combination that cannot run,
+raises ValueError naming the keys. `TrainConfig.to_json`/`from_dict` write and read a run's config.json.
 
-The recipes that fill these in are in vitkit.train.recipes; `--set key=value` overrides in vitkit.train.overrides.
+The recipes that fill these in are in vitkit.train.recipes; `--set key=value` overrides in
+vitkit.train.overrides.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ Loss = Literal["softmax", "sigmoid"]
 # --- checking values ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Range:
-    """The values a numeric setting may take: finite (an integer when `integer`), from `low` to `high`, each end
-    included unless `open_low`/`open_high`. Checked before the settings' other checks because nan and infinity
-    slip through comparisons (`nan < 0` is false) and would fail only mid-run, far from the key that caused it."""
+    """The values a numeric setting may take: finite (an integer when `integer`), from `low` to `high`, each
+    end included unless `open_low`/`open_high`. Checked before the settings' other checks because nan and
+    infinity slip through comparisons (`nan < 0` is false) and would fail only mid-run, far from the key that
+    caused it."""
 
     low: float = -math.inf
     high: float = math.inf
@@ -40,7 +42,8 @@ class Range:
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a finite number"
         if self.high == math.inf:
-            return kind if self.low == -math.inf else f"{kind} {'>' if self.open_low else '>='} {_fmt(self.low)}"
+            return (kind if self.low == -math.inf
+                    else f"{kind} {'>' if self.open_low else '>='} {_fmt(self.low)}")
         return (f"{kind} in {'(' if self.open_low else '['}{_fmt(self.low)}, {_fmt(self.high)}"
                 f"{')' if self.open_high else ']'}")
 
@@ -57,13 +60,15 @@ def _fmt(x: float) -> str:
 
 
 def range_errors(obj: Any, ranges: dict[str, Range]) -> list[str]:
-    """One message per field of `obj` outside its Range (a tuple's every item must be inside), naming the key."""
+    """One message per field of `obj` outside its Range (a tuple's every item must be inside), naming the
+    key."""
     errors = []
     for key, r in ranges.items():
         value = getattr(obj, key)
         items = value if isinstance(value, tuple) else (value,)
         if not all(r.admits(v) for v in items):
-            errors.append(f"{key}={value!r} (need {r.describe()}{' each' if isinstance(value, tuple) else ''})")
+            errors.append(f"{key}={value!r} (need "
+                          f"{r.describe()}{' each' if isinstance(value, tuple) else ''})")
     return errors
 
 
@@ -103,13 +108,13 @@ class OptimConfig:
     """Optimizer, learning-rate schedule and loss settings.
 
     `lr` is the peak learning rate for the global batch. The schedule: linear warm-up from 0 over
-    `warmup_steps` (or `warmup_epochs`, whichever is set), then `schedule` down towards `min_lr`, which the step
-    after the last would take (vitkit.train.optim.lr_at).
+    `warmup_steps` (or `warmup_epochs`, whichever is set), then `schedule` down towards `min_lr`, which the
+    step after the last would take (vitkit.train.optim.lr_at).
     `weight_decay` is decoupled (AdamW; the paper's Flax Adam is the same) and applies only to weights of 2 or
     more dimensions, never to biases, norms, the position embedding or the class token.
     `clip_grad_norm`: clip the global gradient norm to this value (0: off).
-    `loss`: 'softmax' cross-entropy, or 'sigmoid': a binary cross-entropy per class, summed over the classes (the
-    paper's ImageNet-21k pre-training; see vitkit.train.losses). `label_smoothing` applies to either.
+    `loss`: 'softmax' cross-entropy, or 'sigmoid': a binary cross-entropy per class, summed over the classes
+    (the paper's ImageNet-21k pre-training; see vitkit.train.losses). `label_smoothing` applies to either.
     `head_bias`: the value the new classifier's bias starts at (the paper's pre-training: -10 with the sigmoid
     loss; 0 otherwise, as the zero-initialised fine-tuning head).
     """
@@ -152,8 +157,10 @@ class OptimConfig:
 
 OPTIM_RANGES = {
     "lr": Range(0, open_low=True), "weight_decay": Range(0), "betas": Range(0, 1, open_high=True),
-    "eps": Range(0, open_low=True), "momentum": Range(0, 1, open_high=True), "warmup_steps": Range(0, integer=True),
-    "warmup_epochs": Range(0), "min_lr": Range(0), "clip_grad_norm": Range(0), "label_smoothing": Range(0, 1, open_high=True),
+    "eps": Range(0, open_low=True), "momentum": Range(0, 1, open_high=True),
+    "warmup_steps": Range(0, integer=True),
+    "warmup_epochs": Range(0), "min_lr": Range(0), "clip_grad_norm": Range(0),
+    "label_smoothing": Range(0, 1, open_high=True),
 }
 
 
@@ -185,8 +192,8 @@ class DataConfig:
             raise ValueError("invalid data settings: " + "; ".join(errors))
 
 
-DATA_RANGES = {"limit": Range(0, integer=True), "val_limit": Range(0, integer=True), "workers": Range(0, integer=True),
-               "eval_batch_size": Range(1, integer=True)}
+DATA_RANGES = {"limit": Range(0, integer=True), "val_limit": Range(0, integer=True),
+               "workers": Range(0, integer=True), "eval_batch_size": Range(1, integer=True)}
 
 
 @dataclass(frozen=True)
@@ -197,16 +204,16 @@ class TrainConfig:
 
     `init`: a checkpoint or model name to fine-tune from (the head is replaced for the data's classes and the
     position embedding resampled to `model.image_size`, Sec. 3.2); empty: train `model` from scratch.
-    `posemb_interpolation`: how that resampling interpolates (vitkit.posemb.resample_pos_embed): 'bicubic' with
-    antialiasing as timm, 'bilinear', or 'bilinear-corners' as the paper's code (scipy.ndimage.zoom, order 1).
-    `full_token_epochs`: with PatchDropout (`model.patch_dropout`), the last this-many epochs train on every
-    patch token, so that training ends on the token count the model is evaluated with (FLIP's "unmasked
-    tuning", Li et al. 2023); 0: PatchDropout to the end. Without PatchDropout it changes nothing.
+    `posemb_interpolation`: how that resampling interpolates (vitkit.posemb.resample_pos_embed): 'bicubic'
+    with antialiasing as timm, 'bilinear', or 'bilinear-corners' as the paper's code (scipy.ndimage.zoom,
+    order 1). `full_token_epochs`: with PatchDropout (`model.patch_dropout`), the last this-many epochs train
+    on every patch token, so that training ends on the token count the model is evaluated with (FLIP's
+    "unmasked tuning", Li et al. 2023); 0: PatchDropout to the end. Without PatchDropout it changes nothing.
     `ema`: decay of an exponential moving average of the weights (0: off); when on, evaluation and the saved
     models use the averaged weights. `precision`: 'auto' is bf16 autocast on CUDA and fp32 on a CPU;
     'bf16-native' also takes bf16 on CPUs that compute it in hardware (AVX512-BF16, AMX), fp32 on others.
-    `eval_every`, `ckpt_every`: in steps (0: at the end of every epoch). `keep_last`: training-state checkpoints
-    kept (the best and the last models are kept apart, as vitkit checkpoints).
+    `eval_every`, `ckpt_every`: in steps (0: at the end of every epoch). `keep_last`: training-state
+    checkpoints kept (the best and the last models are kept apart, as vitkit checkpoints).
     `compile`: train through `torch.compile` (inductor; evaluation stays eager). The first steps wait for the
     compilation (about 30 s on 2 CPU cores, again when PatchDropout turns off); off by default: on a CPU it
     barely pays back its compilation (docs/training.md).
@@ -242,7 +249,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         errors = range_errors(self, TRAIN_RANGES) + nonfinite_errors(self.augment, "augment.")
         if self.precision not in typing.get_args(Precision):
-            errors.append(f"precision={self.precision!r} (choose from {', '.join(typing.get_args(Precision))})")
+            errors.append(f"precision={self.precision!r} (choose from "
+                          f"{', '.join(typing.get_args(Precision))})")
         if self.posemb_interpolation not in POSEMB_MODES:
             errors.append(f"posemb_interpolation={self.posemb_interpolation!r} "
                           f"(choose from {', '.join(POSEMB_MODES)})")
@@ -270,13 +278,15 @@ class TrainConfig:
         return _from_dict(cls, d, "")
 
 
-# `ema` is a decay (0 is off); `seed` feeds numpy's seed, which takes 32 bits; the `*_every` 0 means "every epoch".
+# `ema` is a decay (0 is off); `seed` feeds numpy's seed, which takes 32 bits; the `*_every` 0 means "every
+# epoch".
 TRAIN_RANGES = {
     "epochs": Range(0), "steps": Range(0, integer=True), "full_token_epochs": Range(0),
-    "batch_size": Range(1, integer=True), "micro_batch": Range(0, integer=True), "ema": Range(0, 1, open_high=True),
+    "batch_size": Range(1, integer=True), "micro_batch": Range(0, integer=True),
+    "ema": Range(0, 1, open_high=True),
     "seed": Range(0, 2**32, integer=True, open_high=True), "threads": Range(0, integer=True),
-    "eval_every": Range(0, integer=True), "ckpt_every": Range(0, integer=True), "keep_last": Range(1, integer=True),
-    "log_every": Range(1, integer=True),
+    "eval_every": Range(0, integer=True), "ckpt_every": Range(0, integer=True),
+    "keep_last": Range(1, integer=True), "log_every": Range(1, integer=True),
 }
 
 

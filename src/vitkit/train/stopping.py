@@ -24,8 +24,8 @@ class TrainingStopped(RuntimeError):
 
     def __init__(self, signum: int, step: int, total: int, checkpoint):
         self.signum, self.step, self.total, self.checkpoint = signum, step, total, checkpoint
-        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step} of {total}; its checkpoint is "
-                         f"{checkpoint}")
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step} of {total}; its "
+                         f"checkpoint is {checkpoint}")
 
     @property
     def exit_code(self) -> int:
@@ -75,7 +75,8 @@ def say(message: str) -> None:
     notebook's or a test's stream). The stop goes ahead whatever the write does."""
     try:
         os.write(sys.stderr.fileno(), message.encode())
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both an OSError and a ValueError
+    except (AttributeError, OSError, ValueError):
+        # io.UnsupportedOperation is both an OSError and a ValueError
         with contextlib.suppress(Exception):  # a message must never cost the checkpoint
             sys.stderr.write(message)
 
