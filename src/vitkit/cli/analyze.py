@@ -1,5 +1,6 @@
 """`vitkit analyze attention|filters|posemb|distance` (the paper's Figures 6 and 7), `vitkit fewshot` (the
-few-shot linear evaluation) and `vitkit probe` (a logistic-regression probe), on any checkpoint vitkit loads."""
+few-shot linear evaluation) and `vitkit probe` (a logistic-regression probe), on any checkpoint vitkit
+loads."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _label(ckpt: str, model) -> str:
     cfg = model.cfg
     gh, gw = cfg.grid_size
     name = cfg.name or Path(ckpt.rstrip("/")).name
-    return f"{name} (D {cfg.dim}, {cfg.depth} layers, {cfg.num_heads} heads, patch {cfg.patch_size}, {gh}x{gw} grid)"
+    return (f"{name} (D {cfg.dim}, {cfg.depth} layers, {cfg.num_heads} heads, patch {cfg.patch_size}, "
+            f"{gh}x{gw} grid)")
 
 
 def _write_json(path: Path | None, payload: dict) -> None:
@@ -63,18 +65,20 @@ def _parse_ints(text: str, what: str, minimum: int = 1, example: str = "1,5,10,2
     return values
 
 
-# --- vitkit analyze attention ---------------------------------------------------------------------------------
+# --- vitkit analyze attention -------------------------------------------------------------------------------
 @analyze_app.command("attention")
 def attention(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
     images: list[Path] | None = typer.Argument(None, help="Image files to explain (or use --data)."),
-    data: str | None = typer.Option(None, "--data", "-d", help="Take the images from this dataset (name or folder) "
-                                    "instead of files."),
+    data: str | None = typer.Option(None, "--data", "-d",
+                                    help="Take the images from this dataset (name or folder) "
+                                         "instead of files."),
     split: str = typer.Option("test", help="With --data: test, val or train."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
     indices: str = typer.Option("0,1,2,3", help="With --data: which items, comma-separated."),
-    out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
+    out: Path = typer.Option(Path("attention.png"), "--out", "-o",
+                             help="PNG to write (or a folder to write it in)."),
     layer: int | None = typer.Option(None, "--layer", help="Show this layer's raw attention (0-based, -1 the "
                                      "last) instead of the rollout through all layers."),
     head: int | None = typer.Option(None, "--head", help="With --layer: one head's attention instead of the "
@@ -87,7 +91,8 @@ def attention(
     """Attention maps from the class token to the patches, overlaid on the images (Fig. 6).
 
     By default, attention rollout: the heads' mean plus the identity (the residual path), rows re-normalised,
-    multiplied through all layers. A GAP model uses the mean over the patch tokens instead (its representation).
+    multiplied through all layers. A GAP model uses the mean over the patch tokens instead (its
+    representation).
     """
     import torch
 
@@ -139,12 +144,14 @@ def attention(
     typer.echo(f"wrote {save_figure(fig, out, name_in_folder='attention.png')}")
 
 
-# --- vitkit analyze filters -----------------------------------------------------------------------------------
+# --- vitkit analyze filters ---------------------------------------------------------------------------------
 @analyze_app.command("filters")
 def filters(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    out: Path = typer.Option(Path("filters.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
-    components: int = typer.Option(28, "--components", "-k", min=1, help="How many principal components to show."),
+    out: Path = typer.Option(Path("filters.png"), "--out", "-o",
+                             help="PNG to write (or a folder to write it in)."),
+    components: int = typer.Option(28, "--components", "-k", min=1,
+                                   help="How many principal components to show."),
 ) -> None:
     """The first principal components of the patch-embedding filters as RGB or grey patches (Fig. 7, left)."""
     from ..analysis.figures import plot_filters, save_figure
@@ -164,13 +171,15 @@ def filters(
     typer.echo(f"variance explained by the first components: {shares}")
 
 
-# --- vitkit analyze posemb ------------------------------------------------------------------------------------
+# --- vitkit analyze posemb ----------------------------------------------------------------------------------
 @analyze_app.command("posemb")
 def posemb(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
-    out: Path = typer.Option(Path("posemb.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
+    out: Path = typer.Option(Path("posemb.png"), "--out", "-o",
+                             help="PNG to write (or a folder to write it in)."),
 ) -> None:
-    """Cosine similarity of each patch's position embedding with all others, tiled on the grid (Fig. 7, centre)."""
+    """Cosine similarity of each patch's position embedding with all others, tiled on the grid (Fig. 7,
+    centre)."""
     from ..analysis.figures import plot_position_similarity, save_figure
     from ..analysis.posemb_similarity import position_similarity
     from .main import UsageError
@@ -186,7 +195,7 @@ def posemb(
     typer.echo(f"wrote {save_figure(fig, out, name_in_folder='posemb.png')}")
 
 
-# --- vitkit analyze distance ----------------------------------------------------------------------------------
+# --- vitkit analyze distance --------------------------------------------------------------------------------
 @analyze_app.command("distance")
 def distance(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
@@ -196,11 +205,13 @@ def distance(
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
     num_images: int = typer.Option(256, "--num-images", "-n",
-                                   help="Images to average over: N spread evenly over the split, so every class "
-                                        "has its share."),
+                                   help="Images to average over: N spread evenly over the split, so every "
+                                        "class has its share."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
-    out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),
+    out: Path = typer.Option(Path("distance.png"), "--out", "-o",
+                             help="PNG to write (or a folder to write it in)."),
+    json_out: Path | None = typer.Option(None, "--json",
+                                         help="Also write the (layers x heads) numbers here."),
     fast: bool = typer.Option(True, "--fast/--no-fast", help=FAST_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
@@ -228,7 +239,8 @@ def distance(
         for x, _ in iterate_batches(dataset, batch_size, build_eval_transform(cfg)):
             _, attns = model.forward_features(x.to(dev), return_attention=True)
             for i, a in enumerate(attns):
-                total[i] += attention_distance(a, cfg.grid_size, cfg.patch_stride, cfg.num_prefix_tokens).sum(0).cpu()
+                total[i] += attention_distance(a, cfg.grid_size, cfg.patch_stride,
+                                               cfg.num_prefix_tokens).sum(0).cpu()
             seen += x.shape[0]
             bar.update(x.shape[0])
     dist = total / seen  # (layers, heads)
@@ -249,7 +261,7 @@ def distance(
                            "uniform_attention_px": uniform, "distance_px": dist.tolist()})
 
 
-# --- vitkit fewshot / probe -----------------------------------------------------------------------------------
+# --- vitkit fewshot / probe ---------------------------------------------------------------------------------
 def _cache_file(cache_dir: Path | None, ckpt: str, data: str, split: str, tag: str) -> Path | None:
     if cache_dir is None:
         return None
@@ -262,7 +274,8 @@ def _features(model, ckpt: str, data: str, split: str, batch_size: int, cache_di
     from ..analysis.features import extract_features
     from ..data.transforms import build_eval_transform
 
-    return extract_features(model, dataset, cache=_cache_file(cache_dir, ckpt, data, split, str(len(dataset))),
+    return extract_features(model, dataset,
+                            cache=_cache_file(cache_dir, ckpt, data, split, str(len(dataset))),
                             data_key=f"{data}:{split}", batch_size=batch_size,
                             transform=build_eval_transform(model.cfg), device=dev, desc=f"features {split}")
 
@@ -279,8 +292,8 @@ def _train_and_test(data: str, train_split: str, test_split: str, data_dir: Path
 
     train_set, test_set = resolve(data, train_split, data_dir), resolve(data, test_split, data_dir)
     if getattr(test_set, "split_of_root", False):  # a folder without split folders: its own images
-        raise UsageError(f"{data} has no {train_split}/ and {test_split}/ sub-folders: its {test_split} images would "
-                         f"be the {train_split} images themselves",
+        raise UsageError(f"{data} has no {train_split}/ and {test_split}/ sub-folders: its {test_split} "
+                         f"images would be the {train_split} images themselves",
                          "give a folder with train/ and test/ sub-folders of class folders")
     try:
         test_set = with_classes(test_set, list(getattr(train_set, "classes", None) or []),
@@ -312,9 +325,11 @@ def fewshot(
     test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
-    max_train: int | None = typer.Option(None, min=1, help="Draw the shots from N training images only, spread "
-                                         "over the split."),
-    max_test: int | None = typer.Option(None, min=1, help="Use only N test images, spread over the split (faster)."),
+    max_train: int | None = typer.Option(None, min=1,
+                                         help="Draw the shots from N training images only, spread "
+                                              "over the split."),
+    max_test: int | None = typer.Option(None, min=1,
+                                        help="Use only N test images, spread over the split (faster)."),
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
@@ -360,12 +375,14 @@ def fewshot(
     local = {k: np.array([row[int(i)] for i in v]) for k, v in draws.items()}
     subset = torch.utils.data.Subset(train_set, needed.tolist())
     digest = hashlib.sha256(needed.tobytes()).hexdigest()[:12]
-    train = extract_features(model, subset, cache=_cache_file(cache_dir, ckpt, data, train_split, f"shots-{digest}"),
+    train = extract_features(model, subset,
+                             cache=_cache_file(cache_dir, ckpt, data, train_split, f"shots-{digest}"),
                              data_key=f"{data}:{train_split}:{digest}", batch_size=batch_size,
-                             transform=build_eval_transform(model.cfg), device=dev, desc=f"features {train_split} (shots)")
+                             transform=build_eval_transform(model.cfg), device=dev,
+                             desc=f"features {train_split} (shots)")
     test = _features(model, ckpt, data, test_split, batch_size, cache_dir, dev, test_set)
-    results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg, seeds,
-                           draws=local)
+    results = fewshot_eval(train.features, train.labels, test.features, test.labels, shot_list, K, l2_reg,
+                           seeds, draws=local)
     table = Table(title=f"few-shot linear evaluation: {data}, {len(test.labels)} test images, {seeds} seeds")
     for col in ("shots per class", "accuracy %", "std %", "per seed %"):
         table.add_column(col, justify="right")
@@ -378,11 +395,13 @@ def fewshot(
 
         rows = [(r.shots, 100 * r.mean, 100 * r.std) for r in results]
         fig = plot_fewshot({model.cfg.name or Path(ckpt).name: rows},
-                           title=f"Few-shot linear evaluation on {data}\n(mean and std over {seeds} draws of the shots)")
+                           title=f"Few-shot linear evaluation on {data}\n(mean and std over {seeds} draws of "
+                                 "the shots)")
         typer.echo(f"wrote {save_figure(fig, plot)}")
     _write_json(json_out, {"checkpoint": ckpt, "data": data, "l2_reg": l2_reg, "seeds": seeds,
                            "train_pool": len(labels), "train_images": len(train.labels),
-                           "test_images": len(test.labels), "results": [{"shots": r.shots, "accuracy": r.mean, "std": r.std,
+                           "test_images": len(test.labels),
+                           "results": [{"shots": r.shots, "accuracy": r.mean, "std": r.std,
                                         "per_seed": list(r.accuracies)} for r in results]})
 
 
@@ -396,9 +415,11 @@ def probe(
     test_split: str = typer.Option("test", help="Split to measure on."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
-    max_train: int | None = typer.Option(None, min=1, help="Use only N training images, spread over the split "
-                                         "(faster)."),
-    max_test: int | None = typer.Option(None, min=1, help="Use only N test images, spread over the split (faster)."),
+    max_train: int | None = typer.Option(None, min=1,
+                                         help="Use only N training images, spread over the split "
+                                              "(faster)."),
+    max_test: int | None = typer.Option(None, min=1,
+                                        help="Use only N test images, spread over the split (faster)."),
     max_iter: int = typer.Option(1000, min=1, help="L-BFGS iterations."),
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),

@@ -9,17 +9,18 @@ import typer
 
 
 def convert(
-    src: str = typer.Argument(..., help="A checkpoint: vitkit folder, .npz, timm/torchvision .safetensors/.pth/"
-                                        ".bin, Hugging Face or timm folder, or a hub name."),
+    src: str = typer.Argument(...,
+                              help="A checkpoint: vitkit folder, .npz, timm/torchvision .safetensors/.pth/"
+                                   ".bin, Hugging Face or timm folder, or a hub name."),
     dst: Path = typer.Argument(..., help="Output folder (created; one that holds files is refused unless "
                                          "--force)."),
     to: str = typer.Option("vitkit", "--to", help="Output format: vitkit, timm (hub folder: config.json + "
                                                    "model.safetensors) or hf (transformers folder)."),
     image_size: str = typer.Option("", "--image-size", help="HxW (or N) of the source, needed only for a "
                                                              "non-square position table without a config."),
-    num_heads: int = typer.Option(0, "--num-heads", min=0, help="Heads of the source (0: infer), needed only for a "
-                                                         "fused-q;k;v file without a config whose heads are not "
-                                                         "64 wide."),
+    num_heads: int = typer.Option(0, "--num-heads", min=0,
+                                  help="Heads of the source (0: infer), needed only for a fused-q;k;v file "
+                                       "without a config whose heads are not 64 wide."),
     pool: str = typer.Option("", "--pool", help="token or gap: the source's pooling, needed only for a file "
                                                  "without a config whose model averages the patch tokens and "
                                                  "keeps its class token (timm's global_pool='avg')."),
@@ -61,7 +62,8 @@ def _parse_size(text: str) -> tuple[int, int]:
     try:
         values = [int(p) for p in parts]
     except ValueError:
-        raise UsageError(f"--image-size {text!r} is not N or HxW", "e.g. --image-size 384 or 224x320") from None
+        raise UsageError(f"--image-size {text!r} is not N or HxW",
+                         "e.g. --image-size 384 or 224x320") from None
     if len(values) == 1:
         values *= 2
     if len(values) != 2 or min(values) < 1:

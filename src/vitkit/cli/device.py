@@ -21,6 +21,7 @@ def parse_device(name: str):
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device {name!r} asked for, but no CUDA device is available", "use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UsageError(f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} GPU(s)",
+        raise UsageError(f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} "
+                         "GPU(s)",
                          "use --device cuda:0, or auto")
     return dev

@@ -40,7 +40,8 @@ def models(
         table.add_row(preset.name, preset.timm_name if preset.in_timm else "-", f"{h}x{w}",
                       f"{count_parameters(cfg):,}", f"{count_flops(cfg) / 1e9:.2f}", str(cfg.num_tokens))
     if not shown:
-        raise UsageError(f"no preset matches {filter!r}", "`vitkit models` lists them all; e.g. `vitkit models B/16`")
+        raise UsageError(f"no preset matches {filter!r}",
+                         "`vitkit models` lists them all; e.g. `vitkit models B/16`")
     Console(width=120).print(table)
 
 

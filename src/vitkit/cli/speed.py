@@ -15,7 +15,8 @@ def run_settings(quick: bool, models: list[str], batch_sizes: list[int], repeats
                  warmup: int | None) -> dict:
     """The models, batch sizes, repeats and warm-up of a run: those given on the command line, the rest from
     QUICK_RUN with --quick, else from FULL_RUN."""
-    given = {"models": models or None, "batch_sizes": batch_sizes or None, "repeats": repeats, "warmup": warmup}
+    given = {"models": models or None, "batch_sizes": batch_sizes or None, "repeats": repeats,
+             "warmup": warmup}
     defaults = QUICK_RUN if quick else FULL_RUN
     return {key: defaults[key] if value is None else value for key, value in given.items()}
 
@@ -32,22 +33,28 @@ def bench(
              "vitkit-int8, timm, hf-eager, hf-sdpa, torchvision; vitkit-bf16 on request (GPU or a CPU "
              "with native bf16)."),
     repeats: int | None = typer.Option(None, "--repeats", "-r", min=1, show_default=False,
-                                help="Timed calls per contender and cell (median kept). Default: 10 (3 with --quick)."),
+                                help="Timed calls per contender and cell (median kept). Default: 10 (3 with "
+                                     "--quick)."),
     warmup: int | None = typer.Option(None, "--warmup", min=0, show_default=False,
-                               help="Untimed calls per contender before timing. Default: 2 (1 with --quick)."),
-    threads: int = typer.Option(0, "--threads", "-t", min=0, help="CPU threads (0: torch's default, all cores)."),
+                               help="Untimed calls per contender before timing. Default: 2 (1 with "
+                                    "--quick)."),
+    threads: int = typer.Option(0, "--threads", "-t", min=0,
+                                help="CPU threads (0: torch's default, all cores)."),
     quick: bool = typer.Option(False, "--quick", "-q",
                                help="A quick look: ViT-S/16, batch 1, 3 repeats, 1 warm-up (about a minute); "
                                     "-m, -b, -r and --warmup still choose."),
-    json_path: Path = typer.Option(None, "--json", help="Also write the full results (every time) as JSON here."),
+    json_path: Path = typer.Option(None, "--json",
+                                   help="Also write the full results (every time) as JSON here."),
 ) -> None:
     """Inference speed of vitkit against timm, Hugging Face and torchvision, in one process.
 
-    All contenders have random weights and the same architecture. Repetitions are interleaved in a fresh random order each round and medians are reported, so the ratios hold on a busy machine.
+    All contenders have random weights and the same architecture. Repetitions are interleaved in a fresh
+    random order each round and medians are reported, so the ratios hold on a busy machine.
 
     MFU: the model's FLOP rate over the fp32 SGEMM rate of a 2048^3 torch.mm timed in the same loop.
 
-    Try `vitkit bench --quick` first (about a minute). The full default run (2 models x 2 batch sizes x 7 contenders x 10 repeats) takes 15-30 minutes on 2 cores. On a busy machine `--threads 1` is steadier.
+    Try `vitkit bench --quick` first (about a minute). The full default run (2 models x 2 batch sizes x 7
+    contenders x 10 repeats) takes 15-30 minutes on 2 cores. On a busy machine `--threads 1` is steadier.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -69,7 +76,8 @@ def bench(
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("timing", total=None)
-        report = B.run(config, on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+        report = B.run(config,
+                       on_progress=lambda done, total: progress.update(task, completed=done, total=total))
     console.print(B.format_table(report))
     for line in B.summarize(report):
         console.print(line)
@@ -79,17 +87,20 @@ def bench(
 
 
 def export(
-    checkpoint: Path = typer.Argument(..., help="A vitkit checkpoint folder (or anything `vitkit info` reads)."),
+    checkpoint: Path = typer.Argument(...,
+                                      help="A vitkit checkpoint folder (or anything `vitkit info` reads)."),
     output: Path = typer.Argument(..., help="The ONNX file to write, e.g. model.onnx."),
     check: bool = typer.Option(True, "--check/--no-check",
                                help="Run the file with onnxruntime and compare it with PyTorch."),
     atol: float = typer.Option(1e-4, "--atol", min=0.0, help="Largest difference of the logits allowed, "
                                "relative to the largest logit (absolute where the logits stay below 1)."),
-    opset: int = typer.Option(0, "--opset", min=0, help="ONNX opset, 17 or newer (0: the exporter's default)."),
+    opset: int = typer.Option(0, "--opset", min=0,
+                              help="ONNX opset, 17 or newer (0: the exporter's default)."),
 ) -> None:
     """Export a checkpoint to ONNX (dynamo exporter, dynamic batch axis) and check it with onnxruntime.
 
-    The file takes normalised pixel_values (batch, C, H, W) and returns logits; the checkpoint's preprocessing and class names are stored in its metadata.
+    The file takes normalised pixel_values (batch, C, H, W) and returns logits; the checkpoint's preprocessing
+    and class names are stored in its metadata.
     """
     from .. import load
     from ..export import check_onnx, export_onnx
@@ -106,9 +117,11 @@ def export(
         if not result.ok:
             raise ValueError(f"{path}: onnxruntime differs from PyTorch by up to {result.worst:.2e} "
                              f"> {result.tolerance:.2e} ({how}; {diffs})")
-        typer.echo(f"onnxruntime matches PyTorch: max |diff| {diffs} (tolerance {result.tolerance:.2e}: {how})")
+        typer.echo(f"onnxruntime matches PyTorch: max |diff| {diffs} (tolerance {result.tolerance:.2e}: "
+                   f"{how})")
         if result.max_abs_logit == 0:
-            typer.echo("note: every logit is 0 (an untrained, zero-initialised head), so the check compared zeros")
+            typer.echo("note: every logit is 0 (an untrained, zero-initialised head), so the check compared "
+                       "zeros")
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,8 @@ _RECIPE_HELP = "Recipe: " + ", ".join(RECIPES) + "."
 
 def inference_model(model, fast: bool):
     """The model to run for eval/predict: with `fast`, `vitkit.optimize(model)` (same function, a faster
-    path) in a process whose allocator keeps freed memory (vitkit.cpu.allocator); otherwise the model itself."""
+    path) in a process whose allocator keeps freed memory (vitkit.cpu.allocator); otherwise the model
+    itself."""
     if not fast:
         return model
     from ..cpu.allocator import retain_freed_memory
@@ -49,7 +50,8 @@ def launch_torchrun(nproc: int, train_args: list[str]) -> int:
     # terminal's Ctrl-C, so that each signal reaches it once, from here: torchrun hands it to the workers,
     # which stop after the step in flight with a checkpoint, and this process waits for them.
     proc = subprocess.Popen(cmd, env=env, preexec_fn=end_with_parent, start_new_session=True)
-    previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(signum)) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
+                for sig in STOP_SIGNALS}
     try:
         code = proc.wait()
     finally:
@@ -96,22 +98,27 @@ def _load(checkpoint: str):
 
 def train(
     recipe: str = typer.Argument(..., help=_RECIPE_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Run folder: checkpoints, logs, the best and last models."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in --out."),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="Run folder: checkpoints, logs, the best and last models."),
+    resume: bool = typer.Option(False, "--resume",
+                                help="Continue from the newest complete checkpoint in --out."),
     overrides: list[str] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE",
-                                        help="Override a setting, e.g. --set optim.lr=0.002 --set model.depth=4 "
-                                             "(repeatable; unknown keys are rejected with the valid ones)."),
+                                        help="Override a setting, e.g. --set optim.lr=0.002 --set "
+                                             "model.depth=4 (repeatable; unknown keys are rejected with the "
+                                             "valid ones)."),
     show: bool = typer.Option(False, "--show", help="Print the resolved config as JSON and exit."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", show_default=False,
                                          help="A progress bar on stderr (by default only when stderr is a "
                                               "terminal, so that a log file holds no frames of it)."),
     nproc: int = typer.Option(1, "--nproc", min=1,
-                              help="Data-parallel processes on this machine: starts torchrun --standalone with N "
-                                   "processes of (cores / N) threads each. On 2 CPU cores, 2 processes of 1 thread "
-                                   "train the small recipes faster than 1 process of 2 threads."),
+                              help="Data-parallel processes on this machine: starts torchrun --standalone "
+                                   "with N processes of (cores / N) threads each. On 2 CPU cores, 2 "
+                                   "processes of 1 thread train the small recipes faster than 1 process of 2 "
+                                   "threads."),
     fast: bool = typer.Option(True, "--fast/--no-fast",
-                              help="Train with vitkit's CPU kernels swapped in (vitkit.accelerate: same function, "
-                                   "faster); --no-fast trains the plain model (the setting `fast`)."),
+                              help="Train with vitkit's CPU kernels swapped in (vitkit.accelerate: same "
+                                   "function, faster); --no-fast trains the plain model (the setting "
+                                   "`fast`)."),
 ) -> None:
     """Train a ViT with a recipe, on one process or data-parallel.
 
@@ -159,8 +166,8 @@ def train(
     final = result.final
     if final is not None:
         skipped = f" ({final.skipped} unreadable skipped)" if final.skipped else ""
-        typer.echo(f"{result.split} {final.summary()} on {final.count} images{skipped}; {result.steps} steps in "
-                   f"{took}")
+        typer.echo(f"{result.split} {final.summary()} on {final.count} images{skipped}; {result.steps} steps "
+                   f"in {took}")
     models = [f"{kind} model: {path}" for kind, path in (("last", result.last_dir), ("best", result.best_dir))
               if path is not None and path.is_dir()]
     typer.echo("   ".join(models) or f"no model in {result.run_dir}")
@@ -168,17 +175,22 @@ def train(
 
 def eval(
     checkpoint: str = typer.Argument(..., help="A checkpoint folder or file (anything `vitkit.load` reads)."),
-    data: str = typer.Option(..., "--data", "-d", help="Dataset name (fashion-mnist, cifar10, cifar100) or a folder."),
+    data: str = typer.Option(..., "--data", "-d",
+                             help="Dataset name (fashion-mnist, cifar10, cifar100) or a folder."),
     split: str = typer.Option("test", "--split", help="Split: test, val or train."),
-    data_dir: Path = typer.Option(None, "--data-dir", help="Where to look for (and download) named datasets."),
+    data_dir: Path = typer.Option(None, "--data-dir",
+                                  help="Where to look for (and download) named datasets."),
     batch_size: int = typer.Option(256, "--batch-size", "-b", min=1, help="Images per forward pass."),
-    limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only N images, spread evenly over the split so "
-                                                         "that every class keeps its share (0: all)."),
+    limit: int = typer.Option(0, "--limit", min=0,
+                              help="Evaluate only N images, spread evenly over the split so "
+                                   "that every class keeps its share (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
                              help="Folder for metrics.json and confusion.png (default: eval-DATA inside a "
                                   "checkpoint folder, beside a checkpoint file, or here for a hub name)."),
-    skip_bad_images: bool = typer.Option(False, "--skip-bad-images", help="Skip unreadable images in a folder."),
-    fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
+    skip_bad_images: bool = typer.Option(False, "--skip-bad-images",
+                                         help="Skip unreadable images in a folder."),
+    fast: bool = typer.Option(True, "--fast/--no-fast",
+                              help="Run through vitkit.optimize (same results, faster)."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     workers: int = typer.Option(0, "--workers", "-j", min=0,
                                 help="Processes that read and decode an image folder's files (0: this one)."),
@@ -264,7 +276,8 @@ def predict(
     top_k: int = typer.Option(5, "--top-k", "-k", min=1, help="Labels per image."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per image instead of text; an image "
                                  "that cannot be read is an object with its `error` (on stderr)."),
-    fast: bool = typer.Option(True, "--fast/--no-fast", help="Run through vitkit.optimize (same results, faster)."),
+    fast: bool = typer.Option(True, "--fast/--no-fast",
+                              help="Run through vitkit.optimize (same results, faster)."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", show_default=False,
                                          help="A progress bar on stderr (by default only when stderr is a "
@@ -303,14 +316,16 @@ def predict(
             else:
                 failed += 1
                 bar.update(r.path in files)  # a path that does not exist is no image of the total
-                line = json.dumps({"path": str(r.path), "error": r.message}) if as_json else f"error: {r.message}"
+                line = (json.dumps({"path": str(r.path), "error": r.message}) if as_json
+                        else f"error: {r.message}")
                 bar.write(line, file=sys.stderr)
     if failed:
         raise typer.Exit(1)
     if not found:
         from .main import UsageError
 
-        raise UsageError("no images found in " + " ".join(map(str, paths)), "give image files or folders of them")
+        raise UsageError("no images found in " + " ".join(map(str, paths)),
+                         "give image files or folders of them")
 
 
 def register(app: typer.Typer) -> None:
