@@ -3,8 +3,8 @@
 Shared machines are noisy, so absolute times from different runs mean little. The harness therefore
 measures every contender of a cell (model x batch size) in one process, with the repetitions interleaved in
 a fresh random order each round. It reports medians of the times, and the ratios between contenders (and MFU)
-as medians of ratios taken within each round (`paired_ratio`). The fp32 SGEMM peak that model FLOP utilisation (MFU)
-is measured against is one more contender in the same loop: a big `torch.mm`, timed under the same
+as medians of ratios taken within each round (`paired_ratio`). The fp32 SGEMM peak that model FLOP utilisation
+(MFU) is measured against is one more contender in the same loop: a big `torch.mm`, timed under the same
 conditions as the models.
 
 All models have random weights and the same architecture (built from one ViTConfig), so they do the same
@@ -41,8 +41,8 @@ CONTENDERS: tuple[str, ...] = OURS + ANCHORS  # the default set
 # The plain model (no CPU kernels swapped in) is measured only when asked for too (`-c vitkit-plain`).
 OPTIONAL: tuple[str, ...] = ("vitkit-bf16", "vitkit-plain")
 SGEMM = "sgemm"
-# The same product through oneDNN with a prepacked operand, what optimize('fp32') runs: for reference only, MFU
-# is against torch.mm.
+# The same product through oneDNN with a prepacked operand, what optimize('fp32') runs: for reference only,
+# MFU is against torch.mm.
 SGEMM_ONEDNN = "sgemm-onednn"
 
 
@@ -66,17 +66,20 @@ def _square(cfg: ViTConfig, who: str) -> int:
 
 
 def build_timm(cfg: ViTConfig) -> nn.Module:
-    """timm's VisionTransformer with the same architecture, fused attention (F.scaled_dot_product_attention)."""
+    """timm's VisionTransformer with the same architecture, fused attention
+    (F.scaled_dot_product_attention)."""
     from timm.models.vision_transformer import VisionTransformer
 
     model = VisionTransformer(
-        img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=cfg.num_classes,
+        img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
         embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.dim,
         qkv_bias=cfg.qkv_bias, global_pool="token", drop_path_rate=cfg.drop_path,
         patch_drop_rate=cfg.patch_dropout,
     )
     if not all(block.attn.fused_attn for block in model.blocks):
-        raise RuntimeError("timm's fused attention is off (TIMM_FUSED_ATTN=0?): the comparison would be unfair")
+        raise RuntimeError("timm's fused attention is off (TIMM_FUSED_ATTN=0?): the comparison would be "
+                           "unfair")
     return model
 
 
@@ -88,7 +91,8 @@ def build_hf(cfg: ViTConfig, attn_implementation: str) -> nn.Module:
     hf_cfg = HFConfig(
         hidden_size=cfg.dim, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
         intermediate_size=cfg.mlp_dim, image_size=_square(cfg, "Hugging Face ViT"), patch_size=cfg.patch_size,
-        num_channels=cfg.in_chans, num_labels=cfg.num_classes, layer_norm_eps=cfg.ln_eps, qkv_bias=cfg.qkv_bias,
+        num_channels=cfg.in_chans, num_labels=cfg.num_classes, layer_norm_eps=cfg.ln_eps,
+        qkv_bias=cfg.qkv_bias,
     )
     model = ViTForImageClassification._from_config(hf_cfg, attn_implementation=attn_implementation)
     return LogitsOnly(model)
@@ -364,8 +368,8 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
 
 # --- reporting ------------------------------------------------------------------------------------------
 def describe_cpu(info: dict[str, Any]) -> str:
-    """The CPU of a report's `machine` in a few words: its name, ATen's vector ISA and whether it has VNNI (int8
-    dot products: without them `optimize(int8)` gains far less over fp32) and native bf16."""
+    """The CPU of a report's `machine` in a few words: its name, ATen's vector ISA and whether it has VNNI
+    (int8 dot products: without them `optimize(int8)` gains far less over fp32) and native bf16."""
     features = [info.get("cpu_capability") or "?"]
     for key, name in (("vnni", "VNNI"), ("native_bf16", "bf16")):
         if key in info:  # reports written before these were recorded lack them
@@ -436,6 +440,7 @@ def summarize(report: dict[str, Any], contenders: Iterable[str] = OURS + OPTIONA
     for row in report["rows"]:
         if row["contender"] in contenders and row["vs_best_anchor"] is not None and not math.isnan(
                 row["vs_best_anchor"]):
-            lines.append(f"{row['model']} batch {row['batch']}: {row['contender']} {row['vs_best_anchor']:.2f}x "
-                         f"the best anchor ({row['best_anchor']}), MFU {100 * row['mfu']:.0f} %")
+            lines.append(f"{row['model']} batch {row['batch']}: {row['contender']} "
+                         f"{row['vs_best_anchor']:.2f}x the best anchor ({row['best_anchor']}), MFU "
+                         f"{100 * row['mfu']:.0f} %")
     return lines

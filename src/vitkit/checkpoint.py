@@ -49,9 +49,9 @@ def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[st
     optimized = getattr(model, OPTIMIZED, None)
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the same tensors
     if optimized is not None:
-        raise ValueError(f"this model comes from vitkit.optimize(precision={optimized!r}), which made its layers "
-                         "into inference-only ones for this machine (packed, quantised or compiled): save the model "
-                         "you passed to vitkit.optimize")
+        raise ValueError(f"this model comes from vitkit.optimize(precision={optimized!r}), which made its "
+                         "layers into inference-only ones for this machine (packed, quantised or compiled): "
+                         "save the model you passed to vitkit.optimize")
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, ViTConfig):
         raise TypeError(f"vitkit.save takes a vitkit VisionTransformer, got {type(model).__name__}")

@@ -34,8 +34,8 @@ PosembMode = Literal["bicubic", "bilinear", "bilinear-corners"]
 POSEMB_MODES: tuple[str, ...] = typing.get_args(PosembMode)
 INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")  # vitkit.data.transforms maps each
 # How evaluation fits an image to image_size: "center" keeps the aspect ratio, resizes to cover
-# image_size / crop_pct and centre-crops (timm's default); "squash" resizes straight to image_size, ignoring the
-# aspect ratio (Hugging Face's ViTImageProcessor, timm's crop_mode="squash").
+# image_size / crop_pct and centre-crops (timm's default); "squash" resizes straight to image_size, ignoring
+# the aspect ratio (Hugging Face's ViTImageProcessor, timm's crop_mode="squash").
 CROP_MODES: tuple[str, ...] = ("center", "squash")
 HYBRID_GROUPS = 32  # GroupNorm groups in the hybrid's ResNet, as BiT: its width must be a multiple
 
@@ -67,8 +67,8 @@ def int_pair(x: Any, name: str = "image_size", what: str = "(height, width)") ->
     raise ValueError(f"{name}={x!r} must be an int or a {what} pair of ints")
 
 
-# Rates that act only in training (regularisers, each in [0, 1)): a fine-tuning run takes them from its recipe,
-# not from the pre-trained checkpoint.
+# Rates that act only in training (regularisers, each in [0, 1)): a fine-tuning run takes them from its
+# recipe, not from the pre-trained checkpoint.
 TRAINING_RATES = ("dropout", "attn_dropout", "drop_path", "patch_dropout")
 
 
@@ -120,8 +120,8 @@ class ViTConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        # Normalise the types a JSON round trip or a user may hand us, and refuse the ones that cannot be meant
-        # (2.5 layers, a string for a width, NaN for an epsilon) before any arithmetic trips over them.
+        # Normalise the types a JSON round trip or a user may hand us, and refuse the ones that cannot be
+        # meant (2.5 layers, a string for a width, NaN for an epsilon) before any arithmetic trips over them.
         type_errors = self._normalise_types()
         if type_errors:
             raise ValueError("invalid ViTConfig: " + "; ".join(type_errors))
@@ -151,7 +151,8 @@ class ViTConfig:
         if min(self.image_size) < 1:
             errors.append(f"image_size={self.image_size} must be positive")
         if self.hybrid_layers is not None and (not self.hybrid_layers or min(self.hybrid_layers) < 1):
-            errors.append(f"hybrid_layers={self.hybrid_layers} must be one or more positive unit counts per stage")
+            errors.append(f"hybrid_layers={self.hybrid_layers} must be one or more positive unit counts per "
+                          "stage")
         if self.hybrid_width < 1 or self.hybrid_width % HYBRID_GROUPS:
             errors.append(f"hybrid_width={self.hybrid_width} must be a positive multiple of the "
                           f"{HYBRID_GROUPS} GroupNorm groups")
@@ -199,7 +200,8 @@ class ViTConfig:
             put("image_size", int_pair(self.image_size))
         except ValueError as e:
             errors.append(str(e))
-        for key in ("patch_size", "in_chans", "num_classes", "dim", "depth", "num_heads", "mlp_dim", "hybrid_width"):
+        for key in ("patch_size", "in_chans", "num_classes", "dim", "depth", "num_heads", "mlp_dim",
+                    "hybrid_width"):
             value = getattr(self, key)
             if is_integer(value):
                 put(key, int(value))
@@ -219,7 +221,8 @@ class ViTConfig:
         for key in ("class_token", "qkv_bias"):
             if not isinstance(getattr(self, key), bool):
                 errors.append(f"{key}={getattr(self, key)!r} must be true or false")
-        for key in ("pool", "pos_embed", "gelu", "attn_init", "hybrid_norm", "interpolation", "crop_mode", "name"):
+        for key in ("pool", "pos_embed", "gelu", "attn_init", "hybrid_norm", "interpolation", "crop_mode",
+                    "name"):
             if not isinstance(getattr(self, key), str):
                 errors.append(f"{key}={getattr(self, key)!r} must be a string")
         for key in ("mean", "std"):
@@ -234,7 +237,8 @@ class ViTConfig:
             if layers is not None and all(is_integer(n) for n in layers):
                 put("hybrid_layers", tuple(int(n) for n in layers))
             else:
-                errors.append(f"hybrid_layers={self.hybrid_layers!r} must be a list of unit counts per stage, or None")
+                errors.append(f"hybrid_layers={self.hybrid_layers!r} must be a list of unit counts per "
+                              "stage, or None")
         return errors
 
     # --- derived quantities -------------------------------------------------------------------------
@@ -411,7 +415,8 @@ def get_preset(name: str) -> Preset:
 
 # The fields that shape the network (not its preprocessing, training rates or class count).
 ARCHITECTURE_FIELDS = ("image_size", "patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "pool",
-                       "class_token", "pos_embed", "qkv_bias", "representation_size", "hybrid_layers", "hybrid_width")
+                       "class_token", "pos_embed", "qkv_bias", "representation_size", "hybrid_layers",
+                       "hybrid_width")
 
 
 def changes_from_preset(cfg: ViTConfig) -> list[str]:
@@ -447,8 +452,10 @@ def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[i
                          f"needs a batch axis (x.unsqueeze(0))")
     if shape[1] != in_chans:
         raise ValueError(f"expected images of shape {want}, got {shape}: {shape[1]} channels where the model "
-                         f"takes {in_chans} (convert the images, e.g. grey to RGB, or build it with in_chans=...)")
+                         f"takes {in_chans} (convert the images, e.g. grey to RGB, or build it with "
+                         "in_chans=...)")
     if tuple(shape[-2:]) != tuple(image_size):
         raise ValueError(f"expected images of shape {want}, got {shape}; resize the images to "
-                         f"{image_size[0]}x{image_size[1]}, or build the model at this size with image_size=... "
-                         f"(vitkit.transfer.prepare_finetune resamples a trained model's position embedding)")
+                         f"{image_size[0]}x{image_size[1]}, or build the model at this size with "
+                         "image_size=... (vitkit.transfer.prepare_finetune resamples a trained model's "
+                         "position embedding)")

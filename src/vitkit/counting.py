@@ -18,8 +18,8 @@ def _config(cfg: ViTConfig | str) -> ViTConfig:
 
 
 def count_parameters(cfg: ViTConfig | str) -> int:
-    """Parameters of the model `cfg` (a config or a preset name) builds, counted on the meta device (nothing is
-    allocated)."""
+    """Parameters of the model `cfg` (a config or a preset name) builds, counted on the meta device (nothing
+    is allocated)."""
     cfg = _config(cfg)
     with torch.device("meta"):
         model = VisionTransformer(cfg)

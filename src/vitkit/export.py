@@ -52,12 +52,12 @@ class ExportCheck:
 
 def _exportable(model: nn.Module) -> nn.Module:
     """`model` as export and its check run it, fp32 in eval mode on the CPU: the model itself if it is so
-    already, else a copy made so (the caller's model keeps its mode, dtype and device). vitkit.optimize's output
-    is refused: its packed layers are operators of this machine that no exporter knows."""
+    already, else a copy made so (the caller's model keeps its mode, dtype and device). vitkit.optimize's
+    output is refused: its packed layers are operators of this machine that no exporter knows."""
     done = getattr(model, OPTIMIZED, None)
     if done is not None:
-        raise ValueError(f"this model comes from vitkit.optimize(precision={done!r}), whose layers run on this "
-                         "machine's own operators: export the model you passed to vitkit.optimize")
+        raise ValueError(f"this model comes from vitkit.optimize(precision={done!r}), whose layers run on "
+                         "this machine's own operators: export the model you passed to vitkit.optimize")
     params = list(model.parameters())
     if not model.training and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
         return model
@@ -76,8 +76,8 @@ def export_onnx(model: VisionTransformer, path: str | Path, class_names: list[st
         raise ValueError(f"{path}: the output file should end in .onnx")
     newest = onnx.defs.onnx_opset_version()
     if opset is not None and not MIN_OPSET <= opset <= newest:
-        raise ValueError(f"opset {opset}: a ViT needs opset {MIN_OPSET} or newer (LayerNormalization), and the "
-                         f"installed onnx {onnx.__version__} knows up to {newest}")
+        raise ValueError(f"opset {opset}: a ViT needs opset {MIN_OPSET} or newer (LayerNormalization), and "
+                         f"the installed onnx {onnx.__version__} knows up to {newest}")
     model = _exportable(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
@@ -92,9 +92,10 @@ def export_onnx(model: VisionTransformer, path: str | Path, class_names: list[st
     if program is None:
         raise RuntimeError("torch.onnx.export returned no program")
     written = program.model.opset_imports.get("")
-    if opset is not None and written != opset:  # the exporter falls back to its own opset when conversion fails
-        raise ValueError(f"opset {opset}: the exporter could not convert the graph to it (it made opset {written}); "
-                         f"nothing was written to {path}")
+    if opset is not None and written != opset:
+        # the exporter falls back to its own opset when conversion fails
+        raise ValueError(f"opset {opset}: the exporter could not convert the graph to it (it made opset "
+                         f"{written}); nothing was written to {path}")
     # program.model is the ONNX IR that save() serialises; its metadata_props is a plain str -> str dict.
     program.model.metadata_props.update({
         "vitkit.preprocessing": json.dumps(preprocessing(cfg)),
@@ -124,7 +125,8 @@ def check_onnx(model: nn.Module, path: str | Path, batch_sizes: tuple[int, ...] 
             ref = model(x).numpy()
         (out,) = session.run([OUTPUT_NAME], {inp.name: x.numpy()})
         if out.shape != ref.shape:
-            raise ValueError(f"{path}: onnxruntime returned shape {out.shape}, PyTorch {ref.shape} at batch {b}")
+            raise ValueError(f"{path}: onnxruntime returned shape {out.shape}, PyTorch {ref.shape} at batch "
+                             f"{b}")
         diffs[b] = float(abs(out - ref).max())
         largest = max(largest, float(abs(ref).max()))
     return ExportCheck(diffs, atol, largest)

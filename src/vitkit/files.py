@@ -33,8 +33,8 @@ def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict[str,
 
 
 def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
-    """`write(tmp)` to a temporary file in `path`'s folder, then rename it to `path`: a crash never leaves half a
-    file, and `path` is either the old file or the new one."""
+    """`write(tmp)` to a temporary file in `path`'s folder, then rename it to `path`: a crash never leaves
+    half a file, and `path` is either the old file or the new one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -49,13 +49,16 @@ def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
 
 def write_model_folder(folder: str | os.PathLike, tensors: dict, tensors_format: str,
                        json_files: dict[str, Any]) -> Path:
-    """A model folder: `tensors` as model.safetensors (metadata format=`tensors_format`) and each of `json_files`
-    (file name -> data) as indented JSON, every file written atomically. Returns the folder, created if need be."""
+    """A model folder: `tensors` as model.safetensors (metadata format=`tensors_format`) and each of
+    `json_files` (file name -> data) as indented JSON, every file written atomically. Returns the folder,
+    created if need be."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(folder / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": tensors_format}))
+    atomic_write(folder / "model.safetensors",
+                 lambda tmp: save_file(tensors, tmp, metadata={"format": tensors_format}))
     for name, data in json_files.items():
-        atomic_write(folder / name, lambda tmp, data=data: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+        atomic_write(folder / name,
+                     lambda tmp, data=data: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
     return folder

@@ -8,8 +8,8 @@ Two kinds of name:
 
 Files land in the hub cache (HF_HUB_CACHE, or HF_HOME/hub, read when called) and are not fetched again.
 With HF_HUB_OFFLINE=1 nothing is downloaded: a name that is not cached is an error that says so. Without
-network a fully cached model loads too: optional files the cache lacks count as absent, and where the hub's host
-does not even resolve the cache is read at once, without huggingface_hub's retries.
+network a fully cached model loads too: optional files the cache lacks count as absent, and where the hub's
+host does not even resolve the cache is read at once, without huggingface_hub's retries.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "A
 
 
 def hub_resolves() -> bool:
-    """Whether the hub's host name resolves (or a proxy, which resolves it, is set). Without network a download
-    would only retry, with warnings, for about 25 s before failing: a host that does not resolve takes the cache
-    alone at once."""
+    """Whether the hub's host name resolves (or a proxy, which resolves it, is set). Without network a
+    download would only retry, with warnings, for about 25 s before failing: a host that does not resolve
+    takes the cache alone at once."""
     if any(os.environ.get(v) for v in _PROXY_VARIABLES):
         return True
     from urllib.parse import urlparse
@@ -167,12 +167,12 @@ def fetch(name: str) -> Path:
     def missing(what: str) -> CheckpointError:
         if local_only:
             return CheckpointError(
-                f"{name}: {what} of {repo} is not in the Hugging Face cache {cache}, and HF_HUB_OFFLINE=1 forbids "
-                "downloading it; run once with network access (unset HF_HUB_OFFLINE) or point HF_HUB_CACHE at a "
-                "cache that holds it")
+                f"{name}: {what} of {repo} is not in the Hugging Face cache {cache}, and HF_HUB_OFFLINE=1 "
+                "forbids downloading it; run once with network access (unset HF_HUB_OFFLINE) or point "
+                "HF_HUB_CACHE at a cache that holds it")
         if unreachable:
-            return CheckpointError(f"{name}: cannot download {what} from the hub repository {repo} and it is not "
-                                   f"in the cache {cache} (no network?)")
+            return CheckpointError(f"{name}: cannot download {what} from the hub repository {repo} and it is "
+                                   f"not in the cache {cache} (no network?)")
         return CheckpointError(f"{name}: the repository {repo} has no {what}")
 
     config = get("config.json")
@@ -198,5 +198,5 @@ def fetch(name: str) -> Path:
         return config.parent
     if local_only or unreachable:
         raise missing(" or ".join(WEIGHT_FILES))
-    raise CheckpointError(f"{name}: the repository {repo} has none of {', '.join(WEIGHT_FILES)} or a shard index "
-                          f"({' / '.join(SHARD_INDEXES)})")
+    raise CheckpointError(f"{name}: the repository {repo} has none of {', '.join(WEIGHT_FILES)} or a shard "
+                          f"index ({' / '.join(SHARD_INDEXES)})")

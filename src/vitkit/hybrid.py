@@ -1,4 +1,5 @@
-"""The hybrid of Sec. 3.1: a BiT-style ResNet whose feature map, cut into 1x1 "patches", feeds the transformer.
+"""The hybrid of Sec. 3.1: a BiT-style ResNet whose feature map, cut into 1x1 "patches", feeds the
+transformer.
 
 The ResNet is the one of Google's R50+ViT-B/16 and R26+ViT-S/32 (and timm's `vit_base_r50_s16_*`,
 `vit_small_r26_s32_*`): Big Transfer's ResNet with weight-standardised convolutions and GroupNorm(32), but
@@ -24,8 +25,8 @@ from .init import lecun_normal_
 
 # The normalisation constants, by ViTConfig.hybrid_norm. timm builds these hybrids' convolutions with
 # `StdConv2dSame(eps=1e-8)`, w / sqrt(var + 1e-8), and GroupNorms of eps 1e-5 (torch's default); Google's Flax
-# code, which trained the .npz hybrids, divides by (std + 1e-5) and normalises groups with eps 1e-6. For trained
-# kernels (std ~ 1e-2) the two differ by ~1e-3 relative in the kernels.
+# code, which trained the .npz hybrids, divides by (std + 1e-5) and normalises groups with eps 1e-6. For
+# trained kernels (std ~ 1e-2) the two differ by ~1e-3 relative in the kernels.
 STD_CONV_EPS = {"timm": 1e-8, "flax": 1e-5}
 GN_EPS = {"timm": 1e-5, "flax": 1e-6}
 GROUPS = HYBRID_GROUPS  # GroupNorm groups, as BiT

@@ -4,10 +4,10 @@ It returns a copy of the model for inference (eval mode, no gradients):
 
 - "fp32" (the default): the same function to within 1e-4. On a CPU the encoder blocks become FusedBlocks
   (`vitkit.cpu.fused_block`: residual adds fused into the output projections; the last block of a class-token
-  model attends through the key and value projections for its one query), the patch convolution one linear map,
-  and every linear layer a PackedLinear (`vitkit.cpu.packed`: the weight reordered once into oneDNN's blocked
-  layout, the MLP's GELU fused in). The layers that multiply one row per image keep a plain copy of their
-  weight for calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's.
+  model attends through the key and value projections for its one query), the patch convolution one linear
+  map, and every linear layer a PackedLinear (`vitkit.cpu.packed`: the weight reordered once into oneDNN's
+  blocked layout, the MLP's GELU fused in). The layers that multiply one row per image keep a plain copy of
+  their weight for calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's.
 - "int8": dynamic quantisation of the encoder's linear layers (`vitkit.cpu.int8`: int8 weights per output
   channel, activations quantised per call, 8 bits where the CPU has VNNI; fbgemm's kernels), bf16 attention
   matrices on CPUs with native bf16, and each block as one compiled operator where it can be built
@@ -21,8 +21,8 @@ It returns a copy of the model for inference (eval mode, no gradients):
 
 `compile=False` (the default) never compiles, so the command line can call `optimize(model)` for free;
 `compile=True` applies torch.compile (inductor; with freezing on the CPU), once per batch size it is called
-with; `compile="auto"` only on CUDA. On a 2-core CPU compiling ViT-S/16 took about half a minute and gained less
-than the oneDNN path above (docs/speed.md).
+with; `compile="auto"` only on CUDA. On a 2-core CPU compiling ViT-S/16 took about half a minute and gained
+less than the oneDNN path above (docs/speed.md).
 
 The process's allocator matters as much as the kernels at large batches: call
 `vitkit.retain_freed_memory()` once in a program (vitkit.cpu.allocator); `optimize` leaves process-wide
@@ -46,7 +46,8 @@ from .model import VisionTransformer
 Precision = Literal["fp32", "int8", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
 CompileMode = bool | Literal["auto"]
-# The attribute that marks optimize's output, with its precision as the value: vitkit.save refuses such models.
+# The attribute that marks optimize's output, with its precision as the value: vitkit.save refuses such
+# models.
 OPTIMIZED = "vitkit_optimized"
 
 
@@ -82,7 +83,8 @@ def _cast_bf16(model: nn.Module) -> nn.Module:
     def forward_head_fp32(features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return forward_head(_to_bf16(features), pre_logits).float()
 
-    model.embed, model.forward_features, model.forward_head = embed_bf16, forward_features_fp32, forward_head_fp32
+    model.embed, model.forward_features, model.forward_head = (embed_bf16, forward_features_fp32,
+                                                               forward_head_fp32)
     return model
 
 
@@ -116,19 +118,21 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
                          "optimize the original model instead")
     if compile not in (True, False, "auto"):
         raise ValueError(f"compile={compile!r}: choose True, False or 'auto'")
-    if hasattr(model, "_orig_mod"):  # torch.compile's wrapper: its graphs would be traced through packed layers
+    if hasattr(model, "_orig_mod"):
+        # torch.compile's wrapper: its graphs would be traced through packed layers
         raise ValueError("vitkit.optimize takes the model itself, not torch.compile's wrapper of it: "
                          "vitkit.optimize(model, compile=True) compiles it")
     device = _model_device(model)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if precision in ("fp32", "int8") and dtype != torch.float32:
-        raise ValueError(f"precision={precision!r} starts from a float32 model; this one's parameters are {dtype}: "
-                         "call model.float() first" + (" (or precision='bf16' on a GPU)" if dtype != torch.float64
-                                                       else ""))
+        raise ValueError(f"precision={precision!r} starts from a float32 model; this one's parameters are "
+                         f"{dtype}: call model.float() first"
+                         + (" (or precision='bf16' on a GPU)" if dtype != torch.float64 else ""))
     if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
         raise ValueError(
-            "precision='bf16' needs a GPU or a CPU with native bf16 (AVX512-BF16 or AMX); this CPU would emulate "
-            "it at about a third of the fp32 speed: use precision='fp32' or 'int8', or move the model to a GPU"
+            "precision='bf16' needs a GPU or a CPU with native bf16 (AVX512-BF16 or AMX); this CPU would "
+            "emulate it at about a third of the fp32 speed: use precision='fp32' or 'int8', or move the "
+            "model to a GPU"
         )
     if precision == "int8" and device.type != "cpu":
         raise ValueError(f"precision='int8' runs on the CPU (fbgemm kernels), the model is on {device}")

@@ -26,8 +26,8 @@ def lecun_normal_(w: torch.Tensor) -> torch.Tensor:
 
 
 def mimetic_factors(alpha: float, beta: float, dim: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """L, R of shape (dim, rank) with L R^T the best rank-`rank` approximation of alpha Z + beta I, where Z has
-    N(0, 1/dim) entries: the factorisation of mimetic initialisation (Trockman & Kolter, 2023, Sec. 4)."""
+    """L, R of shape (dim, rank) with L R^T the best rank-`rank` approximation of alpha Z + beta I, where Z
+    has N(0, 1/dim) entries: the factorisation of mimetic initialisation (Trockman & Kolter, 2023, Sec. 4)."""
     target = alpha * torch.randn(dim, dim) / math.sqrt(dim) + beta * torch.eye(dim)
     u, s, vh = torch.linalg.svd(target)
     root = s[:rank].sqrt()

@@ -63,8 +63,8 @@ def load(path_or_name: str | os.PathLike, map_location: str | torch.device = "cp
     """
     device = torch.device(map_location)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"map_location={str(map_location)!r}: torch finds no CUDA device on this machine; load to "
-                         "'cpu'")
+        raise ValueError(f"map_location={str(map_location)!r}: torch finds no CUDA device on this machine; "
+                         "load to 'cpu'")
     hints = _hints(num_heads, pool)
     p = _resolve(path_or_name, hints)
     if p.is_dir() and folder_format(p)[0] == "vitkit":  # the native format's own loader and its checks
@@ -105,7 +105,8 @@ def _resolve(path_or_name: str | os.PathLike, hints: Hints) -> Path:
         hint = " (hub names look like 'hf-hub:org/repo' or 'vit_base_patch16_224.augreg2_in21k_ft_in1k')" \
             if "/" in str(path_or_name) and not str(path_or_name).startswith((".", "/")) else ""
         raise CheckpointError(f"{path_or_name}: no such file or folder{hint}")
-    if p.is_file() and p.name in ("model.safetensors", "pytorch_model.bin") and (p.parent / "config.json").is_file():
+    if (p.is_file() and p.name in ("model.safetensors", "pytorch_model.bin")
+            and (p.parent / "config.json").is_file()):
         p = p.parent  # the weights of a model folder: read with the folder's config
     return p
 
@@ -151,7 +152,8 @@ def _read_folder(folder: Path, hints: Hints) -> Converted:
 
 
 def _merge(from_file: Hints, from_caller: Hints) -> Hints:
-    """The caller's explicit image size, heads and pooling win over the file's; the hub name over config's name."""
+    """The caller's explicit image size, heads and pooling win over the file's; the hub name over config's
+    name."""
     if from_caller.image_size:
         from_file.image_size = from_caller.image_size
     if from_caller.num_heads:
@@ -217,7 +219,8 @@ def torch_load(path: Path):
             f"({_refusal_reason(e)}). vitkit reads only state dicts of tensors; re-save with "
             "torch.save(model.state_dict(), ...) or safetensors") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable PyTorch file ({str(e).splitlines()[0] if str(e) else e})") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch file "
+                              f"({str(e).splitlines()[0] if str(e) else e})") from None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -225,7 +228,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 def _refusal_reason(e: Exception) -> str:
     """What torch's weights-only unpickler refused, in one line: the global the pickle would import
-    (torch names it "GLOBAL module.name"), else torch's own reason without its advice, ANSI codes or newlines."""
+    (torch names it "GLOBAL module.name"), else torch's own reason without its advice, ANSI codes or
+    newlines."""
     text = _ANSI.sub("", str(e))
     found = re.search(r"GLOBAL (\S+)", text)
     if found:

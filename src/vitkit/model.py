@@ -81,7 +81,8 @@ class Attention(nn.Module):
         if queries is None:
             return split_heads(self.qkv(x), self.num_heads)
         w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
-        (q,) = split_heads(F.linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads, parts=1)
+        (q,) = split_heads(F.linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads,
+                           parts=1)
         k, v = split_heads(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
         return q, k, v
 
@@ -91,7 +92,8 @@ class Attention(nn.Module):
         if not return_attention:
             try:
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout), None
-            except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA's CPU kernel has no derivative
+            except NotImplementedError:
+                # forward-mode AD (torch.func.jvp): SDPA's CPU kernel has no derivative
                 pass
         return explicit_attention(q, k, v, self.scale, dropout, self.training)
 
@@ -135,7 +137,8 @@ def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if p == 0.0 or not training:
         return x
     keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
-    return x * keep.div_(1.0 - p)  # rescale the (B, 1, 1) mask, not the whole (B, T, D) tensor: one pass over x
+    # rescale the (B, 1, 1) mask, not the whole (B, T, D) tensor: one pass over x
+    return x * keep.div_(1.0 - p)
 
 
 def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool) -> torch.Tensor:
@@ -163,7 +166,8 @@ class Block(nn.Module):
         self.drop_path = drop_path
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
-        """(B, T, D) -> (B, T, D); with `queries`, only the first `queries` tokens are updated: (B, queries, D)."""
+        """(B, T, D) -> (B, T, D); with `queries`, only the first `queries` tokens are updated: (B, queries,
+        D)."""
         y, attn = self.attn(self.norm1(x), return_attention, queries)
         if queries is not None:
             x = x[:, :queries]
@@ -218,8 +222,8 @@ class VisionTransformer(nn.Module):
     def init_weights(self) -> None:
         """The initialisation of Google's Flax ViT (vit_jax/models_vit.py): a zero class token, normal (std
         0.02) position embeddings, LeCun normal for the patch projection and the pre-logits, Xavier uniform in
-        the encoder, a zero classifier. A model on the meta device (shapes only: count_parameters, count_flops)
-        has no values to set."""
+        the encoder, a zero classifier. A model on the meta device (shapes only: count_parameters,
+        count_flops) has no values to set."""
         if self.norm.weight.is_meta:
             return
         for name in ("pos_embed", "pos_embed_row", "pos_embed_col", "pos_embed_cls"):
@@ -318,8 +322,8 @@ class VisionTransformer(nn.Module):
         if self.cfg.pool != "token" or len(self.blocks) == 0:
             return self.forward_head(self.forward_features(x))
         # Eq. 4 reads only the class token z_L^0, so the last block need only update that token (its attention
-        # still reads every token, so only the keys and values are projected for all): the same logits for about
-        # a sixth of the last block's FLOPs.
+        # still reads every token, so only the keys and values are projected for all): the same logits for
+        # about a sixth of the last block's FLOPs.
         x = self.embed(x)
         for block in self.blocks[:-1]:
             x, _ = block(x)

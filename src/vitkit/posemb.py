@@ -39,9 +39,9 @@ def resample_pos_embed(
     `num_prefix_tokens` rows (the class token's) are kept as they are. Returns a table of the same rank.
     Resampling to the same grid returns the input unchanged.
 
-    `mode` is 'bicubic' or 'bilinear' on pixel areas (align_corners=False, as timm), or 'bilinear-corners': the
-    paper's own code (vit_jax's checkpoint loading, `scipy.ndimage.zoom` with order 1), which maps the corner
-    patches onto the corner patches (align_corners=True) and does not antialias.
+    `mode` is 'bicubic' or 'bilinear' on pixel areas (align_corners=False, as timm), or 'bilinear-corners':
+    the paper's own code (vit_jax's checkpoint loading, `scipy.ndimage.zoom` with order 1), which maps the
+    corner patches onto the corner patches (align_corners=True) and does not antialias.
 
     `antialias` (the default, as timm's `resample_abs_pos_embed`, so that a model fine-tuned at another size
     starts from the table timm would give it) low-pass filters when shrinking a grid; torch's antialiased
@@ -64,8 +64,8 @@ def resample_pos_embed(
         return pos_embed
     prefix, grid = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
     dim = grid.shape[-1]
-    # (1, D, gh, gw), contiguous: torch's antialiased interpolation misreads the permuted (channels-last) layout
-    # of a grid one patch wide (torch 2.14: every value wrong); it reads the others alike either way.
+    # (1, D, gh, gw), contiguous: torch's antialiased interpolation misreads the permuted (channels-last)
+    # layout of a grid one patch wide (torch 2.14: every value wrong); it reads the others alike either way.
     grid = grid.reshape(1, gh, gw, dim).permute(0, 3, 1, 2).float().contiguous()
     if mode == "bilinear-corners":
         grid = F.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)

@@ -39,8 +39,8 @@ def prepare_finetune(
     old = src.cfg
     fixed = sorted(set(overrides) & set(SHAPE_FIELDS))
     if fixed:
-        raise ValueError(f"cannot change {fixed} when transferring from {_name(source)}: they set the shapes of "
-                         "the pre-trained weights")
+        raise ValueError(f"cannot change {fixed} when transferring from {_name(source)}: they set the shapes "
+                         "of the pre-trained weights")
     new = old.replace(
         num_classes=num_classes,
         representation_size=None,  # the pre-training head goes (Sec. 3.2)

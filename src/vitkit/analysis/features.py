@@ -67,8 +67,8 @@ def data_fingerprint(dataset, n: int) -> str:
     return h.hexdigest()
 
 
-def iterate_batches(dataset, batch_size: int, transform: Callable | None = None,
-                    limit: int | None = None, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def iterate_batches(dataset, batch_size: int, transform: Callable | None = None, limit: int | None = None,
+                    num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(images, labels) batches of a dataset of (image, label) items; `transform` turns an item's image
     into a (C, H, W) tensor when it is not one already. `limit` takes the first items only."""
     n = len(dataset) if limit is None else min(limit, len(dataset))
@@ -81,11 +81,12 @@ def iterate_batches(dataset, batch_size: int, transform: Callable | None = None,
             images = [transform(im) for im in images]
         for i, im in enumerate(images):
             if not isinstance(im, torch.Tensor):
-                raise ValueError(f"item {i} of a batch is a {type(im).__name__}, not a tensor: give a transform")
+                raise ValueError(f"item {i} of a batch is a {type(im).__name__}, not a tensor: give a "
+                                 "transform")
         return torch.stack(list(images)), torch.as_tensor([int(y) for y in labels], dtype=torch.int64)
 
-    loader = torch.utils.data.DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                                         collate_fn=collate)
+    loader = torch.utils.data.DataLoader(subset, batch_size=batch_size, shuffle=False,
+                                         num_workers=num_workers, collate_fn=collate)
     yield from loader
 
 
@@ -94,7 +95,8 @@ def _eval_transform_for_images(cfg) -> Callable:
     from ..data.transforms import build_eval_transform
 
     evaluation = build_eval_transform(cfg)
-    return lambda image: image if isinstance(image, torch.Tensor) and image.is_floating_point() else evaluation(image)
+    return lambda image: (image if isinstance(image, torch.Tensor) and image.is_floating_point()
+                          else evaluation(image))
 
 
 @torch.inference_mode()
@@ -144,8 +146,8 @@ def extract_features(model, dataset, cache: str | os.PathLike | None = None, dat
     """`compute_features`, through a cache file when `cache` is given.
 
     `data_key` names the data (e.g. "fashion-mnist:train"); together with the model's fingerprint, the
-    number of items, the data's fingerprint (`data_fingerprint`: files, sizes, times and labels of a folder) and
-    the transform's description it decides whether the cache is valid.
+    number of items, the data's fingerprint (`data_fingerprint`: files, sizes, times and labels of a folder)
+    and the transform's description it decides whether the cache is valid.
     """
     if cache is None:
         return compute_features(model, dataset, **kwargs)

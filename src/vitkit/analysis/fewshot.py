@@ -50,10 +50,12 @@ def signed_one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return 2.0 * torch.nn.functional.one_hot(labels.long(), num_classes).to(torch.float64) - 1.0
 
 
-def fit_lsr(x: torch.Tensor, labels: torch.Tensor, num_classes: int, l2_reg: float = DEFAULT_L2) -> LinearModel:
+def fit_lsr(x: torch.Tensor, labels: torch.Tensor, num_classes: int,
+            l2_reg: float = DEFAULT_L2) -> LinearModel:
     """The regularised least-squares classifier of `x` (N, D) to {-1, 1}^K targets, in closed form."""
     if x.dim() != 2 or labels.shape != (x.shape[0],):
-        raise ValueError(f"need features (N, D) and labels (N,), got {tuple(x.shape)} and {tuple(labels.shape)}")
+        raise ValueError(f"need features (N, D) and labels (N,), got {tuple(x.shape)} and "
+                         f"{tuple(labels.shape)}")
     if l2_reg <= 0:
         raise ValueError(f"l2_reg must be positive, got {l2_reg}")
     x = x.detach().to(torch.float64)
@@ -123,8 +125,8 @@ def fewshot_eval(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
     """Few-shot accuracy on (test_x, test_y) of classifiers fitted to `shots` per class drawn from
     (train_x, train_y), for each number of shots, over `seeds` random draws (see draw_shots).
 
-    `draws`, when given, are the (seed, shots) -> row indices into train_x to use instead of drawing them here:
-    a caller that drew them from a whole dataset's labels needs only those rows' features.
+    `draws`, when given, are the (seed, shots) -> row indices into train_x to use instead of drawing them
+    here: a caller that drew them from a whole dataset's labels needs only those rows' features.
     """
     K = int(num_classes if num_classes is not None else max(int(train_y.max()), int(test_y.max())) + 1)
     if draws is None:

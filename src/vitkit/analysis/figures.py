@@ -23,10 +23,11 @@ from .filters import FilterComponents, to_display  # noqa: E402
 DPI = 100
 
 
-def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = DPI, name_in_folder: str = "figure.png") -> Path:
+def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = DPI,
+                name_in_folder: str = "figure.png") -> Path:
     """Write `fig` (folders created) and close it; returns the path written. The format follows the suffix
-    (.png, .pdf, .svg, ...); a path without one that matplotlib knows gets .png appended, and an existing folder
-    gets the figure inside it as `name_in_folder`."""
+    (.png, .pdf, .svg, ...); a path without one that matplotlib knows gets .png appended, and an existing
+    folder gets the figure inside it as `name_in_folder`."""
     p = Path(path)
     if p.is_dir():
         p = p / name_in_folder
@@ -92,7 +93,8 @@ def plot_attention(images: Sequence[np.ndarray], maps: Sequence[np.ndarray], gri
     return fig
 
 
-def plot_filters(pcs: FilterComponents, cols: int = 7, title: str = "Patch-embedding filters: principal components"
+def plot_filters(pcs: FilterComponents, cols: int = 7,
+                 title: str = "Patch-embedding filters: principal components"
                  ) -> Figure:
     """Fig. 7 (left): the principal components as RGB (or grey) patches, with each one's share of variance."""
     k = pcs.components.shape[0]
@@ -183,7 +185,8 @@ def plot_fewshot(results: dict[str, Sequence[tuple[int, float, float]]],
     fig, ax = plt.subplots(figsize=(4.8, 3.4))
     for label, rows in results.items():
         shots = [r[0] for r in rows]
-        ax.errorbar(shots, [r[1] for r in rows], yerr=[r[2] for r in rows], marker="o", capsize=3, label=label)
+        ax.errorbar(shots, [r[1] for r in rows], yerr=[r[2] for r in rows], marker="o", capsize=3,
+                    label=label)
     ax.set_xscale("log")
     all_shots = sorted({r[0] for rows in results.values() for r in rows})
     ax.set_xticks(all_shots)

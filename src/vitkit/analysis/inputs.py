@@ -1,5 +1,5 @@
-"""Images as the analyses need them: read in the model's colour mode (through vitkit.data, which also gives the
-datasets and the evaluation transform), and turned back into displayable pixels for the figures."""
+"""Images as the analyses need them: read in the model's colour mode (through vitkit.data, which also gives
+the datasets and the evaluation transform), and turned back into displayable pixels for the figures."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 
-def position_similarity(table: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
+def position_similarity(table: torch.Tensor, grid_size: tuple[int, int],
+                        num_prefix_tokens: int = 0) -> torch.Tensor:
     """Cosine similarities of the patch rows of a position table, as (N, gh, gw) maps.
 
     `table` is (T, D) or (1, T, D) with T = num_prefix_tokens + gh * gw (the class-token row, if any, is
@@ -18,8 +19,8 @@ def position_similarity(table: torch.Tensor, grid_size: tuple[int, int], num_pre
     """
     if not isinstance(table, torch.Tensor):
         raise TypeError(f"position_similarity takes a position table tensor, got {type(table).__name__}: "
-                        "model.position_table() gives it for any parameterisation (a model with pos_embed='none' "
-                        "has none)")
+                        "model.position_table() gives it for any parameterisation (a model with "
+                        "pos_embed='none' has none)")
     if table.dim() == 3:
         if table.shape[0] != 1:
             raise ValueError(f"position table must be (1, T, D) or (T, D), got shape {tuple(table.shape)}")

@@ -80,7 +80,8 @@ def _from_queries(matrix: torch.Tensor, num_prefix_tokens: int, pool: Pool | Non
         pool = "token" if p > 0 else "gap"
     if pool == "token":
         if p == 0:
-            raise ValueError("pool='token' needs a class token, and these attention maps have no prefix token")
+            raise ValueError("pool='token' needs a class token, and these attention maps have no prefix "
+                             "token")
         return matrix[:, 0, p:]
     if pool != "gap":
         raise ValueError(f"pool={pool!r}: choose token or gap")
@@ -101,7 +102,8 @@ def attention_rollout(attentions: Sequence[torch.Tensor], num_prefix_tokens: int
 def layer_attention(attentions: Sequence[torch.Tensor], layer: int, num_prefix_tokens: int,
                     head: int | None = None, pool: Pool | None = None) -> torch.Tensor:
     """One layer's raw attention to each patch, (B, N): from the class token (or the mean patch query of a
-    GAP model; `pool` as in attention_rollout), averaged over the heads or from a single `head`. Negative indices count from the end."""
+    GAP model; `pool` as in attention_rollout), averaged over the heads or from a single `head`. Negative
+    indices count from the end."""
     L = len(attentions)
     if not -L <= layer < L:
         raise ValueError(f"layer {layer} out of range: the model has {L} layers (0..{L - 1})")
