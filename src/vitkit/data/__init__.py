@@ -17,6 +17,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "resolve",
         ],
         "download": ["DownloadError"],
-        "images": ["BadImageError", "open_image"],
+        "images": ["BadImageError", "decode_image", "open_image"],
     },
 )
