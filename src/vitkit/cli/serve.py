@@ -54,8 +54,13 @@ def serve(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     precision: str = typer.Option("fp32", "--precision", help="vitkit.optimize's precision: fp32 (the same "
                                   "function), int8 (CPU) or bf16 (GPU, or a CPU with native bf16)."),
+    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads for the model (0: PyTorch's default, "
+                                "one per core). On a machine shared with other work, or with the clients, fewer "
+                                "threads can be faster: a parallel region waits for its slowest thread."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: critical, error, warning, "
                                   "info, debug or trace."),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log a line for every request "
+                                    "(/metrics counts them either way)."),
 ) -> None:
     """Serve a model over HTTP: POST /predictions, the Open Inference Protocol (/v2/...), POST /attention,
     /metrics, and a page at / to try it in a browser.
@@ -82,6 +87,10 @@ def serve(
     settings = ServeSettings(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, queue_size=queue_size,
                              timeout_s=timeout_s, token=token, max_body_bytes=round(max_body_mb * 2**20))
     dev = parse_device(device)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     loaded = load(model)
     served_name = model_name(name, loaded.cfg.name, model)
     retain_freed_memory()
@@ -94,7 +103,7 @@ def serve(
                    err=True)
     typer.echo(f"serving {served_name} ({model}) on {dev} at http://{host}:{port}/ "
                f"(batches of up to {max_batch_size}, waiting at most {max_delay_ms:g} ms)", err=True)
-    run_server(app, gate, host, port, log_level)
+    run_server(app, gate, host, port, log_level, access_log)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,8 +2,8 @@
 metrics and the page. `create_app(worker, settings)` gives an ASGI app that uvicorn or a test client runs.
 
 Every error is JSON `{"error": message}` with the status that says what is wrong. Images are decoded in
-threads beside the event loop; the model runs on its worker's own thread, in batches that the two Batchers
-(classification, attention) form."""
+threads beside the event loop; the model (and its preprocessing) runs on its worker's own thread, in batches
+that the two Batchers (classification, attention) form."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
-import torch
+from PIL import Image
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -33,7 +33,6 @@ from .batcher import Batcher, Closed, QueueFull
 from .errors import RequestError
 from .guard import ARRIVED, Gate, Guard
 from .metrics import Metrics
-from .overlay import overlay_png
 from .worker import ModelWorker
 
 MIB = 2**20
@@ -85,11 +84,11 @@ class Service:
         self.worker, self.settings, self.metrics, self.gate = worker, settings, metrics, gate
         worker.on_batch_time = metrics.batch_time.observe
 
-        def batcher(run: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> Batcher:
+        def batcher(run: Callable[[list], list]) -> Batcher:
             return Batcher(lambda items: worker.call(run, items), settings.max_batch_size,
                            settings.max_delay_ms / 1000, settings.queue_size, metrics.observe_batch)
 
-        self.classifier, self.attention = batcher(worker.classify), batcher(worker.rollout)
+        self.classifier, self.attention = batcher(worker.classify), batcher(worker.overlays)
         metrics.queue_depth.set_function(lambda: self.classifier.depth + self.attention.depth)
         metrics.in_flight.set_function(lambda: gate.in_flight)
         page = importlib.resources.files("vitkit.serve").joinpath("page.html").read_text(encoding="utf-8")
@@ -125,8 +124,8 @@ class Service:
         except Closed:
             raise RequestError(503, "the server is shutting down", {"Retry-After": "1"}) from None
 
-    async def image_input(self, request: Request) -> torch.Tensor:
-        """The uploaded image (the raw body, or a multipart form's `file`) as the model's input."""
+    async def image_input(self, request: Request) -> Image.Image:
+        """The uploaded image (the raw body, or a multipart form's `file`), decoded."""
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
             form = await request.form(max_files=1, max_fields=8)
             upload = form.get("file")
@@ -152,9 +151,7 @@ class Service:
 
     async def attention_map(self, request: Request) -> Response:
         async def run(request: Request) -> Response:
-            x = await self.image_input(request)
-            rollout = await self.attention.submit(x)
-            png = await run_in_threadpool(overlay_png, x, rollout, self.worker.cfg)
+            png = await self.attention.submit(await self.image_input(request))
             return Response(png, media_type="image/png")
 
         return await self.answer(request, run)

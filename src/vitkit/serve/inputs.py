@@ -1,38 +1,30 @@
-"""What a request sends, checked and turned into model inputs: an image's bytes (decoded with the limits of
-vitkit.data.images, then the model's own evaluation transform) or a preprocessed tensor. Each way it can be
-wrong is a RequestError with the status a client can act on."""
+"""What a request sends, checked: an image's bytes (decoded with the checks and limits of vitkit.data.images)
+or a preprocessed tensor of the model's input shape. Each way it can be wrong is a RequestError with the
+status a client can act on."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import torch
+from PIL import Image
 
 from ..config import ViTConfig
 from ..data.images import BadImageError, decode_image
-from ..data.transforms import build_eval_transform
 from .errors import RequestError
 
 # The HTTP status for each reason an image is refused.
 STATUS_OF_REASON = {"empty": 400, "not-an-image": 415, "too-many-pixels": 413, "corrupt": 422}
 
 
-def image_decoder(cfg: ViTConfig, max_pixels: int) -> Callable[[bytes, str], torch.Tensor]:
-    """A function (image bytes, name for messages) -> the model's input (C, H, W), float32: decoded in the
-    model's colour mode and through its evaluation transform, as `vitkit predict` does with files."""
-    transform = build_eval_transform(cfg)
-    mode = "L" if cfg.in_chans == 1 else "RGB"
-
-    def decode(data: bytes, name: str = "image") -> torch.Tensor:
-        try:
-            image = decode_image(data, mode, max_pixels, name)
-        except BadImageError as e:
-            raise RequestError(STATUS_OF_REASON.get(e.reason, 422), str(e)) from None
-        return transform(image)
-
-    return decode
+def decode_upload(data: bytes, mode: str, max_pixels: int, name: str = "image") -> Image.Image:
+    """An uploaded image decoded in `mode` ('RGB' or 'L') with vitkit.data.images' checks; a bad one is a
+    RequestError: 400 empty, 413 over `max_pixels`, 415 not an image, 422 corrupt or truncated."""
+    try:
+        return decode_image(data, mode, max_pixels, name)
+    except BadImageError as e:
+        raise RequestError(STATUS_OF_REASON.get(e.reason, 422), str(e)) from None
 
 
 def input_shape(cfg: ViTConfig) -> list[int]:

@@ -32,8 +32,9 @@ class DrainingServer(uvicorn.Server):
         return stop or (self.gate.draining and self.gate.in_flight == 0)
 
 
-def serve(app: ASGIApp, gate: Gate, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def serve(app: ASGIApp, gate: Gate, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          access_log: bool = False) -> None:
     """Serve `app` (whose Guard shares `gate`) on host:port until a signal; returns once drained."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            server_header=False)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=5, server_header=False)
     DrainingServer(config, gate).run()
