@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import os
 import re
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 
@@ -340,10 +340,8 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
     """A request waiting for batch-mates is in flight when SIGTERM comes: it is answered, a new request gets
     503, and the command exits 0."""
     vitkit.save(model, tmp_path / "tiny", class_names=CLASSES)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", "")] if p)}
     proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli.main", "serve", str(tmp_path / "tiny"), "--port", "0",
-                             "--max-delay-ms", "1500", "--max-batch-size", "64"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+                             "--max-delay-ms", "1500", "--max-batch-size", "64"], stderr=subprocess.PIPE, text=True)
     try:
         url = None
         for line in proc.stderr:
@@ -352,6 +350,7 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
                 url = match.group(1)
                 break
         assert url, "the server did not say where it listens"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # the rest of its log, never blocking it
         wait_ready(lambda path: httpx.get(url + path))
         assert httpx.get(url + "/v2/models/tiny").json()["parameters"]["labels"] == CLASSES
 
@@ -374,4 +373,3 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.stderr.close()
