@@ -3,6 +3,7 @@ model's offline throughput at batch 16 measured in the same run.
 
     flock /tmp/vitkit-cpu.lock .venv/bin/python benchmarks/bench_serve.py --demo runs/demo/best \\
         --json benchmarks/results/serve_CPU_DATE.json
+    .venv/bin/python benchmarks/bench_serve.py --table benchmarks/results/serve_CPU_DATE.json   # the docs' table
 
 For each model (the `demo` checkpoint, and ViT-S/16 with random weights: its speed is the architecture's), it
 measures offline, in this process: the model alone (vitkit.optimize fp32, the server's path) on a batch of 16
@@ -222,9 +223,32 @@ def serve_runs(model_path: str, image: bytes, max_batch_size: int, args: argpars
     return rows
 
 
+def markdown_table(result: dict) -> str:
+    """The results as the table of docs/serving.md."""
+    lines = ["| model | server | clients | requests/s | p50 ms | p99 ms | errors | mean batch |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, entry in result["models"].items():
+        for r in entry["serve"]:
+            lines.append(f"| {name} | --max-batch-size {r['max_batch_size']} | {r['clients']} | {r['req_s']:.1f} | "
+                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | {r['mean_batch']:.2f} |")
+    lines.append("")
+    lines.append("| model | offline batch 16, model alone (img/s) | offline batch 16, decode + preprocess + model "
+                 "(img/s) | 16 clients / model alone | 16 clients / decode + model | 16 clients / "
+                 "--max-batch-size 1 |")
+    lines.append("|---|---:|---:|---:|---:|---:|")
+    for name, e in result["models"].items():
+        off = e["offline_batch16"]
+        unbatched = e.get("ratio_16_clients_to_max_batch_size_1")
+        lines.append(f"| {name} | {off['model_img_s']:.1f} | {off['pipeline_img_s']:.1f} | "
+                     f"{e['ratio_16_clients_to_offline_model']:.2f}x | {e['ratio_16_clients_to_offline_pipeline']:.2f}x "
+                     f"| {'-' if unbatched is None else f'{unbatched:.2f}x'} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--demo", required=True, help="The demo checkpoint (make demo: runs/demo/best).")
+    parser.add_argument("--table", type=Path, help="Only print the markdown table of an earlier run's JSON.")
+    parser.add_argument("--demo", help="The demo checkpoint (make demo: runs/demo/best).")
     parser.add_argument("--requests", type=int, default=1000, help="Requests per cell.")
     parser.add_argument("--max-delay-ms", type=float, default=10.0, help="The server's --max-delay-ms.")
     parser.add_argument("--threads", type=int, default=1,
@@ -233,6 +257,11 @@ def main() -> None:
     parser.add_argument("--skip-vit-s", action="store_true", help="Only the demo model.")
     parser.add_argument("--json", type=Path, help="Write the results here.")
     args = parser.parse_args()
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return
+    if not args.demo:
+        parser.error("--demo is needed (the demo checkpoint, e.g. runs/demo/best)")
     retain_freed_memory()
     torch.set_num_threads(args.threads)
     result = {"what": "vitkit serve: POST /predictions on loopback, 1,000 requests per cell",
@@ -260,7 +289,7 @@ def main() -> None:
                 entry["ratio_16_clients_to_max_batch_size_1"] = round(at16["req_s"] / unbatched[0]["req_s"], 3)
             result["models"][name] = entry
     result["load_average_after"] = os.getloadavg()
-    print(json.dumps(result, indent=2))
+    print(markdown_table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
