@@ -63,12 +63,12 @@ def test_a_full_batch_runs_at_once_and_the_rest_wait_for_the_next():
 def test_a_batch_waits_at_most_max_delay_after_its_first_item_arrived():
     async def main():
         rec = Recorder()
-        b = Batcher(rec, max_batch_size=16, max_delay=0.1)
+        b = Batcher(rec, max_batch_size=16, max_delay=0.2)
         b.start()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         first = asyncio.ensure_future(b.submit(1))
-        await asyncio.sleep(0.06)
+        await asyncio.sleep(0.15)
         second = asyncio.ensure_future(b.submit(2))  # joins the batch that the first one opened
         await asyncio.gather(first, second)
         await b.close()
@@ -76,18 +76,18 @@ def test_a_batch_waits_at_most_max_delay_after_its_first_item_arrived():
 
     rec, started_after = run(main())
     assert rec.batches == [[1, 2]]
-    assert 0.09 <= started_after < 0.3, started_after  # 0.1 s after the first, not 0.1 s after the second
+    assert 0.19 <= started_after < 0.33, started_after  # 0.2 s after the first, not 0.2 s after the second
 
 
 def test_items_that_waited_behind_a_running_batch_start_at_once():
     """The delay counts from an item's arrival, not from when the worker is free to look at it."""
     async def main():
-        rec = Recorder(seconds=0.3)
-        b = Batcher(rec, max_batch_size=16, max_delay=0.1)
+        rec = Recorder(seconds=0.6)
+        b = Batcher(rec, max_batch_size=16, max_delay=0.3)
         b.start()
         first = asyncio.ensure_future(b.submit(1))
-        await asyncio.sleep(0.15)  # the first batch is running now, for 0.3 s
-        later = [asyncio.ensure_future(b.submit(i)) for i in (2, 3)]
+        await asyncio.sleep(0.45)  # the first batch is running now, until 0.9 s
+        later = [asyncio.ensure_future(b.submit(i)) for i in (2, 3)]  # their delay ends at 0.75 s
         await asyncio.gather(first, *later)
         await b.close()
         return rec
@@ -95,7 +95,7 @@ def test_items_that_waited_behind_a_running_batch_start_at_once():
     rec = run(main())
     assert rec.batches == [[1], [2, 3]]
     gap = rec.starts[1] - rec.starts[0]
-    assert gap < 0.3 + 0.08, gap  # ran as soon as the first batch ended, with no fresh 0.1 s wait
+    assert gap < 0.6 + 0.15, gap  # ran as soon as the first batch ended, with no fresh 0.3 s wait
 
 
 def test_a_full_queue_refuses_at_once():
