@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# torch and torchvision must be a matching pair; these two lie on our machines' disk.
+# torch and torchvision must be a matching pair; the tests run with these two.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
 .PHONY: demo test lint setup clean

@@ -1,5 +1,5 @@
 """The attention operators on their AVX-512 register tiles against the same operators on MKL's sgemm
-(src/vitkit/csrc/attention.cpp), in one process: the operators alone, and with --models whole models,
+(src/vitkit/cpu/csrc/attention.cpp), in one process: the operators alone, and with --models whole models,
 inference and the training step. Each round runs both ways in a fresh random order; the ratio is paired (the
 median over rounds of sgemm's time over the tiles' in the same round), so above 1 means the tiles are faster.
 
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit import kernels
 from vitkit.bench import interleaved_times, paired_ratio, write_json
-from vitkit.qkv_attention import keeps_probabilities, sgemm_products
+from vitkit.cpu.attention import keeps_probabilities, sgemm_products
+from vitkit.cpu.build import attention_available
 
 # (name, batch, tokens, width, heads) of the attention in each model, as it runs: ViT-S/16 and ViT-B/16 at 224
 # px; the fashion-mnist recipe in training (49 patches, half dropped, and the class token); the demo recipe.
@@ -92,7 +92,8 @@ def operator_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
 
 
 def model_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
-    """Inference (plain and optimize(fp32)) and the training step (forward, backward, AdamW)."""
+    """Inference (the accelerated model, vitkit.accelerate, and optimize(fp32)) and the accelerated model's
+    training step (forward, backward, AdamW): the plain model runs none of vitkit's operators."""
     rows = []
 
     def report(name: str, what: str, fn: Callable[[], object], reps: int) -> None:
@@ -104,11 +105,11 @@ def model_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
     for preset, batch in (("ViT-S/16", 1), ("ViT-B/16", 1), ("ViT-S/16", 16)):
         cfg = vitkit.get_config(preset)
         x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
-        plain = vitkit.create_model(cfg).eval()
+        accelerated = vitkit.accelerate(vitkit.create_model(cfg).eval())
         fast = vitkit.optimize(vitkit.create_model(cfg).eval(), "fp32", compile=False)
         reps = max(3, repeats // 4) if batch > 1 else repeats
         with torch.inference_mode():
-            report(f"{preset} b{batch}", "inference, plain", lambda m=plain, x=x: m(x), reps)
+            report(f"{preset} b{batch}", "inference, accelerated", lambda m=accelerated, x=x: m(x), reps)
             report(f"{preset} b{batch}", "inference, optimize", lambda m=fast, x=x: m(x), reps)
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -116,7 +117,7 @@ def model_rows(repeats: int, warmup: int, rng: random.Random) -> list[dict]:
 
     for cfg, batch in ((vitkit.get_config("ViT-S/16"), 8), recipe_cell("fashion-mnist"), recipe_cell("demo")):
         torch.manual_seed(0)
-        model = vitkit.create_model(cfg).train()
+        model = vitkit.accelerate(vitkit.create_model(cfg).train())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
         y = torch.randint(0, cfg.num_classes, (batch,))
@@ -141,7 +142,7 @@ def main() -> None:
     args = p.parse_args()
     if args.repeats < 1 or args.warmup < 0:
         p.error(f"--repeats must be at least 1 and --warmup at least 0, got {args.repeats} and {args.warmup}")
-    if not kernels.attention_available():
+    if not attention_available():
         sys.exit("bench_attention: vitkit's attention operator is not available here (VITKIT_KERNELS=0, or no "
                  "C++ compiler to build it)")
     if args.threads:

@@ -1,5 +1,5 @@
 """Products of few rows: MKL (`F.linear`) against oneDNN (plain and packed weights), and what taking MKL for
-the per-image layers (vitkit.inference.per_image_linears: the classifier, the last block's class-token layers)
+the per-image layers (the classifier, the last block's class-token layers: vitkit.cpu.packed.PackedLinear)
 gains `optimize(fp32)` at small batches.
 
     .venv/bin/python benchmarks/bench_few_rows.py --threads 2 --json runs/few-rows.json
@@ -22,22 +22,31 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit import bench
-from vitkit.inference import PackedLinear, optimize
-from vitkit.linear import _onednn_linear as onednn_linear
+from vitkit.cpu.packed import PackedLinear
+from vitkit.cpu.private import onednn_linear, pack_weight
+from vitkit.inference import optimize
 
 ROWS = (1, 2, 4, 8, 16)
 
 
+def per_image_layers(fast: torch.nn.Module) -> list[PackedLinear]:
+    """The layers of the optimized model `fast` that multiply one row per image: the last block's, after its
+    attention (the class token's query, output projection, MLP), and the classifier."""
+    last = fast.blocks[-1]
+    layers = [m for name, m in last.named_modules()
+              if isinstance(m, PackedLinear) and not name.endswith("qkv")]
+    return layers + ([fast.head] if isinstance(fast.head, PackedLinear) else [])
+
+
 def layer_table(fast: torch.nn.Module, repeats: int, rng: random.Random) -> list[dict]:
-    """Median microseconds of each per-image layer shape of the optimized model `fast` (its PackedLinears with
-    a plain weight, per_image_linears' layers) through MKL, oneDNN and oneDNN packed."""
-    shapes = sorted({(m.in_features, m.out_features) for m in fast.modules()
-                     if isinstance(m, PackedLinear) and m.plain_weight is not None})
+    """Median microseconds of each per-image layer shape of the optimized model `fast` through MKL, oneDNN and
+    oneDNN packed."""
+    shapes = sorted({(m.in_features, m.out_features) for m in per_image_layers(fast)})
     table = []
     with torch.inference_mode():
         for fan_in, fan_out in shapes:
             w, b = torch.randn(fan_out, fan_in), torch.randn(fan_out)
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, 197)
+            packed = pack_weight(w, 197)
             for n in ROWS:
                 x = torch.randn(n, fan_in)
                 calls = {
@@ -55,11 +64,11 @@ def layer_table(fast: torch.nn.Module, repeats: int, rng: random.Random) -> list
 
 
 def optimize_without_plain_weights(model: vitkit.VisionTransformer) -> torch.nn.Module:
-    """`optimize(model, "fp32")` with every layer through oneDNN (as before PackedLinear's few_rows)."""
+    """`optimize(model, "fp32")` with every packed layer through oneDNN, whatever the rows of a call."""
     other = optimize(model, "fp32")
     for m in other.modules():
         if isinstance(m, PackedLinear):
-            m.plain_weight = None
+            m.engine = lambda x: "packed"
     return other
 
 

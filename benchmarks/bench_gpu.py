@@ -1,7 +1,7 @@
-"""GPU speed of vitkit against timm (issue 6's GPU part): inference and the training step of ViT-B/16 with bf16,
+"""GPU speed of vitkit against timm: inference and the training step of ViT-B/16 with bf16,
 flash attention and torch.compile, in one process.
 
-For a session that is lent a GPU: one command, a few minutes, a table and a JSON file for the issue's note.
+One command, a few minutes, a table and a JSON file (a record for benchmarks/results/: gpu-infer, gpu-train).
 
     .venv/bin/python benchmarks/bench_gpu.py --json gpu.json                 # ViT-B/16 on cuda:0
     .venv/bin/python benchmarks/bench_gpu.py --no-compile                    # skip torch.compile (faster)
@@ -47,8 +47,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def bf16_allowed(device: torch.device) -> bool:
-    """bf16 on every GPU we use, and on CPUs that compute it natively (as vitkit.optimize allows)."""
-    from vitkit.hardware import cpu_has_native_bf16
+    """bf16 on every GPU vitkit supports, and on CPUs that compute it natively (as vitkit.optimize allows)."""
+    from vitkit.cpu.hardware import cpu_has_native_bf16
 
     return device.type == "cuda" or cpu_has_native_bf16()
 
@@ -67,7 +67,7 @@ def inference_models(cfg: ViTConfig, device: torch.device, compile: bool) -> dic
     torch.manual_seed(0)
     plain = vitkit.create_model(cfg).to(device).eval()
     with torch.no_grad():
-        nn.init.normal_(plain.head.weight, std=0.02)  # our classifier starts at zero
+        nn.init.normal_(plain.head.weight, std=0.02)  # vitkit's classifier starts at zero
     models: dict[str, nn.Module] = {"vitkit-fp32": plain}
     timm_model = build_timm(cfg).to(device).eval()
     if bf16_allowed(device):

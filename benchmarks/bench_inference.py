@@ -44,7 +44,7 @@ def run_speed(args: argparse.Namespace) -> None:
 
 
 def fashion_mnist_test() -> tuple[torch.Tensor, torch.Tensor]:
-    """The 10,000 test images (uint8, N x 1 x 28 x 28) and labels, through the data engineer's loader."""
+    """The 10,000 test images (uint8, N x 1 x 28 x 28) and labels, through vitkit.data's loader."""
     from vitkit.data import resolve
 
     ds = resolve("fashion-mnist", "test", download=False)

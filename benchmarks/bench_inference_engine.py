@@ -1,8 +1,9 @@
-"""The plain model's inference products on oneDNN against MKL (vitkit.linear.inference_engine), in one process.
+"""The accelerated model's inference products on oneDNN against MKL (vitkit.cpu.linear), in one process.
 
-vitkit.linear.Linear multiplies without a gradient on the engine `inference_engine(rows)` picks: MKL up to two
-rows, on Intel CPUs also from MKL_FROM_ROWS rows (four images) on, oneDNN otherwise. This script times the
-plain model (`create_model` in eval mode, as `vitkit bench` builds it) at several batch sizes three ways,
+With tuning off, vitkit.cpu.linear.FastLinear multiplies without a gradient on the engine
+`inference_engine(rows)` picks: MKL up to two rows, on Intel CPUs also from MKL_FROM_ROWS rows (four images)
+on, oneDNN otherwise. This script times the accelerated model (as `vitkit bench` builds it) at several batch
+sizes three ways,
 interleaved in a fresh random order each round: every product of more than two rows on oneDNN ("onednn", the
 rule before), every product on MKL ("mkl"), and the rule ("auto"). Ratios are paired (vitkit.bench.paired_ratio):
 how many times faster than "onednn" each way is, so above 1 means faster.
@@ -26,8 +27,8 @@ import torch.nn.functional as F
 import vitkit
 from vitkit.bench import build_vitkit, describe_cpu, interleaved_times, machine_info, paired_ratio, write_json
 from vitkit.config import get_config
-from vitkit.linear import _onednn_linear as onednn_linear
-from vitkit.linear import forced_inference_engine, inference_engine
+from vitkit.cpu.linear import forced_inference_engine, inference_engine
+from vitkit.cpu.private import onednn_linear
 
 ENGINES = ("onednn", "mkl", "auto")
 
@@ -50,7 +51,7 @@ def timed_engines(calls: dict, repeats: int, warmup: int, rng: random.Random) ->
 
 
 def model_rows(names: list[str], batches: list[int], repeats: int, rng: random.Random) -> list[dict]:
-    """Each plain model at each batch size, the three ways (ENGINES) interleaved: medians and paired speed-ups."""
+    """Each accelerated model at each batch size, the three ways (ENGINES) interleaved: medians and paired speed-ups."""
     out = []
     with torch.inference_mode():
         for name in names:

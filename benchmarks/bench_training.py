@@ -10,14 +10,14 @@ batch size.
     .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first
     .venv/bin/python benchmarks/bench_training.py --threads 2 --engines       # oneDNN and MKL side by side
 
-vitkit's linear layers compute their training products on the engine that vitkit.linear.training_engine()
+vitkit's linear layers compute their training products on the engine that vitkit.cpu.linear.training_engine()
 chooses for this machine; `--engines` times vitkit once per engine instead (vitkit[onednn], vitkit[mkl]), and
 the ratio to timm is then that of the machine's own choice.
 
 Both models step with the same optimizer, by default the one vitkit's trainer builds
 (vitkit.train.optim.build_optimizer: AdamW, fused where torch has it, weight decay on the weights only);
 `--optimizer torch-default` gives both torch's AdamW with its defaults instead (a loop over the parameters on
-the CPU; ~97 against ~24 ms a step for ViT-S/16's 22M parameters on 2 cores), as sessions before 21 measured.
+the CPU; ~97 against ~24 ms a step for ViT-S/16's 22M parameters on 2 cores).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import torch.nn.functional as F
 import vitkit
 from vitkit.bench import build_timm, paired_ratio, write_json
 from vitkit.config import ViTConfig
-from vitkit.linear import TRAINING_ENGINES, forced_training_engine, training_engine
+from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine, training_engine
 from vitkit.train.optim import build_optimizer
-from vitkit.train.recipes import OptimConfig
+from vitkit.train.settings import OptimConfig
 
 # The optimizers both contenders may step with: vitkit's trainer's (build_optimizer), or torch's AdamW with its
 # defaults over all parameters.
@@ -82,7 +82,8 @@ def contenders(cfg: ViTConfig, batch: int, engines: Sequence[str] = (),
     torch.manual_seed(0)
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
-    models = [(f"vitkit[{e}]", vitkit.create_model(cfg), e) for e in engines] or [("vitkit", vitkit.create_model(cfg), None)]
+    models = ([(f"vitkit[{e}]", vitkit.accelerate(vitkit.create_model(cfg)), e) for e in engines]
+              or [("vitkit", vitkit.accelerate(vitkit.create_model(cfg)), None)])  # as vitkit's trainer runs it
     steps = {}
     for name, model, engine in [*models, ("timm", build_timm(cfg), None)]:
         model.train()
@@ -96,7 +97,7 @@ def main_contender(steps: dict) -> str:
 
 
 # Steps before the profiled ones. The first steps of a process grow the heap, and glibc faults each new page
-# in: at ViT-S/16 batch 8 a GELU took 7-18 ms in the first two steps and 1.7 ms from the third on (session 16),
+# in: at ViT-S/16 batch 8 a GELU took 7-18 ms in the first two steps and 1.7 ms from the third on,
 # so a profile of steps 2-3 showed costs that the timed, warmed-up steps do not have.
 PROFILE_WARMUP = 4
 

@@ -1,15 +1,17 @@
-"""Issue 6's speed targets, read off the benchmark files of one or more runs: which hold in every run and which
+"""vitkit's speed targets, read off the benchmark files of one or more runs: which hold in every run and which
 do not, run by run, with the weakest cell of each.
 
-A run is the files one full measurement writes (docs/speed.md, "How to run"; benchmarks/target_runs.sh writes
-them all): `vitkit bench --json` at batch 1 and at batch 16, `benchmarks/bench_training.py --json`, and, where
-measured, `benchmarks/bench_inference.py agreement --json`. Each file is recognised by what it holds.
+A run is the files one full measurement writes (benchmarks/target_runs.sh writes them all into
+benchmarks/results/): `vitkit bench --json` at batch 1 and at batch 16, `benchmarks/bench_training.py
+--json`, and, where measured, `benchmarks/bench_inference.py agreement --json`. Each file is recognised by
+what it holds.
 
-    .venv/bin/python benchmarks/check_targets.py \\
-        --run docs/speed-runs/s12_run26_b1.json,docs/speed-runs/s12_run26_b16.json,docs/speed-runs/s12_train26.json \\
-        --run ... --markdown targets.md --json targets.json
+    R=benchmarks/results
+    python benchmarks/check_targets.py \\
+        --run $R/infer-b1_amd-epyc_2026-12-02_run1.json,$R/infer-b16_amd-epyc_2026-12-02_run1.json,\\
+$R/train-step_amd-epyc_2026-12-02_run1.json --run ... --markdown targets.md --json targets.json
 
-The CPU targets only: the GPU line and the ONNX export's check are not in these files (bench_gpu.py and
+The CPU targets only: the GPU figures and the ONNX export's check are not in these files (bench_gpu.py and
 `vitkit export` report them).
 
 Exit status: 0 when every target with figures holds in every run, 1 when one does not, 2 on a file it cannot
@@ -42,7 +44,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Target:
-    """One line of the issue: a threshold on the cells that `cells` picks out of a run."""
+    """One target: a threshold on the cells that `cells` picks out of a run."""
 
     text: str
     threshold: float
@@ -78,7 +80,8 @@ def agreement_cells(run: Run) -> list[Cell]:
 
 
 TARGETS: tuple[Target, ...] = (
-    Target("plain `create_model` >= 1.0x the best anchor, every cell", 1.0, inference_cells("vitkit", "vs_best_anchor")),
+    Target("`vitkit` (the model with its CPU modules) >= 1.0x the best anchor, every cell", 1.0,
+           inference_cells("vitkit", "vs_best_anchor")),
     Target("`optimize(fp32)` >= 1.3x the best anchor at batch 1", 1.3,
            inference_cells("vitkit-fp32-opt", "vs_best_anchor", batch=1)),
     Target("`optimize(fp32)` >= 85 % of SGEMM peak, ViT-B/16 batch 16", 0.85,

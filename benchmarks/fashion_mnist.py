@@ -1,11 +1,12 @@
 """The Fashion-MNIST benchmark: the `fashion-mnist` recipe (a pure ViT, no convolution beyond the patch
 projection) trained from scratch on the CPU, its test accuracy and its wall time, next to the anchors of the
-dataset's README. The target: 93.0 % or better within 30 minutes on our 2 cores; the goal 94.5 %.
+dataset's README. The target: 93.0 % or better within 30 minutes on 2 CPU cores; the goal 94.5 %.
 
     .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/bench-fmnist
     .venv/bin/python benchmarks/fashion_mnist.py --out runs/x            # one process (slower on 2 cores)
     .venv/bin/python benchmarks/fashion_mnist.py --recipe demo --out runs/bench-demo
     .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/x --set epochs=100
+    .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/fashion_mnist.py --out runs/x --record seed0
 
 The recipe's figures are for two processes of one thread each (torchrun sets one thread per process). The run
 is an ordinary `vitkit train` run (resumable with --resume); the test set is evaluated every few epochs (the
@@ -19,8 +20,14 @@ import argparse
 import csv
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import cpu_model, record_path  # noqa: E402
 
 # Test accuracy (%) from the README of zalandoresearch/fashion-mnist.
 ANCHORS = {"MLP 256-128-64": 90.0, "two-layer CNN (<100k parameters)": 92.5, "WRN-40-4": 96.7}
@@ -44,7 +51,7 @@ def fp32_test_top1(model_dir: Path, cfg) -> float:
     figure a user gets from the checkpoint, whatever precision the training (and its evaluations) ran in."""
     from vitkit import load
     from vitkit.train.evaluate import evaluate
-    from vitkit.train.loop import load_data
+    from vitkit.train.prepare import load_data
 
     model = load(model_dir)
     _, test, _ = load_data(cfg)  # the set (and data.val_limit) the training evaluated on
@@ -57,9 +64,11 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="run folder")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--record", metavar="TAG", nargs="?", const="",
+                        help="also write the report to benchmarks/results/recipe-RECIPE_CPU_DATE[_TAG].json")
     args = parser.parse_args()
 
-    from vitkit.model import count_parameters
+    from vitkit.counting import count_parameters
     from vitkit.train import get_recipe, train
 
     cfg = get_recipe(args.recipe, args.overrides)
@@ -72,7 +81,14 @@ def main() -> None:
     wall_minutes = (time.time() - start) / 60
     reached = time_to_levels(args.out / "metrics.csv", start)  # (from this process's start when resumed)
     fp32 = fp32_test_top1(result.last_dir, cfg)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    sets = "".join(f" --set {o}" for o in args.overrides)
     report = {
+        "command": f"vitkit train {args.recipe} --out {args.out}"
+        + (f" --nproc {processes}" if processes > 1 else "") + sets,
+        "measured_with": " ".join(["python", *sys.argv]),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "processes": processes,
+                    "threads": torch.get_num_threads()},
         "recipe": args.recipe,
         "overrides": args.overrides,
         "precision": cfg.precision,
@@ -87,6 +103,10 @@ def main() -> None:
         "minutes_to_accuracy": {f"{k:.1f}": (None if v is None else round(v / 60, 2)) for k, v in reached.items()},
     }
     (args.out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.record is not None:
+        record = record_path(f"recipe-{args.recipe}", tag=args.record or None)
+        record.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"record: {record}")
     print(f"\n{args.recipe}: test top-1 {report['test_top1']:.2f} % (best epoch {report['best_test_top1']:.2f} %) "
           f"after {report['train_minutes']:.1f} min, {result.steps} steps, {report['parameters']:,} parameters")
     print(f"  the saved model evaluated in fp32: {fp32:.2f} % (training precision: {cfg.precision})")

@@ -1,7 +1,7 @@
-"""Which state our shared 2-vCPU machine is in, round by round, and what it does to the batch-1 ratios.
+"""Which state a shared 2-vCPU machine is in, round by round, and what it does to the batch-1 ratios.
 
-Three cells of issue 6 (ViT-S/16 at batch 1 for `optimize(fp32)` and `optimize(int8)`, and the ViT-S/16
-training step) sit on their targets and move with the machine, not with the code (docs/speed.md). Each round
+Some speed cells (ViT-S/16 at batch 1 for `optimize(fp32)` and `optimize(int8)`, and the ViT-S/16 training
+step) move with the machine's state more than with the code (docs/speed.md). Each round
 here times, in a fresh random order: the int8 model with 2 threads and with 1, `optimize(fp32)` and timm with 2,
 and a small matrix product on each vCPU at once (one thread pinned to each): per-core speed while both run.
 The 1- and 2-thread int8 times give the two-thread speed-up; at the end the rounds are split into the

@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# Issue 6's measurement as sessions 8-14 ran it by hand, in one command: RUNS full runs one after another (3 by
-# default), each `vitkit bench` at batch 1 (8 rounds) and at batch 16 (4 rounds, 1 warm-up) for ViT-S/16 and
-# ViT-B/16 with every CPU contender, then the training step against timm (benchmarks/bench_training.py, vitkit
-# on each engine of its training products, the ratio that of this machine's engine); with
-# AGREEMENT_CHECKPOINT set, int8's top-1 agreement with fp32 on Fashion-MNIST as well; then
-# benchmarks/check_targets.py over all the runs, which prints the targets' table and writes it to
-# OUT_DIR/targets.md. The JSON files stay in OUT_DIR (default runs/targets-<date>-<time>).
+# The whole CPU speed measurement in one command: RUNS full runs one after another (3 by default), each
+# `vitkit bench` at batch 1 (8 rounds) and at batch 16 (4 rounds, 1 warm-up) for ViT-S/16 and ViT-B/16 with
+# every CPU contender, then the training step against timm (benchmarks/bench_training.py, vitkit on each
+# engine of its training products, the ratio that of this machine's engine); with AGREEMENT_CHECKPOINT set,
+# int8's top-1 agreement with fp32 on Fashion-MNIST as well; then benchmarks/check_targets.py over all the
+# runs, which prints which speed targets hold.
 #
 #   bash benchmarks/target_runs.sh [OUT_DIR]
-#   RUNS=1 AGREEMENT_CHECKPOINT=runs/demo/best bash benchmarks/target_runs.sh runs/targets-today
+#   RUNS=1 AGREEMENT_CHECKPOINT=runs/demo/best bash benchmarks/target_runs.sh
 #
-# About 12 minutes a run on our 2-core CPU. Run nothing else meanwhile: the ratios are paired within each
-# process, but a machine busy with other work shifts them (docs/speed.md). The exit status is
-# check_targets.py's: 0 when every target holds in every run, 1 when one does not.
+# The records go to OUT_DIR (default benchmarks/results), named as benchmarks/results/README.md says:
+# infer-b1_<cpu>_<date>_run<i>.json, infer-b16_..., train-step_..., int8-agreement_<cpu>_<date>.json. About 12
+# minutes a run on 2 cores. Run nothing else meanwhile: the ratios are paired within each process, but a
+# machine busy with other work shifts them (docs/speed.md). The exit status is check_targets.py's: 0 when
+# every target holds in every run, 1 when one does not.
 #
-# Settings (environment): RUNS (3), THREADS (2), MODELS ("ViT-S/16 ViT-B/16"), B1_REPEATS (8), B16_REPEATS (4),
-# TRAIN_ARGS ("--repeats 8 --engines"), AGREEMENT_CHECKPOINT (unset: no agreement), PYTHON (.venv/bin/python).
+# Settings (environment): RUNS (3), THREADS (2), MODELS ("ViT-S/16 ViT-B/16"), B1_REPEATS (8), B16_REPEATS
+# (4), TRAIN_ARGS ("--repeats 8 --engines"), AGREEMENT_CHECKPOINT (unset: no agreement), PYTHON
+# (.venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-out=${1:-runs/targets-$(date +%Y%m%d-%H%M%S)}
+out=${1:-benchmarks/results}
 py=${PYTHON:-.venv/bin/python}
 runs=${RUNS:-3}
 threads=${THREADS:-2}
@@ -37,6 +39,9 @@ if [[ -n ${AGREEMENT_CHECKPOINT:-} && ! -e $AGREEMENT_CHECKPOINT ]]; then
   exit 2
 fi
 mkdir -p "$out"
+name() {  # name WHAT [TAG]: the record's path in $out
+  "$py" benchmarks/records.py name "$1" ${2:+--tag "$2"} --folder "$out"
+}
 
 model_args=()
 for m in "${models[@]}"; do model_args+=(-m "$m"); done
@@ -44,20 +49,22 @@ contenders=(-c vitkit -c vitkit-fp32-opt -c vitkit-int8 -c timm -c hf-sdpa -c to
 check_args=()
 
 for i in $(seq 1 "$runs"); do
+  b1=$(name infer-b1 "run$i") b16=$(name infer-b16 "run$i") train=$(name train-step "run$i")
   echo "== run $i of $runs ($(date +%H:%M:%S)), files in $out"
   "$py" -m vitkit.cli.main bench "${model_args[@]}" -b 1 -r "$b1_repeats" "${contenders[@]}" \
-    --threads "$threads" --json "$out/run${i}_b1.json"
+    --threads "$threads" --json "$b1"
   "$py" -m vitkit.cli.main bench "${model_args[@]}" -b 16 -r "$b16_repeats" --warmup 1 "${contenders[@]}" \
-    --threads "$threads" --json "$out/run${i}_b16.json"
-  "$py" benchmarks/bench_training.py --threads "$threads" "${train_args[@]}" --json "$out/train${i}.json"
-  files="$out/run${i}_b1.json,$out/run${i}_b16.json,$out/train${i}.json"
+    --threads "$threads" --json "$b16"
+  "$py" benchmarks/bench_training.py --threads "$threads" "${train_args[@]}" --json "$train"
+  files="$b1,$b16,$train"
   if [[ -n ${AGREEMENT_CHECKPOINT:-} && $i == 1 ]]; then
+    agreement=$(name int8-agreement)
     "$py" benchmarks/bench_inference.py agreement --checkpoint "$AGREEMENT_CHECKPOINT" --threads "$threads" \
-      --json "$out/agreement.json"
-    files+=",$out/agreement.json"
+      --json "$agreement"
+    files+=",$agreement"
   fi
   check_args+=(--run "$files")
 done
 
-echo "== issue 6's targets over $runs run(s)"
-"$py" benchmarks/check_targets.py "${check_args[@]}" --markdown "$out/targets.md" --json "$out/targets.json"
+echo "== the speed targets over $runs run(s)"
+"$py" benchmarks/check_targets.py "${check_args[@]}"

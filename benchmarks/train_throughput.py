@@ -1,10 +1,11 @@
-"""Training throughput: our loop driving vitkit's ViT vs the same loop driving timm's VisionTransformer of the
-same size, on the same data (Fashion-MNIST held in memory, whole-batch augmentation). timm's model is
-`vitkit.bench.build_timm`'s: fused attention, and the recipe's PatchDropout (timm's `patch_drop_rate`), so both
-train on the same number of tokens; both run in the recipe's precision.
+"""Training throughput: vitkit's training loop driving vitkit's ViT vs the same loop driving timm's
+VisionTransformer of the same size, on the same data (Fashion-MNIST held in memory, whole-batch
+augmentation). timm's model is `vitkit.bench.build_timm`'s: fused attention, and the recipe's PatchDropout
+(timm's `patch_drop_rate`), so both train on the same number of tokens; both run in the recipe's precision.
 
 Both models go through vitkit.train's own pieces: the batch source, the weight-decay groups and AdamW,
-`forward_backward` and `optimizer_step`, with the recipe's batch size. The two are measured in alternating
+`forward_backward` and `optimizer_step`, with the recipe's batch size; vitkit's model is accelerated
+(vitkit.accelerate, on the CPU) as the training loop does. The two are measured in alternating
 rounds (ours, timm, ours, timm, ...) so that load from other processes falls on both alike; the figure is the
 median over rounds of images per second, and the ratio ours / timm (1.0 or more: ours is at least as fast).
 
@@ -36,11 +37,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from vitkit.bench import build_timm
+    from vitkit.cpu import accelerate
     from vitkit.data import FASHION_MNIST_CLASSES, TensorImageDataset, resolve
     from vitkit.model import VisionTransformer
     from vitkit.train.batches import batch_source, make_plan, steps_per_epoch
-    from vitkit.train.loop import autocast_dtype, forward_backward, optimizer_step
     from vitkit.train.losses import classification_loss
+    from vitkit.train.one_step import autocast_dtype, forward_backward, optimizer_step
     from vitkit.train.optim import build_optimizer
     from vitkit.train.recipes import get_recipe
 
@@ -64,7 +66,8 @@ def main() -> None:
     per_epoch = steps_per_epoch(len(source), cfg.batch_size)
 
     torch.manual_seed(0)
-    models = {"vitkit": VisionTransformer(model_cfg).to(device), "timm": build_timm(model_cfg).to(device)}
+    vitkit_model = accelerate(VisionTransformer(model_cfg).to(device))  # as the trainer runs it
+    models = {"vitkit": vitkit_model, "timm": build_timm(model_cfg).to(device)}
     n_params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     if n_params["vitkit"] != n_params["timm"]:
         raise SystemExit(f"the two models differ in size: {n_params}")

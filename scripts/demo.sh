@@ -11,7 +11,7 @@ RUN=${RUN:-runs/demo}
 have_fashion_mnist() {
     "$PY" -c "
 import sys
-from vitkit.data.datasets import find_fashion_mnist
+from vitkit.data.fashion_mnist import find_fashion_mnist
 sys.exit(0 if find_fashion_mnist('train') and find_fashion_mnist('test') else 1)"
 }
 
@@ -31,7 +31,7 @@ if ! have_fashion_mnist; then
     fi
 fi
 "$PY" -c "
-from vitkit.data.datasets import find_fashion_mnist
+from vitkit.data.fashion_mnist import find_fashion_mnist
 print('found in', find_fashion_mnist('train')[0].parent)"
 
 echo

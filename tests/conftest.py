@@ -1,9 +1,18 @@
 import functools
 import http.server
+import os
+import tempfile
 import threading
 
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    """The autotuning cache (vitkit.cpu.autotune) of the test session in a folder of its own, inherited by the
+    processes the tests start: choices are timed afresh once per session, and a user's cache is left alone."""
+    if "VITKIT_CACHE_DIR" not in os.environ:
+        os.environ["VITKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitkit-test-cache-")
 
 
 @pytest.fixture(autouse=True)

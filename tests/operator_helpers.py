@@ -1,8 +1,57 @@
-"""Shared by the tests of vitkit's compiled operators: which operators a call runs (by the profiler), and a
-model's training step with the operators against the same step without them (VITKIT_KERNELS=0)."""
+"""Shared by the tests of vitkit's compiled operators: whether a test of an operator must run here (and fail
+if the operator did not build), which operators a call runs (by the profiler), and a model's training step with
+the operators against the same step without them (VITKIT_KERNELS=0)."""
 
+import functools
+import shutil
+from collections.abc import Callable
+
+import pytest
 import torch
 import torch.nn.functional as F
+
+
+def compiler_present() -> bool:
+    """Whether a C++ compiler is on PATH, to build vitkit's operators with."""
+    return shutil.which("c++") is not None or shutil.which("g++") is not None
+
+
+def operator_skip_reason() -> str | None:
+    """Why vitkit's compiled operators cannot be built here (the environment turns them off, or there is no C++
+    compiler), or None: then they must build, and a test of one that is unavailable fails."""
+    from vitkit.cpu.build import DISABLE_ENV, kernels_enabled
+
+    if not kernels_enabled():
+        return f"{DISABLE_ENV}=0 turns vitkit's compiled operators off"
+    if not compiler_present():
+        return "no C++ compiler on PATH to build vitkit's operators"
+    return None
+
+
+def require_operator(available: Callable[[], bool], name: str) -> None:
+    """Skip the calling test where vitkit's operators cannot be built here (`operator_skip_reason`); elsewhere fail
+    it unless `available()` (which builds the operator on its first call) says the operator `name` is there."""
+    reason = operator_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    if not available():
+        pytest.fail(f"vitkit's {name} operator is unavailable although a C++ compiler is on PATH: its build failed "
+                    "(the RuntimeWarning above says why)")
+
+
+def needs_operator(available: Callable[[], bool], name: str):
+    """A decorator for a test of the operator `name`: the test first calls `require_operator` (skipped where the
+    operators cannot be built here, failed where they should have been and were not), then runs."""
+
+    def decorate(test):
+        @functools.wraps(test)  # pytest reads the test's own parameters (fixtures, parametrize) through this
+        def run(*args, **kwargs):
+            require_operator(available, name)
+            return test(*args, **kwargs)
+
+        return run
+
+    return decorate
 
 
 def operators_called(fn, prefix: str) -> set[str]:

@@ -1,4 +1,4 @@
-"""vitkit.allocator: after retain_freed_memory(), a large tensor allocated again and again is served from
+"""vitkit.cpu.allocator: after retain_freed_memory(), a large tensor allocated again and again is served from
 glibc's heap instead of being faulted in from the kernel each time (counted with getrusage, in a fresh
 process so that the setting starts from glibc's defaults)."""
 
@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from vitkit import allocator
+from vitkit.cpu import allocator
 
 pytestmark = pytest.mark.skipif(allocator.glibc_version() is None, reason="the C library is not glibc")
 
 PROBE = r"""
 import json, resource, torch
-from vitkit.allocator import retain_freed_memory
+from vitkit.cpu.allocator import retain_freed_memory
 
 def faults(megabytes, rounds=8):
     start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -43,7 +43,7 @@ def test_large_blocks_are_reused_after_retain_freed_memory():
     # fewer where the kernel hands out huge pages, but still some for every block).
     assert r["before"] >= 8
     # After: the 8 blocks come from the heap; at most one of them is faulted in again (seen twice in a row on
-    # our 2-core machine while another test run started next to it: 6,144 faults against 43,033 before).
+    # a 2-core machine while another test run started next to it: 6,144 faults against 43,033 before).
     assert r["after"] <= max(pages, r["before"] // 8) and r["after"] <= r["before"] // 4
 
 

@@ -13,25 +13,30 @@ import torch.nn as nn
 import vitkit
 from vitkit import bench
 from vitkit.cli.main import main
-from vitkit.inference import onednn_linear_available
+from vitkit.cpu import is_accelerated
+from vitkit.cpu.private import onednn_packing_available
 
 TINY = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
 
 
-@pytest.mark.parametrize("name", bench.CONTENDERS)
+@pytest.mark.parametrize("name", [*bench.CONTENDERS, "vitkit-plain"])
 def test_every_contender_is_the_same_architecture(name):
-    """Same parameter count as vitkit's model (so the same FLOPs), and logits of the right shape."""
+    """Same parameter count as vitkit's model (so the same FLOPs), and logits of the right shape; "vitkit" is
+    the accelerated model (vitkit.accelerate), "vitkit-plain" the model as create_model builds it."""
     model = bench.BUILDERS[name](TINY).eval()
     reference = vitkit.create_model(TINY)
-    if name in bench.ANCHORS or name == "vitkit":
+    if name in bench.ANCHORS or name in ("vitkit", "vitkit-plain"):
         assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in reference.parameters())
+    if name in ("vitkit", "vitkit-plain"):
+        assert is_accelerated(model) is (name == "vitkit")
     with torch.inference_mode():
         out = model(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 10) and torch.isfinite(out).all()
 
 
 def test_timm_anchor_is_our_function_with_our_weights():
-    """timm's model is the anchor that shares our parameter names: with our weights it is our function."""
+    """timm's model is the anchor that shares vitkit's parameter names: with vitkit's weights it is vitkit's
+    function."""
     ours = bench.build_vitkit(TINY).eval()
     theirs = bench.build_timm(TINY).eval()
     theirs.load_state_dict(ours.state_dict())
@@ -81,9 +86,9 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
     seen = []
     report = bench.run(config, on_progress=lambda done, total: seen.append((done, total)))
     assert torch.get_num_threads() == before  # restored
-    references = 2 if onednn_linear_available() else 1  # torch.mm, and oneDNN's GEMM where there is one
+    references = 2 if onednn_packing_available() else 1  # torch.mm, and oneDNN's GEMM where there is one
     assert seen[-1][0] == seen[-1][1] == 2 * 2 * (len(bench.CONTENDERS) + references)
-    assert (report["onednn_gemm_gflops"] is not None) == onednn_linear_available()
+    assert (report["onednn_gemm_gflops"] is not None) == onednn_packing_available()
     rows = report["rows"]
     assert len(rows) == 2 * len(bench.CONTENDERS)
     assert report["machine"]["threads"] == 1
@@ -111,7 +116,7 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
     markdown = bench.format_markdown(report).splitlines()
     assert markdown[2].startswith("| model |") and len(markdown) == 4 + len(rows)
     # The CPU's int8 and bf16 features, which decide what optimize(int8) can gain, are recorded and shown.
-    from vitkit.hardware import cpu_has_native_bf16, cpu_has_vnni
+    from vitkit.cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
 
     assert report["machine"]["vnni"] == cpu_has_vnni()
     assert report["machine"]["native_bf16"] == cpu_has_native_bf16()
@@ -187,13 +192,13 @@ def test_cli_bench_quick_keeps_what_the_command_line_chooses(monkeypatch, capsys
     ]
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["bench", "--quick", "-m", "ViT-Q/99"])  # was measured as ViT-S/16 before session 21
+        main(["bench", "--quick", "-m", "ViT-Q/99"])  # an unknown preset is an error, not ViT-S/16
     assert e.value.code != 0 and "ViT-Q/99" in capsys.readouterr().err
     assert len(configs) == 4
 
 
 def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
-    """benchmarks/bench_gpu.py (issue 6's GPU check, for sessions lent a GPU) runs for real on the CPU with a
+    """benchmarks/bench_gpu.py (the GPU benchmark) runs for real on the CPU with a
     tiny model: every contender is timed, ratios are paired against timm, and the JSON holds it all."""
     bench_gpu = load_benchmark("bench_gpu")
     out = tmp_path / "gpu.json"
@@ -257,7 +262,7 @@ def test_machine_state_script_times_every_round_and_splits_them(tmp_path, capsys
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN linear or packing")
 def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
     """benchmarks/bench_few_rows.py runs for real on a small preset: every per-image layer shape at every row
     count through the three engines, and the tail and whole model with and without the few-rows path (the
@@ -280,11 +285,11 @@ def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN linear or packing")
 def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch):
-    """benchmarks/bench_inference_engine.py runs for real on a small preset: the plain model once per engine at
-    each batch (the engine each forward runs under recorded), and with --layers each layer shape on both."""
-    import vitkit.linear as linear_module
+    """benchmarks/bench_inference_engine.py runs for real on a small preset: the accelerated model once per engine
+    at each batch (the engine each forward runs under recorded), and with --layers each layer shape on both."""
+    import vitkit.cpu.linear as linear_module
 
     script, threads = load_benchmark("bench_inference_engine"), torch.get_num_threads()
     seen = []
@@ -300,7 +305,7 @@ def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch
         assert all(r[f"ms_{e}"] > 0 for e in script.ENGINES) and r["mkl_speedup"] > 0 and r["auto_speedup"] > 0
     assert seen  # the "onednn" rounds ran oneDNN's kernel
     cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
-    model, x = vitkit.create_model(cfg).eval(), torch.randn(2, 3, 32, 32)
+    model, x = vitkit.accelerate(vitkit.create_model(cfg)).eval(), torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
         for engine, calls_onednn in (("mkl", False), ("onednn", True)):
             seen.clear()
@@ -338,7 +343,7 @@ def test_training_benchmark_steps_with_the_trainers_optimizer():
 def test_training_benchmark_times_each_engine(capsys):
     """benchmarks/bench_training.py with --engines: vitkit once per training engine beside timm, each step run
     under its engine, and the headline ratio that of this machine's own engine."""
-    from vitkit.linear import TRAINING_ENGINES, training_engine
+    from vitkit.cpu.linear import TRAINING_ENGINES, training_engine
 
     bench_training = load_benchmark("bench_training")
     seen = []

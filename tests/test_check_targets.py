@@ -1,5 +1,6 @@
-"""benchmarks/check_targets.py reads issue 6's targets off recorded benchmark files (docs/speed-runs) and agrees
-with what the files say when read directly; benchmarks/target_runs.sh runs the whole measurement and ends in it."""
+"""benchmarks/check_targets.py reads the speed targets off benchmark records (small copies of two runs under
+tests/fixtures/records) and agrees with what the files say when read directly; benchmarks/target_runs.sh runs
+the whole measurement and ends in it."""
 
 import importlib.util
 import json
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT / "docs" / "speed-runs"
+RECORDS = ROOT / "tests" / "fixtures" / "records"
+AGREEMENT = RECORDS / "int8-agreement_amd-epyc_2026-12-02.json"
 
 spec = importlib.util.spec_from_file_location("check_targets", ROOT / "benchmarks" / "check_targets.py")
 check_targets = importlib.util.module_from_spec(spec)
@@ -19,67 +21,74 @@ sys.modules["check_targets"] = check_targets
 spec.loader.exec_module(check_targets)
 
 
-def run_files(session: str, run: int) -> str:
-    return ",".join(str(RUNS / f"{session}_{kind}{run}{suffix}.json")
-                    for kind, suffix in (("run", "_b1"), ("run", "_b16"), ("train", "")))
+def record(what: str, run: int) -> Path:
+    return RECORDS / f"{what}_amd-epyc_2026-12-02_run{run}.json"
 
 
-def rows(session: str, run: int) -> list[dict]:
-    return [r for b in ("b1", "b16") for r in json.loads((RUNS / f"{session}_run{run}_{b}.json").read_text())["rows"]]
+def run_files(run: int, folder: Path = RECORDS) -> str:
+    return ",".join(str(folder / record(what, run).name) for what in ("infer-b1", "infer-b16", "train-step"))
+
+
+def rows(run: int) -> list[dict]:
+    return [r for w in ("infer-b1", "infer-b16") for r in json.loads(record(w, run).read_text())["rows"]]
 
 
 def by_target(results: list[dict]) -> dict[str, dict]:
     return {r["target"]: r for r in results}
 
 
-def test_session_12_runs_read_as_the_targets_table_says():
-    """Runs 26-28 (the AMD EPYC with VNNI): optimize(fp32) at batch 1 short in two runs, training in one, the
-    rest met; each run's weakest cell is the minimum of the files' own figures."""
-    results, runs = check_targets.check([run_files("s12", i) for i in (26, 27, 28)])
+def test_two_runs_read_as_their_files_say():
+    """Run 3 (AMD EPYC with VNNI): optimize(fp32) at batch 1 short (1.280x), the rest met; run 4 met every
+    target. Each run's weakest cell is the minimum of the files' own figures."""
+    results, runs = check_targets.check([run_files(3), run_files(4) + f",{AGREEMENT}"])
     t = by_target(results)
     plain, fp32, mfu, int8, agreement, training = (t[x.text] for x in check_targets.TARGETS)
     assert plain["verdict"] == "met" and mfu["verdict"] == "met" and int8["verdict"] == "met"
-    assert fp32["verdict"] == "short in 2 of 3 runs"
-    assert training["verdict"] == "short in 1 of 3 runs"
-    assert agreement["verdict"] == "not measured"
-    for res, i in zip(fp32["runs"], (26, 27, 28), strict=True):
-        direct = min(r["vs_best_anchor"] for r in rows("s12", i)
-                     if r["contender"] == "vitkit-fp32-opt" and r["batch"] == 1)
+    assert training["verdict"] == "met" and agreement["verdict"] == "met"
+    assert fp32["verdict"] == "short in 1 of 2 runs"
+    assert [r["met"] for r in fp32["runs"]] == [False, True]
+    for res, i in zip(fp32["runs"], (3, 4), strict=True):
+        direct = min(
+            r["vs_best_anchor"] for r in rows(i) if r["contender"] == "vitkit-fp32-opt" and r["batch"] == 1
+        )
         assert res["worst"][1] == direct
-    for res, i in zip(int8["runs"], (26, 27, 28), strict=True):
-        assert res["worst"][1] == min(r["vs_best_anchor"] for r in rows("s12", i) if r["contender"] == "vitkit-int8")
-    for res, i in zip(training["runs"], (26, 27, 28), strict=True):
-        direct = json.loads((RUNS / f"s12_train{i}.json").read_text())
+    for res, i in zip(int8["runs"], (3, 4), strict=True):
+        assert res["worst"][1] == min(r["vs_best_anchor"] for r in rows(i) if r["contender"] == "vitkit-int8")
+    for res, i in zip(training["runs"], (3, 4), strict=True):
+        direct = json.loads(record("train-step", i).read_text())
         assert res["worst"][1] == min(c["ratio_vitkit_over_timm"] for c in direct)
-    assert [r["met"] for r in training["runs"]] == [True, True, False]  # 1.118, 1.106, 1.089
-    assert "AMD EPYC" in check_targets.machine_line(runs)
-    assert check_targets.main(["--run", run_files("s12", 26)]) == 1
+    assert agreement["runs"][0]["worst"] is None
+    assert agreement["runs"][1]["worst"][1] == pytest.approx(0.9978, abs=1e-6)
+    assert "AMD EPYC" in check_targets.machine_line(runs) and "VNNI yes" in check_targets.machine_line(runs)
+    assert check_targets.main(["--run", run_files(3)]) == 1
 
 
 def test_a_run_where_every_target_held_exits_0(tmp_path, capsys):
-    """Session 11's run 19 met every line; the table and JSON are written."""
+    """Run 4 met every line; the table and JSON are written."""
     md, js = tmp_path / "t.md", tmp_path / "t.json"
-    assert check_targets.main(["--run", run_files("s11", 19), "--markdown", str(md), "--json", str(js)]) == 0
+    assert check_targets.main(["--run", run_files(4), "--markdown", str(md), "--json", str(js)]) == 0
     printed = capsys.readouterr().out
     assert md.read_text() == printed and "**" not in printed.split("\n\n")[1]
     report = json.loads(js.read_text())
     assert {t["verdict"] for t in report["targets"]} == {"met", "not measured"}
 
 
-def test_without_vnni_int8_is_not_compared_and_agreement_is_read():
-    """Session 14's machine has no VNNI: the int8 line says so instead of a shortfall; the demo model's
-    agreement file counts as a run's figure (99.42 % >= 99 %)."""
-    agreement = RUNS / "s14_agreement_demo.json"
-    results, runs = check_targets.check([run_files("s14", 1) + f",{agreement}", run_files("s14", 2)])
+def test_without_vnni_int8_is_not_compared_and_agreement_is_read(tmp_path):
+    """On a machine without VNNI the int8 line says so instead of a shortfall; the agreement file counts as a
+    run's figure (99.78 % >= 99 %)."""
+    for what in ("infer-b1", "infer-b16", "train-step"):
+        data = json.loads(record(what, 3).read_text())
+        if isinstance(data, dict):
+            data["machine"]["vnni"] = False
+        (tmp_path / record(what, 3).name).write_text(json.dumps(data))
+    results, runs = check_targets.check([run_files(3, tmp_path) + f",{AGREEMENT}"])
     t = by_target(results)
-    int8 = t[check_targets.TARGETS[3].text]
-    assert int8["verdict"] == "not comparable: no VNNI on this machine"
+    assert t[check_targets.TARGETS[3].text]["verdict"] == "not comparable: no VNNI on this machine"
     agree = t[check_targets.TARGETS[4].text]
     assert agree["verdict"] == "met"
-    assert agree["runs"][0]["worst"][1] == pytest.approx(0.9942, abs=1e-6) and agree["runs"][1]["worst"] is None
     assert "VNNI no" in check_targets.machine_line(runs)
     table = check_targets.markdown(results, runs)
-    assert "99.4 %" in table and "| - |" in table
+    assert "99.8 %" in table
 
 
 def test_values_just_below_a_target_are_not_rounded_onto_it():
@@ -111,8 +120,13 @@ def test_bad_files_are_named(tmp_path, capsys):
 
 
 def script(env: dict, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "benchmarks" / "target_runs.sh"), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHON": sys.executable, **env})
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "target_runs.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+    )
 
 
 def test_target_runs_script_refuses_bad_settings(tmp_path):
@@ -129,15 +143,32 @@ def test_target_runs_script_end_to_end_on_a_tiny_setting(tmp_path):
     """One run of the real commands at the smallest setting (ViT-Ti/32, one round, the demo recipe's step):
     every file written, and the exit status is the checker's verdict on them."""
     out = tmp_path / "targets"
-    env = {"RUNS": "1", "MODELS": "ViT-Ti/32", "B1_REPEATS": "1", "B16_REPEATS": "1",
-           "TRAIN_ARGS": "--only recipes --recipe demo --repeats 1 --warmup 0"}
+    env = {
+        "RUNS": "1",
+        "MODELS": "ViT-Ti/32",
+        "B1_REPEATS": "1",
+        "B16_REPEATS": "1",
+        "TRAIN_ARGS": "--only recipes --recipe demo --repeats 1 --warmup 0",
+    }
     done = script(env, str(out), timeout=600)
     assert done.returncode in (0, 1), done.stderr[-2000:]
-    names = {p.name for p in out.iterdir()}
-    assert names == {"run1_b1.json", "run1_b16.json", "train1.json", "targets.md", "targets.json"}
-    report = json.loads((out / "targets.json").read_text())
-    cells = {t["target"]: t["runs"][0]["cells"] for t in report["targets"]}
+    names = sorted(p.name for p in out.iterdir())
+    assert {n.split("_")[0] for n in names} == {"infer-b1", "infer-b16", "train-step"} and len(names) == 3
+    assert all(n.endswith("_run1.json") and n.split("_")[1] == check_targets_where() for n in names)
+    results, _ = check_targets.check([",".join(str(out / n) for n in names)])
+    cells = {t["target"]: t["runs"][0]["cells"] for t in results}
     assert set(cells[check_targets.TARGETS[0].text]) == {"ViT-Ti/32 b1", "ViT-Ti/32 b16"}
     assert set(cells[check_targets.TARGETS[5].text]) == {"recipe demo b128"}
-    assert (0 if check_targets.all_met(report["targets"]) else 1) == done.returncode
-    assert "issue 6's targets over 1 run(s)" in done.stdout and (out / "targets.md").read_text() in done.stdout
+    assert (0 if check_targets.all_met(results) else 1) == done.returncode
+    assert "the speed targets over 1 run(s)" in done.stdout
+
+
+def check_targets_where() -> str:
+    """This machine's CPU slug, as benchmarks/records.py names records."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "records.py"), "where"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()

@@ -122,7 +122,7 @@ def test_models_filter_and_head_size(capsys):
     assert code == 0
     rows = table_rows(out)
     assert list(rows) == ["ViT-H/14", "ViT-H/14@518"]
-    assert rows["ViT-H/14"][3] == "630,764,800"  # the head-less count of the issue
+    assert rows["ViT-H/14"][3] == "630,764,800"  # the count without the head
     _, out, _ = run(capsys, "models", "vit_small_patch16")
     assert list(table_rows(out)) == ["ViT-S/16", "ViT-S/16@384"]
 

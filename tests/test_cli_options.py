@@ -68,11 +68,11 @@ def test_a_full_or_read_only_filesystem_is_one_line(monkeypatch, tmp_path, capsy
 def test_an_out_folder_that_cannot_be_written_is_refused_before_any_work(monkeypatch, tmp_path):
     import os
 
-    from vitkit.train import loop
+    from vitkit.train import run_folder
 
-    monkeypatch.setattr(loop.os, "access", lambda path, mode: os.fspath(path) != os.fspath(tmp_path))
+    monkeypatch.setattr(run_folder.os, "access", lambda path, mode: os.fspath(path) != os.fspath(tmp_path))
     with pytest.raises(ValueError, match=rf"--out {tmp_path / 'run'}: {tmp_path} is not writable"):
-        loop.check_run_folder(tmp_path / "run", resume=False)
+        run_folder.check_run_folder(tmp_path / "run", resume=False)
 
 
 def test_an_unknown_model_is_one_line_but_a_bug_s_key_error_keeps_its_traceback(capsys):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit.data import DownloadError, datasets, resolve
-from vitkit.data.datasets import load_cifar
+from vitkit.data import DownloadError, cifar, locations, resolve
+from vitkit.data.cifar import load_cifar
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -61,7 +61,7 @@ def write_cifar100(folder: Path, n_train: int = 6, n_test: int = 3, seed: int = 
 def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("VITKIT_DATA", raising=False)
-    monkeypatch.setattr(datasets, "SYSTEM_DATA_DIRS", ())
+    monkeypatch.setattr(locations, "SYSTEM_DATA_DIRS", ())
     return tmp_path
 
 
@@ -147,7 +147,7 @@ def test_cifar10_download_unpacks_and_loads(isolated, http_server, monkeypatch):
     written = write_cifar10(isolated / "src" / "cifar-10-batches-bin", per_batch=2, n_test=3)
     md5 = make_archive(isolated / "src" / "cifar-10-batches-bin", served / "cifar-10-binary.tar.gz")
     monkeypatch.setenv("VITKIT_CIFAR_URL", url)
-    monkeypatch.setitem(datasets.CIFAR_ARCHIVES, "cifar10",
+    monkeypatch.setitem(cifar.CIFAR_ARCHIVES, "cifar10",
                         ("cifar-10-binary.tar.gz", md5, "cifar-10-batches-bin"))
     test = resolve("cifar10", "test")  # download=True by default; goes to ~/.cache/vitkit
     assert torch.equal(test.images, torch.from_numpy(written["test_batch.bin"][0]))
@@ -162,7 +162,7 @@ def test_cifar_download_bad_md5_and_unsafe_archive(isolated, http_server):
     make_archive(isolated / "src" / "cifar-100-binary", served / "cifar-100-binary.tar.gz")
     target = isolated / "target"
     with pytest.raises(DownloadError, match=r"cifar-100-binary\.tar\.gz downloaded from .* has MD5 [0-9a-f]{32}, expected f{32}"):
-        datasets.load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5="f" * 32)
+        load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5="f" * 32)
     assert not any(target.iterdir())
     # An archive with a member that would land outside the target folder is refused.
     evil = served / "evil.tar.gz"
@@ -173,7 +173,7 @@ def test_cifar_download_bad_md5_and_unsafe_archive(isolated, http_server):
     (served / "cifar-100-binary.tar.gz").write_bytes(evil.read_bytes())
     md5 = hashlib.md5(evil.read_bytes()).hexdigest()
     with pytest.raises(DownloadError, match="cannot unpack"):
-        datasets.load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5=md5)
+        load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5=md5)
     assert not (isolated / "escaped.txt").exists() and not any(target.iterdir())
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit.data import DownloadError, datasets, resolve
-from vitkit.data.datasets import FASHION_MNIST_CLASSES, find_fashion_mnist, load_fashion_mnist, read_idx
+from vitkit.data import DownloadError, fashion_mnist, locations, resolve
+from vitkit.data.fashion_mnist import FASHION_MNIST_CLASSES, find_fashion_mnist, load_fashion_mnist, read_idx
 
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 
@@ -52,7 +52,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("VITKIT_DATA", raising=False)
     monkeypatch.delenv("VITKIT_FASHION_MNIST_URL", raising=False)
-    monkeypatch.setattr(datasets, "SYSTEM_DATA_DIRS", (tmp_path / "system",))
+    monkeypatch.setattr(locations, "SYSTEM_DATA_DIRS", (tmp_path / "system",))
     return tmp_path
 
 
@@ -214,7 +214,7 @@ def test_download_via_resolve_env_url_into_cache(isolated, http_server, monkeypa
     written = write_fashion_mnist(served, n_train=6, n_test=4)
     monkeypatch.setenv("VITKIT_FASHION_MNIST_URL", url)
     for name, md5 in written["md5"].items():
-        monkeypatch.setitem(datasets.FASHION_MNIST_MD5, name, md5)
+        monkeypatch.setitem(fashion_mnist.FASHION_MNIST_MD5, name, md5)
     ds = resolve("fashion-mnist", split="test")
     assert len(ds) == 4
     assert (isolated / "home" / ".cache" / "vitkit" / "fashion-mnist" / "t10k-images-idx3-ubyte.gz").is_file()
@@ -234,14 +234,14 @@ def test_download_with_wrong_md5_fails_and_leaves_nothing(isolated, http_server)
 def test_download_missing_file_names_the_url(isolated, http_server):
     served, url = http_server
     with pytest.raises(DownloadError, match=r"127\.0\.0\.1.*train-images-idx3-ubyte\.gz failed"):
-        load_fashion_mnist("train", data_dir=isolated / "d", download=True, base_url=url, md5s=datasets.FASHION_MNIST_MD5)
+        load_fashion_mnist("train", data_dir=isolated / "d", download=True, base_url=url, md5s=fashion_mnist.FASHION_MNIST_MD5)
 
 
 def test_published_md5s_are_the_readme_ones():
     # From the "Get the Data" table of github.com/zalandoresearch/fashion-mnist's README.
-    assert datasets.FASHION_MNIST_MD5["train-images-idx3-ubyte.gz"] == "8d4fb7e6c68d591d4c3dfef9ec88bf0d"
-    assert datasets.FASHION_MNIST_MD5["t10k-labels-idx1-ubyte.gz"] == "bb300cfdad3c16e7a12a480ee83cd310"
-    assert datasets.FASHION_MNIST_URL == "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+    assert fashion_mnist.FASHION_MNIST_MD5["train-images-idx3-ubyte.gz"] == "8d4fb7e6c68d591d4c3dfef9ec88bf0d"
+    assert fashion_mnist.FASHION_MNIST_MD5["t10k-labels-idx1-ubyte.gz"] == "bb300cfdad3c16e7a12a480ee83cd310"
+    assert fashion_mnist.FASHION_MNIST_URL == "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 
 
 # --- the real files, where Debian's dataset-fashion-mnist is installed -----------------------------------

@@ -264,7 +264,7 @@ def test_resolve_folder_and_its_splits(tmp_path):
 
 def test_read_gives_each_item_itself_or_none(tmp_path):
     """Training takes the next good file for a bad one; `read` (evaluation's way) never substitutes."""
-    from vitkit.data.datasets import read_item
+    from vitkit.data.views import read_item
 
     ds = ImageFolderDataset(make_folder(tmp_path / "pets", bad=True), skip_bad_images=True)
     names = [p.name for p, _ in ds.samples]
@@ -282,7 +282,7 @@ def test_read_gives_each_item_itself_or_none(tmp_path):
 def test_with_classes_matches_labels_by_name(tmp_path):
     """A val folder lacking one of the training classes keeps each class's index; an unknown class is refused."""
     from vitkit.data import TensorImageDataset
-    from vitkit.data.datasets import LabelMapped, with_classes
+    from vitkit.data.views import LabelMapped, with_classes
 
     for name in ("a", "c"):
         (tmp_path / "val" / name).mkdir(parents=True)

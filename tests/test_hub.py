@@ -122,7 +122,7 @@ def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path):
 
 
 def test_predict_with_a_hub_cached_timm_model(offline_cache, tmp_path):
-    """`vitkit predict <timm-name> cat.jpg` (the predict command is the training engineer's)."""
+    """`vitkit predict <timm-name> cat.jpg`."""
     from typer.testing import CliRunner
 
     from vitkit.cli.main import app

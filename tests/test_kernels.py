@@ -1,19 +1,31 @@
-"""vitkit.kernels and its int8 block operator: built from source here, and computing the int8 block exactly as
-the operator-by-operator path does, with the activations quantised per thread's share of the tokens."""
+"""vitkit.cpu.build and its int8 block operator: built from source here, and computing the int8 block exactly
+as the operator-by-operator path does, with the activations quantised per thread's share of the tokens.
 
-import shutil
+Where a C++ compiler is on PATH (and VITKIT_KERNELS is not 0) the operator must build: a test that needs it fails
+if it did not (`needs_operator`, tests/operator_helpers.py)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from operator_helpers import needs_operator
 from test_optimize import tiny_model
-from vitkit import inference, kernels
-from vitkit.inference import FusedBlock, bf16_attention, int8_block, int8_block_eligible, optimize
+from vitkit.cpu import build
+from vitkit.cpu.convert import int8_block_eligible
+from vitkit.cpu.fused_block import FusedBlock
+from vitkit.cpu.int8 import bf16_attention, int8_block
+from vitkit.inference import optimize
 from vitkit.model import merge_heads, split_heads
 
-needs_compiler = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
-                                    reason="no C++ compiler to build vitkit's operators")
+
+def int8_block_built() -> bool:
+    """The int8 block operator, built: it needs a PyTorch with OpenMP and fbgemm besides a C++ compiler."""
+    if not (torch.backends.openmp.is_available() and "fbgemm" in torch.backends.quantized.supported_engines):
+        pytest.skip("this PyTorch has no OpenMP or no fbgemm, which the int8 block operator needs")
+    return build.int8_block_available()
+
+
+needs_int8_operator = needs_operator(int8_block_built, "int8 block")
 
 
 def int8_blocks(model, bf16: bool):
@@ -47,14 +59,14 @@ def reference_block(block: FusedBlock, x: torch.Tensor, parts: int) -> torch.Ten
     return torch.cat(out).view(B, T, D)
 
 
-@needs_compiler
+@needs_int8_operator
 def test_the_operator_builds_and_optimize_int8_uses_it():
-    assert kernels.int8_block_available(), "the int8 block operator did not build (see the warning)"
+    assert build.int8_block_available(), "the int8 block operator did not build (see the warning)"
     q = optimize(tiny_model(), "int8")
     assert all(b.int8_kernel for b in q.blocks)
 
 
-@needs_compiler
+@needs_int8_operator
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_one_thread_computes_the_operator_by_operator_block(bf16, batch, threads):
@@ -69,7 +81,7 @@ def test_one_thread_computes_the_operator_by_operator_block(bf16, batch, threads
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
 
 
-@needs_compiler
+@needs_int8_operator
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("gelu", ["exact", "tanh"])
@@ -85,7 +97,7 @@ def test_two_threads_quantise_per_share_of_the_tokens(bf16, batch, gelu, threads
         assert (out - whole).abs().max() > 0  # the shares' scales really differ from the tensor's
 
 
-@needs_compiler
+@needs_int8_operator
 def test_the_int8_model_stays_close_to_fp32_with_the_operator(threads):
     threads(2)
     model = tiny_model()
@@ -102,7 +114,7 @@ def test_the_int8_model_stays_close_to_fp32_with_the_operator(threads):
     assert 0 < rel < 0.05 and rel < 1.5 * rel_by_operator, (rel, rel_by_operator)
 
 
-@needs_compiler
+@needs_int8_operator
 @pytest.mark.parametrize("shares", [2, 3])
 def test_fewer_threads_than_shares_give_the_same_result(shares, threads):
     """On one thread the region works through every share in turn: the same shares, the same numbers."""
@@ -120,7 +132,7 @@ def test_fewer_threads_than_shares_give_the_same_result(shares, threads):
 
 def test_the_environment_turns_the_operator_off(monkeypatch):
     monkeypatch.setenv("VITKIT_KERNELS", "0")
-    assert not kernels.int8_block_available()
+    assert not build.int8_block_available()
     q = optimize(tiny_model(), "int8")
     assert not any(b.int8_kernel for b in q.blocks)
     with torch.inference_mode():
@@ -131,7 +143,7 @@ def test_a_failed_build_warns_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
     missing = tmp_path / "missing.cpp"
     with pytest.warns(RuntimeWarning, match="could not build the operator no_such_operator .*Error"):
-        assert not kernels.build_operator("vitkit_test_missing", [missing], "no_such_operator")
+        assert not build.build_operator("vitkit_test_missing", [missing], "no_such_operator")
 
 
 def test_models_the_operator_does_not_compute_keep_the_python_path():
@@ -143,18 +155,16 @@ def test_models_the_operator_does_not_compute_keep_the_python_path():
     assert not int8_block_eligible(tiny_model().blocks[0])  # a plain Block
     fp32 = optimize(tiny_model(), "fp32")
     assert not any(getattr(b, "int8_kernel", False) for b in fp32.blocks)
-    assert inference.FusedBlock(tiny_model().blocks[0]).int8_kernel is False
+    assert FusedBlock(tiny_model().blocks[0]).int8_kernel is False
 
 
 def test_each_source_folder_builds_its_own_library(monkeypatch, tmp_path):
     """Two installations share torch's extension cache: under one library name each would rebuild it for its
     own source paths whenever they alternate (60-125 s each time). The name carries the source folder's."""
-    from vitkit import kernels
-
     built = []
-    monkeypatch.setattr(kernels, "_build", lambda name, sources, flags=(): built.append(name))
+    monkeypatch.setattr(build, "_build", lambda name, sources, flags=(): built.append(name))
     for folder in (tmp_path / "a" / "csrc", tmp_path / "b" / "csrc", tmp_path / "a" / "csrc"):
-        monkeypatch.setattr(kernels, "CSRC", folder)
+        monkeypatch.setattr(build, "CSRC", folder)
         with pytest.warns(RuntimeWarning, match="could not build the operator no_such_op"):
-            assert not kernels.build_operator("vitkit_test", [], "no_such_op")
+            assert not build.build_operator("vitkit_test", [], "no_such_op")
     assert built[0] == built[2] != built[1] and all(n.startswith("vitkit_test_") for n in built)

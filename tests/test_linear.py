@@ -1,4 +1,5 @@
-"""vitkit.linear.Linear: nn.Linear through oneDNN on the CPU; the same function and gradients as F.linear."""
+"""vitkit.cpu.linear.FastLinear, the linear layer of an accelerated model: nn.Linear through oneDNN on the CPU;
+the same function and gradients as F.linear."""
 
 from __future__ import annotations
 
@@ -9,25 +10,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, jvp, vmap
 
-import vitkit.linear as linear_module
+import vitkit.cpu.linear as linear_module
+import vitkit.cpu.private
 from operator_helpers import operators_called
-from vitkit.linear import (
+from vitkit.cpu.linear import (
     MKL_FROM_ROWS,
     MKL_MAX_ROWS,
     TRAINING_ENGINE_ENV,
     TRAINING_ENGINES,
-    Linear,
+    FastLinear,
     forced_inference_engine,
     forced_training_engine,
     inference_engine,
+    inference_engine_for,
     machine_training_engine,
-    onednn_available,
     rows,
     training_engine,
     use_onednn,
 )
 
-needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernel")
+needs_onednn = pytest.mark.skipif(not vitkit.cpu.private.onednn_linear_available(), reason="this torch build has no oneDNN linear kernel")
 
 
 def grads(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor, reference: bool):
@@ -52,7 +54,7 @@ def engine(request):
                                                  ((3, 17, 128), (128, 512), True)])
 def test_forward_and_gradients_equal_f_linear(shape, features, bias, engine):
     torch.manual_seed(0)
-    layer = Linear(*features, bias=bias)
+    layer = FastLinear(*features, bias=bias)
     x = torch.randn(shape)
     g = torch.randn(*shape[:-1], features[1])
     assert use_onednn(x, layer.weight)
@@ -72,7 +74,7 @@ def test_a_second_derivative_equals_f_linears(engine):
     """create_graph=True (a gradient penalty): on oneDNN the gradients come from PyTorch's products, differentiable
     again (oneDNN's kernel has no derivative: its terms were silently zero)."""
     torch.manual_seed(1)
-    layer = Linear(8, 6)
+    layer = FastLinear(8, 6)
     x = torch.randn(5, 8, requires_grad=True)
     ref_x = x.detach().clone().requires_grad_()
     results = []
@@ -89,7 +91,7 @@ def test_a_second_derivative_equals_f_linears(engine):
 @pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
 def test_the_training_engine_computes_products_that_need_a_gradient(engine):
     torch.manual_seed(0)
-    layer = Linear(64, 32)
+    layer = FastLinear(64, 32)
     x = torch.randn(10, 64)
     y = layer(x)  # the weight needs a gradient
     assert ("OneDNNLinear" in type(y.grad_fn).__name__) is (engine == "onednn")
@@ -126,7 +128,7 @@ def test_training_engine_by_vendor_and_environment(monkeypatch, vendor, expected
 @needs_onednn
 def test_frozen_weights_and_input_without_grad():
     torch.manual_seed(0)
-    layer = Linear(32, 16)
+    layer = FastLinear(32, 16)
     layer.weight.requires_grad_(False)
     x = torch.randn(4, 32, requires_grad=True)
     layer(x).sum().backward()
@@ -138,11 +140,11 @@ def test_frozen_weights_and_input_without_grad():
 
 def test_other_dtypes_and_autocast_are_f_linear_exactly():
     torch.manual_seed(0)
-    layer = Linear(32, 16).double()
+    layer = FastLinear(32, 16).double()
     x = torch.randn(5, 32, dtype=torch.float64)
     assert not use_onednn(x, layer.weight)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
-    layer = Linear(32, 16)
+    layer = FastLinear(32, 16)
     x = torch.randn(5, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not use_onednn(x, layer.weight)
@@ -152,13 +154,28 @@ def test_other_dtypes_and_autocast_are_f_linear_exactly():
 
 
 def test_gradcheck_of_the_fallback_in_float64():
-    layer = Linear(6, 4).double()
+    layer = FastLinear(6, 4).double()
     x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: layer(t), (x,))
 
 
+def test_without_onednn_it_is_f_linear_exactly(monkeypatch):
+    """Where this PyTorch has no oneDNN linear kernel, every product is F.linear's, forward and backward."""
+    monkeypatch.setattr(linear_module, "onednn_linear_available", lambda: False)
+    torch.manual_seed(0)
+    layer = FastLinear(32, 16)
+    x, g = torch.randn(5, 7, 32), torch.randn(5, 7, 16)
+    assert not use_onednn(x, layer.weight)
+    for engine in TRAINING_ENGINES:
+        with forced_training_engine(engine):
+            ours, ref = grads(layer, x, g, reference=False), grads(layer, x, g, reference=True)
+        assert all(torch.equal(a, b) for a, b in zip(ours, ref, strict=True))
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
 def test_a_drop_in_for_nn_linear():
-    layer = Linear(8, 4)
+    layer = FastLinear(8, 4)
     assert isinstance(layer, nn.Linear)
     assert sorted(layer.state_dict()) == ["bias", "weight"]
 
@@ -172,7 +189,7 @@ def test_rows_counts_every_dimension_but_the_last(shape, expected):
 @pytest.mark.parametrize("shape", [(1, 32), (2, 32), (1, 2, 32), (3, 32), (1, 4, 32)])
 def test_few_rows_are_f_linear_exactly(shape):
     torch.manual_seed(0)
-    layer = Linear(32, 16)
+    layer = FastLinear(32, 16)
     x = torch.randn(shape)
     few = rows(x) <= MKL_MAX_ROWS
     assert use_onednn(x, layer.weight) is not few
@@ -207,19 +224,26 @@ def test_the_inference_engine_by_rows_and_vendor(monkeypatch, vendor):
 @needs_onednn
 @pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
 @pytest.mark.parametrize("n", [MKL_MAX_ROWS + 1, MKL_FROM_ROWS - 1, MKL_FROM_ROWS, 1000])
-def test_inference_runs_the_products_on_the_inference_engine(monkeypatch, vendor, n):
-    """Without a gradient, Linear multiplies on `inference_engine`'s engine: MKL is F.linear bit for bit, oneDNN
-    the same function up to rounding; the profiler shows which kernel ran."""
+@pytest.mark.parametrize("tuning", ["off", "on"])
+def test_inference_runs_the_products_on_the_inference_engine(monkeypatch, vendor, n, tuning):
+    """Without a gradient, FastLinear multiplies on `inference_engine_for`'s engine: with tuning off
+    `inference_engine`'s rule, with it on the faster on this machine. MKL is F.linear bit for bit, oneDNN the
+    same function up to rounding; the profiler shows which kernel ran."""
     monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "1" if tuning == "on" else "0")
     torch.manual_seed(0)
-    layer = Linear(64, 48)
+    layer = FastLinear(64, 48)
     x = torch.randn(n, 64)
     ref = F.linear(x, layer.weight, layer.bias)
     with torch.inference_mode():
+        engine = inference_engine_for(x, layer.weight, layer.bias)
         out = layer(x)
         ops = operators_called(lambda: layer(x), "")
-    through_mkl = inference_engine(n) == "mkl"
-    assert through_mkl is (vendor == "GenuineIntel" and n >= MKL_FROM_ROWS)
+    assert engine in ("mkl", "onednn")
+    through_mkl = engine == "mkl"
+    if tuning == "off":
+        assert engine == inference_engine(n)
+        assert through_mkl is (vendor == "GenuineIntel" and n >= MKL_FROM_ROWS)
     assert ("mkldnn::_linear_pointwise" in ops) is not through_mkl
     if through_mkl:
         assert torch.equal(out, ref)
@@ -234,7 +258,7 @@ def test_f_linear_under_tracing_torch_func_and_forward_ad(engine):
     F.linear: oneDNN's kernel cannot be traced, and neither it nor _OneDNNLinearFunction has a batching rule,
     setup_context or forward derivative. Outside them, oneDNN again."""
     torch.manual_seed(0)
-    layer = Linear(64, 48)
+    layer = FastLinear(64, 48)
     w, b = layer.weight.detach(), layer.bias.detach()
     x, v = torch.randn(5, 4, 64), torch.randn(5, 4, 64)
     ref = F.linear(x, w, b)
@@ -261,7 +285,7 @@ def test_f_linear_under_tracing_torch_func_and_forward_ad(engine):
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_torchscript_compiles_f_linear():
     torch.manual_seed(0)
-    layer = Linear(32, 16)
+    layer = FastLinear(32, 16)
     scripted = torch.jit.script(layer)
     x = torch.randn(5, 32)
     assert "aten::linear" in {node.kind() for node in scripted.graph.nodes()}

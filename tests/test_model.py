@@ -13,10 +13,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+import vitkit
+from operator_helpers import operators_called
 from vitkit import ViTConfig, count_flops, count_parameters, create_model, get_config
 from vitkit.config import PRESETS, VARIANTS
-from vitkit.linear import TRAINING_ENGINES, forced_training_engine
-from vitkit.model import MIMETIC_QK, MIMETIC_VO, VisionTransformer, drop_path, mimetic_factors, patch_dropout
+from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine
+from vitkit.init import MIMETIC_QK, MIMETIC_VO, mimetic_factors
+from vitkit.model import VisionTransformer, drop_path, patch_dropout
 
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
 
@@ -182,14 +185,17 @@ def test_count_flops_equals_torch_flop_counter(name, overrides):
     assert count_flops(model.cfg) == counter.get_total_flops()
 
 
-@pytest.mark.parametrize("engine", TRAINING_ENGINES)
-def test_the_shortcut_in_float32_on_each_training_engine(engine):
-    """In float32 (the linear layers' oneDNN or MKL path, the last block's query rows a slice of its q;k;v
-    weight) the shortcut's logits and gradients match the full computation's."""
+@pytest.mark.parametrize("engine", ["plain", *TRAINING_ENGINES])
+def test_the_shortcut_in_float32_plain_and_accelerated(engine):
+    """In float32 (the plain model's PyTorch operators, or an accelerated model's linear layers on each training
+    engine, the last block's query rows a slice of its q;k;v weight) the shortcut's logits and gradients match
+    the full computation's."""
     torch.manual_seed(0)
     model = randomise_head(VisionTransformer(tiny(qkv_bias=True))).train()
+    if engine != "plain":
+        vitkit.accelerate(model)
     x = torch.randn(4, 3, *model.cfg.image_size)
-    with forced_training_engine(engine):
+    with forced_training_engine("mkl" if engine == "plain" else engine):
         fast = model(x)
         g_fast = torch.autograd.grad(fast.square().sum(), list(model.parameters()))
     full = model.forward_head(model.forward_features(x))
@@ -286,21 +292,14 @@ def test_fused_and_explicit_attention_agree(overrides):
         torch.testing.assert_close(a.sum(-1), torch.ones(2, model.cfg.num_heads, T), rtol=0, atol=1e-5)
 
 
-def test_training_attention_paths_agree_in_output_and_gradients(monkeypatch):
-    """Training on the CPU without vitkit's attention operator (tests/test_qkv_attention.py has it), short
-    sequences take the explicit attention (faster there), long ones the fused kernel: both give the same loss
-    and gradients."""
-    import vitkit.model as model_module
-
-    monkeypatch.setenv("VITKIT_KERNELS", "0")
+def test_training_through_sdpa_and_through_the_explicit_fallback_agree(monkeypatch):
+    """The plain model attends through F.scaled_dot_product_attention, and through the explicit softmax where SDPA
+    raises NotImplementedError (its CPU kernel under forward-mode AD): both give the same loss and gradients."""
     torch.manual_seed(0)
     model = VisionTransformer(tiny()).train()
     for p in model.parameters():  # away from the zero-initialised head, so every gradient is non-zero,
         p.data.normal_(0, 0.3)  # and with peaked attention, so that the softmax matters
     x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2])
-    assert model_module.explicit_attention_is_faster(model.embed(x), training=True)
-    assert not model_module.explicit_attention_is_faster(model.embed(x), training=False)
-    assert not model_module.explicit_attention_is_faster(torch.zeros(1, 197, 8), training=True)
 
     def loss_and_grads():
         model.zero_grad()
@@ -308,11 +307,20 @@ def test_training_attention_paths_agree_in_output_and_gradients(monkeypatch):
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
+    def sdpa_calls():
+        return operators_called(lambda: model(x), "aten::scaled_dot_product_attention")
+
+    assert sdpa_calls()
+    sdpa_loss, sdpa_grads = loss_and_grads()
+
+    def no_derivative(*args, **kwargs):
+        raise NotImplementedError("no forward derivative")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", no_derivative)
+    assert not sdpa_calls()
     explicit_loss, explicit_grads = loss_and_grads()
-    monkeypatch.setattr(model_module, "EXPLICIT_ATTENTION_MAX_TOKENS", 0)  # every sequence takes the kernel
-    fused_loss, fused_grads = loss_and_grads()
-    torch.testing.assert_close(explicit_loss, fused_loss, rtol=1e-5, atol=1e-6)
-    for name, grad in fused_grads.items():
+    torch.testing.assert_close(explicit_loss, sdpa_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in sdpa_grads.items():
         assert grad.abs().sum() > 0, name
         torch.testing.assert_close(explicit_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 

@@ -1,8 +1,10 @@
-"""The model under torch.jit.trace, the legacy ONNX exporter, torch.func's transforms and forward-mode AD: there
-vitkit's layers run PyTorch's own operators (`vitkit.kernels.plain_ops_required`) instead of oneDNN's linear and
-vitkit's compiled operators, so the traced graph holds standard operators only, and per-sample gradients, jacrev
-and jvp work and equal ordinary autograd (through the fast paths) or finite differences; with both training
-engines of `vitkit.linear`."""
+"""The model under torch.jit.trace, the legacy ONNX exporter, torch.func's transforms and forward-mode AD, plain
+and accelerated (vitkit.accelerate, on both training engines of `vitkit.cpu.linear`): the plain model is PyTorch's
+own operators throughout (its attention falls back to the explicit softmax where SDPA's CPU kernel has no forward
+derivative), and an accelerated model's layers run PyTorch's operators there too
+(`vitkit.cpu.private.plain_ops_required`) instead of oneDNN's linear and vitkit's compiled operators. So the traced
+graph holds standard operators only, and per-sample gradients, jacrev and jvp work and equal ordinary autograd
+(through the fast paths) or finite differences."""
 
 import copy
 import io
@@ -14,19 +16,27 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, jacrev, jvp, vmap
 
 import vitkit
-from vitkit.linear import TRAINING_ENGINES, forced_training_engine
+from vitkit.cpu import is_accelerated
+from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine
+
+FLAVOURS = ("plain", *TRAINING_ENGINES)
 
 
 @pytest.fixture
 def engine(request):
-    """Run the test with the training products on the engine `request.param`, whatever this CPU's default."""
+    """The model's flavour `request.param`: "plain" (the model as create_model builds it), or accelerated with the
+    training products on that engine, whatever this CPU's default."""
+    if request.param == "plain":
+        yield request.param
+        return
     with forced_training_engine(request.param):
         yield request.param
 
 
-def tiny_model(mode: str = "eval") -> vitkit.VisionTransformer:
+def tiny_model(mode: str = "eval", engine: str = "plain") -> vitkit.VisionTransformer:
     """Two blocks of two 16-wide heads on 4x4 patches of 8 px and a class token: 17 tokens, where oneDNN's
-    linear and vitkit's attention and GELU operators all apply. No dropout, so training mode is deterministic."""
+    linear and vitkit's attention operator both apply; accelerated unless `engine` is "plain". No dropout, so
+    training mode is deterministic."""
     torch.manual_seed(0)
     cfg = vitkit.get_config("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64,
                             num_classes=5)
@@ -34,6 +44,8 @@ def tiny_model(mode: str = "eval") -> vitkit.VisionTransformer:
     with torch.no_grad():  # the classifier starts at zero: give the logits something to depend on
         model.head.weight.normal_(std=0.5)
         model.head.bias.normal_(std=0.1)
+    if engine != "plain":
+        assert is_accelerated(vitkit.accelerate(model))
     return model.train(mode == "train")
 
 
@@ -48,11 +60,11 @@ def foreign_operators(graph: torch.Graph) -> set[str]:
     return {k for k in kinds if k == "prim::PythonOp" or not k.startswith(("aten::", "prim::"))}
 
 
-@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
+@pytest.mark.parametrize("engine", FLAVOURS, indirect=True)
 @pytest.mark.parametrize("mode,no_grad", [("eval", True), ("eval", False), ("train", False)],
                          ids=["eval-no-grad", "eval", "train"])
 def test_jit_trace_holds_standard_operators_and_equals_the_eager_model(engine, mode, no_grad):
-    model = tiny_model(mode)
+    model = tiny_model(mode, engine)
     context = torch.no_grad() if no_grad else torch.enable_grad()
     with context:
         traced = torch.jit.trace(model, images(2, 1))
@@ -62,11 +74,11 @@ def test_jit_trace_holds_standard_operators_and_equals_the_eager_model(engine, m
         torch.testing.assert_close(traced(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
+@pytest.mark.parametrize("engine", FLAVOURS, indirect=True)
 def test_the_legacy_onnx_exporter_writes_standard_operators_that_onnxruntime_reproduces(engine):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    model = tiny_model("eval")
+    model = tiny_model("eval", engine)
     buffer = io.BytesIO()
     torch.onnx.export(model, (images(2, 1),), buffer, dynamo=False, opset_version=17, input_names=["pixels"],
                       output_names=["logits"], dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}})
@@ -81,10 +93,10 @@ def test_the_legacy_onnx_exporter_writes_standard_operators_that_onnxruntime_rep
     torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
+@pytest.mark.parametrize("engine", FLAVOURS, indirect=True)
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_per_sample_gradients_by_vmap_of_grad_equal_a_loop_of_backward_passes(engine, mode):
-    model = tiny_model(mode)
+    model = tiny_model(mode, engine)
     x, y = images(3, 1), torch.tensor([0, 3, 4])
     params = {name: p.detach() for name, p in model.named_parameters()}
 
@@ -100,10 +112,10 @@ def test_per_sample_gradients_by_vmap_of_grad_equal_a_loop_of_backward_passes(en
     assert per_sample["blocks.0.attn.qkv.weight"].abs().max() > 0  # gradients reach the first block
 
 
-@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
+@pytest.mark.parametrize("engine", FLAVOURS, indirect=True)
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_jacrev_equals_the_jacobian_by_backward_passes(engine, mode):
-    model = tiny_model(mode)
+    model = tiny_model(mode, engine)
     x = images(2, 1)
     jacobian = jacrev(model)(x)  # (2, 5, 2, 3, 32, 32)
     expected = torch.autograd.functional.jacobian(model, x)  # one backward pass a logit, on the fast paths
@@ -120,7 +132,7 @@ def forward_ad_tangent(model, x: torch.Tensor, v: torch.Tensor, api: str) -> tup
         return out.primal, out.tangent
 
 
-@pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
+@pytest.mark.parametrize("engine", FLAVOURS, indirect=True)
 @pytest.mark.parametrize("api", ["torch.func.jvp", "forward_ad"])
 @pytest.mark.parametrize("no_grad", [False, True], ids=["grad", "no-grad"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
@@ -128,7 +140,7 @@ def test_forward_mode_derivatives_equal_finite_differences(engine, api, no_grad,
     """J v by forward-mode AD against a central difference in float64 (on PyTorch's own operators). In
     evaluation mode too: PyTorch's fused CPU attention kernel (F.scaled_dot_product_attention) has no forward
     derivative, so the attention takes its explicit formula while forward AD is on."""
-    model = tiny_model(mode)
+    model = tiny_model(mode, engine)
     x, v = images(2, 1), images(2, 2)
     with torch.no_grad() if no_grad else torch.enable_grad():
         out, tangent = forward_ad_tangent(model, x, v, api)
@@ -142,10 +154,12 @@ def test_forward_mode_derivatives_equal_finite_differences(engine, api, no_grad,
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
-def test_torchscript_compiles_the_mlp_on_pytorchs_operators():
-    """vitkit's Linear and GELU compile to nn.Linear's and nn.GELU's operators, so a block's MLP scripts. (The
-    whole model does not: its forward reads Python state, e.g. the autocast state, that TorchScript cannot.)"""
-    model = tiny_model("eval")
+@pytest.mark.parametrize("engine", FLAVOURS, indirect=True)
+def test_torchscript_compiles_the_mlp_on_pytorchs_operators(engine):
+    """A block's MLP scripts, plain or accelerated: FastLinear compiles to nn.Linear's operators. (The whole
+    accelerated model does not: its forward reads Python state, e.g. the autocast state, that TorchScript
+    cannot.)"""
+    model = tiny_model("eval", engine)
     mlp = model.blocks[0].mlp
     scripted = torch.jit.script(mlp)
     assert not foreign_operators(scripted.inlined_graph)

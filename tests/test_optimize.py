@@ -11,25 +11,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
+import vitkit.cpu.int8 as int8_module
 from operator_helpers import operators_called
 from vitkit import inference
-from vitkit.hardware import cpu_has_vnni
-from vitkit.inference import (
-    DynamicInt8Linear,
-    FusedBlock,
-    LinearPatchEmbed,
-    PackedLinear,
-    attend_through_projections,
-    cpu_has_native_bf16,
-    onednn_linear_available,
-    optimize,
-)
+from vitkit.cpu import is_accelerated
+from vitkit.cpu.convert import pack_linears
+from vitkit.cpu.fused_block import FusedBlock, attend_through_projections
+from vitkit.cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
+from vitkit.cpu.int8 import DynamicInt8Linear, GELUInPlace, bf16_attention
+from vitkit.cpu.linear import MKL_MAX_ROWS
+from vitkit.cpu.packed import LinearPatchEmbed, PackedLinear
+from vitkit.cpu.private import onednn_packing_available
+from vitkit.inference import optimize
 
+NO_PACKING = "this torch build has no oneDNN linear kernel or weight packing"
 TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
 
 
 def tiny_model(**overrides) -> vitkit.VisionTransformer:
-    """A tiny ViT with random weights everywhere (our classifier starts at zero, which would hide errors)."""
+    """A tiny ViT with random weights everywhere (vitkit's classifier starts at zero, which would hide
+    errors)."""
     model = vitkit.create_model(vitkit.ViTConfig(**{**TINY, **overrides})).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -73,7 +74,7 @@ def test_an_empty_batch_gives_empty_outputs_as_the_model_does(precision, overrid
         assert fast.forward_features(x).shape == model.forward_features(x).shape
 
 
-@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not onednn_packing_available(), reason=NO_PACKING)
 def test_fp32_packs_every_linear_and_fuses_gelu():
     fast = optimize(tiny_model(), "fp32")
     assert not any(type(m) is nn.Linear for m in fast.modules())
@@ -111,12 +112,12 @@ def test_attending_through_the_projections_copies_no_tokens_per_head():
     assert shapes and max(math.prod(shape) for shape in shapes) <= B * T * D
 
 
-@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not onednn_packing_available(), reason=NO_PACKING)
 @pytest.mark.parametrize("queries", [None, 1, 2, 40])  # 40 queries take the q;k;v product again
 def test_fused_block_computes_the_block(queries, monkeypatch):
     model = tiny_model(image_size=48)  # 37 tokens
     block = model.blocks[0]
-    fused = inference.pack_linears(FusedBlock(optimize_copy(block), few_queries=True))
+    fused = pack_linears(FusedBlock(optimize_copy(block), few_queries=True))
     x = torch.randn(2, 37, 64)
     with torch.inference_mode():
         ref, _ = block(x, queries=queries)
@@ -127,7 +128,7 @@ def test_fused_block_computes_the_block(queries, monkeypatch):
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not onednn_packing_available(), reason=NO_PACKING)
 def test_fp32_fuses_the_blocks_and_the_patch_projection():
     model = tiny_model()
     fast = optimize(model, "fp32")
@@ -138,6 +139,26 @@ def test_fp32_fuses_the_blocks_and_the_patch_projection():
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
         torch.testing.assert_close(fast.patch_embed(x), model.patch_embed(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_an_accelerated_model_optimizes_as_the_plain_one(precision):
+    """optimize converts an accelerated model's layers (FastLinear, FastAttention) as it does a plain model's:
+    the same result, and the accelerated model itself is left accelerated."""
+    model = tiny_model()
+    accelerated = vitkit.accelerate(copy.deepcopy(model))
+    fast, fast_plain = optimize(accelerated, precision), optimize(model, precision)
+    assert is_accelerated(accelerated)
+    if onednn_packing_available():  # every linear layer packed or int8, FastLinear too
+        assert not any(isinstance(m, nn.Linear) for m in fast.modules())
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), fast_plain(x), rtol=0, atol=1e-6)
+        f, attentions = fast.forward_features(x, return_attention=True)
+        f_plain, attentions_plain = fast_plain.forward_features(x, return_attention=True)
+    torch.testing.assert_close(f, f_plain, rtol=0, atol=1e-6)
+    for a, b in zip(attentions, attentions_plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
 def test_optimize_returns_a_copy_for_inference():
@@ -237,11 +258,11 @@ def test_int8_linear_matches_a_reference_quantisation():
 
 def test_int8_linear_picks_7_bit_activations_without_vnni_and_refuses_8(monkeypatch):
     layer = nn.Linear(64, 24)
-    monkeypatch.setattr(inference, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(int8_module, "cpu_has_vnni", lambda: False)
     assert DynamicInt8Linear(layer).reduce_range is True
     with pytest.raises(ValueError, match="reduce_range=False .* VNNI"):
         DynamicInt8Linear(layer, reduce_range=False)
-    monkeypatch.setattr(inference, "cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(int8_module, "cpu_has_vnni", lambda: True)
     assert DynamicInt8Linear(layer).reduce_range is False
 
 
@@ -286,7 +307,7 @@ def test_an_optimized_model_is_neither_saved_nor_optimized_again(precision, tmp_
     assert not (tmp_path / "ckpt").exists()
     with pytest.raises(ValueError, match="already comes from vitkit.optimize"):
         optimize(fast)
-    if onednn_linear_available():
+    if onednn_packing_available():
         with pytest.raises(TypeError, match="cannot be copied"):
             copy.deepcopy(fast)
 
@@ -331,16 +352,19 @@ def test_torch_compiles_wrapper_is_refused():
 def test_an_optimized_model_ignores_cpu_autocast(precision):
     """Its packed and int8 layers compute in fp32 only; under bf16 autocast it gives its fp32 result (the
     attention's output used to reach them in bf16 and be refused)."""
-    model, x = tiny_model(), torch.randn(3, 3, 32, 32)
+    model = tiny_model()
     fast = optimize(model, precision)
-    with torch.inference_mode():
-        expected = fast(x)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            got = fast(x)
-            features = fast.forward_features(x, return_attention=True)[0]
-        assert got.dtype == torch.float32
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
-        torch.testing.assert_close(features, fast.forward_features(x, return_attention=True)[0], rtol=0, atol=1e-6)
+    for batch in (1, 3):  # the classifier's rows on MKL (at most two) and on the tuned engine
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.inference_mode():
+            expected = fast(x)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got = fast(x)
+                features = fast.forward_features(x, return_attention=True)[0]
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+            torch.testing.assert_close(features, fast.forward_features(x, return_attention=True)[0], rtol=0,
+                                       atol=1e-6)
 
 
 def test_bad_arguments_are_named():
@@ -369,42 +393,39 @@ def test_no_gradient_reaches_the_input_and_backward_says_so(precision):
         y.sum().backward()
 
 
-@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not onednn_packing_available(), reason=NO_PACKING)
+@pytest.mark.parametrize("tuning", ["on", "off"])
 @pytest.mark.parametrize("activation", ["none", "gelu"])
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_few_rows_go_through_mkl_with_the_same_result(activation, n):
+def test_packed_linear_runs_on_the_engine_it_names_with_the_same_result(activation, n, tuning, monkeypatch):
+    """Up to MKL_MAX_ROWS rows PackedLinear multiplies through MKL (F.linear on its plain weight); above, through
+    the faster of MKL and the packed oneDNN product (timed once), or oneDNN with tuning off. Either way it
+    computes the layer's function, and the profiler shows the engine it names."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "1" if tuning == "on" else "0")
     torch.manual_seed(0)
     linear = nn.Linear(48, 40)
-    layer = PackedLinear(linear, activation, "tanh" if activation == "gelu" else "none", few_rows=True)
+    layer = PackedLinear(linear, activation, "tanh" if activation == "gelu" else "none")
     x, residual = torch.randn(1, n, 48), torch.randn(1, n, 40)
     ref = F.linear(x, linear.weight, linear.bias)
     ref = F.gelu(ref, approximate="tanh") if activation == "gelu" else ref
     with torch.inference_mode():
+        engine = layer.engine(x)
         torch.testing.assert_close(layer(x), ref, rtol=0, atol=1e-5)
         if activation == "none":
             torch.testing.assert_close(layer.add(x, residual), ref + residual, rtol=0, atol=1e-5)
         ops = operators_called(lambda: layer(x), "")
-    through_mkl = n <= inference.MKL_MAX_ROWS
-    assert ("mkldnn::_linear_pointwise" in ops) is not through_mkl
-    assert ("aten::linear" in ops) is through_mkl
-
-
-@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
-@pytest.mark.parametrize("pool", ["token", "gap"])
-def test_only_the_per_image_layers_keep_a_plain_weight(pool):
-    fast = optimize(tiny_model(pool=pool, representation_size=48), "fp32")
-    last = fast.blocks[-1]
-    per_image = {id(fast.head), id(fast.pre_logits)}
-    if pool == "token":  # the class-token shortcut's layers
-        per_image |= {id(last.query), id(last.attn.proj), id(last.mlp.fc1), id(last.mlp.fc2)}
-    packed = [m for m in fast.modules() if isinstance(m, PackedLinear)]
-    assert {id(m) for m in packed if m.plain_weight is not None} == per_image
-    assert "MKL up to 2 rows" in repr(fast.head)
+    assert engine in ("plain", "packed")
+    if n <= MKL_MAX_ROWS:
+        assert engine == "plain"
+    elif tuning == "off":
+        assert engine == "packed"
+    assert ("mkldnn::_linear_pointwise" in ops) is (engine == "packed")
+    assert ("aten::linear" in ops) is (engine == "plain")
 
 
 def test_packed_linear_refuses_other_dtypes():
-    if not onednn_linear_available():
-        pytest.skip("this torch build has no oneDNN linear")
+    if not onednn_packing_available():
+        pytest.skip(NO_PACKING)
     layer = PackedLinear(nn.Linear(8, 4))
     with pytest.raises(ValueError, match="fp32"):
         layer(torch.randn(2, 8, dtype=torch.float64))
@@ -437,7 +458,7 @@ def test_bf16_attention_is_close_to_fp32_attention(queries):
     qkv = torch.randn(B, T, 3 * D)
     q, k, v = vitkit.model.split_heads(qkv, H)
     ref = vitkit.model.merge_heads(F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
-    out = inference.bf16_attention(qkv, H, (D // H) ** -0.5, queries)
+    out = bf16_attention(qkv, H, (D // H) ** -0.5, queries)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert ((out - ref).norm() / ref.norm()).item() < 2e-2  # bf16's 8-bit mantissa, not 1e-4
     assert (out - ref).abs().max() > 0  # really computed in bf16
@@ -445,7 +466,7 @@ def test_bf16_attention_is_close_to_fp32_attention(queries):
 
 def test_int8_model_parts():
     q = optimize(tiny_model(), "int8")
-    assert all(isinstance(b.mlp.act, inference.GELUInPlace) for b in q.blocks)
+    assert all(isinstance(b.mlp.act, GELUInPlace) for b in q.blocks)
     assert all(isinstance(b, FusedBlock) for b in q.blocks)
     assert all((b.attention_dtype == torch.bfloat16) == cpu_has_native_bf16() for b in q.blocks)
     x = torch.randn(2, 3, 32, 32)

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
 from vitkit import ViTConfig, resample_pos_embed
-from vitkit.model import VisionTransformer, resample_state_dict
-from vitkit.posemb import sincos_2d
+from vitkit.model import VisionTransformer
+from vitkit.posemb import resample_state_dict, sincos_2d
 from vitkit.transfer import prepare_finetune
 
 

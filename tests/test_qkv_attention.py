@@ -1,32 +1,37 @@
-"""vitkit.qkv_attention and its compiled operators: the attention and its gradient against the explicit
-softmax(q k^T * scale) v in float64, in the shapes that exercise the query blocks and the vector tails; the
-model and optimize's blocks on it; the fallbacks where it does not apply."""
+"""vitkit.cpu.attention and its compiled operators: the attention and its gradient against the explicit
+softmax(q k^T * scale) v in float64, in the shapes that exercise the query blocks and the vector tails; an
+accelerated model (vitkit.accelerate) and optimize's blocks on it, the plain model never; the fallbacks where it
+does not apply.
+
+Where a C++ compiler is on PATH (and VITKIT_KERNELS is not 0) the operators must build: a test that needs them
+fails if they did not (`needs_operator`, tests/operator_helpers.py)."""
 
 import contextlib
 import platform
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
 from torch.func import grad, jvp, vmap
 
 import vitkit
-from operator_helpers import operators_called, training_step_equals_the_fallback
-from vitkit import kernels
-from vitkit.model import merge_heads, split_heads
-from vitkit.qkv_attention import (
+import vitkit.cpu.attention as attention_module
+from operator_helpers import needs_operator, operators_called, training_step_equals_the_fallback
+from vitkit.cpu.attention import (
+    FastAttention,
     _QKVAttention,
+    explicit_attention_is_faster,
     keeps_probabilities,
     qkv_attention,
     qkv_attention_applies,
     sgemm_products,
 )
+from vitkit.cpu.build import attention_available
+from vitkit.model import merge_heads, split_heads
 
-needs_operator = pytest.mark.skipif(
-    (shutil.which("c++") is None and shutil.which("g++") is None) or not kernels.attention_available(),
-    reason="vitkit's attention operator is not built here (no C++ compiler)")
+needs_attention_operator = needs_operator(attention_available, "attention")
 
 
 def reference(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
@@ -35,7 +40,7 @@ def reference(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     return merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
 
 
-@needs_operator
+@needs_attention_operator
 @pytest.mark.parametrize("B,T,heads,Dh", [
     # Head widths in multiples of 16 (up to 128) run on the AVX-512 register tiles where the CPU has them:
     (2, 197, 6, 64),   # ViT-S/16: two query blocks (112 + 85 rows on the tiles, 99 + 98 on sgemm)
@@ -77,7 +82,7 @@ def test_attention_and_gradient_equal_the_explicit_formula(B, T, heads, Dh, keep
         assert torch.equal(x.grad, grad_qkv)
 
 
-@needs_operator
+@needs_attention_operator
 def test_the_tiles_serve_head_widths_in_multiples_of_16_on_avx512_cpus():
     """Where the CPU has AVX-512, head widths of 16 to 128 in steps of 16 run on the register tiles; other
     widths, and other CPUs, on sgemm (both checked against float64 above)."""
@@ -98,7 +103,7 @@ def test_the_softmax_is_kept_when_no_larger_than_the_mlp_activation():
     assert not keeps_probabilities(577, 64)  # 384 px: recomputed in the backward, memory linear in T
 
 
-@needs_operator
+@needs_attention_operator
 def test_large_and_spread_logits_are_as_exact_as_pytorchs_fp32():
     """Scores up to ~700 and rows whose smallest terms underflow: the softmax subtracts each row's maximum, and
     the error against float64 is no larger than that of PyTorch's own fp32 explicit attention."""
@@ -123,7 +128,7 @@ def test_large_and_spread_logits_are_as_exact_as_pytorchs_fp32():
     assert err(qkv.grad, ref_qkv.grad) <= 1.5 * err(fp32_qkv.grad, ref_qkv.grad)
 
 
-@needs_operator
+@needs_attention_operator
 def test_the_result_does_not_depend_on_the_threads(threads):
     """Each (image, head, query block) is one task computed alone: 1 and 2 threads give the same bits."""
     torch.manual_seed(2)
@@ -139,7 +144,7 @@ def test_the_result_does_not_depend_on_the_threads(threads):
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
-@needs_operator
+@needs_attention_operator
 def test_without_gradient_it_is_the_forward_operator_alone():
     torch.manual_seed(3)
     qkv = torch.randn(2, 30, 3 * 64)
@@ -149,7 +154,7 @@ def test_without_gradient_it_is_the_forward_operator_alone():
     torch.testing.assert_close(plain, qkv_attention(qkv.clone().requires_grad_(), 4, 0.25).detach(), rtol=0, atol=0)
 
 
-@needs_operator
+@needs_attention_operator
 def test_where_it_applies(monkeypatch):
     x = torch.randn(1, 5, 24)
     assert qkv_attention_applies(x)
@@ -161,11 +166,19 @@ def test_where_it_applies(monkeypatch):
     assert not qkv_attention_applies(x)
 
 
-@needs_operator
-def test_the_model_trains_and_infers_through_it_and_equals_the_fallback(monkeypatch):
+def tiny_vit() -> vitkit.VisionTransformer:
+    """ViT-Ti/16's width and heads at 32 px: 4 patches + class token, 3 heads of 64."""
     torch.manual_seed(4)
-    cfg = vitkit.get_config("ViT-Ti/16", image_size=32, num_classes=5)  # 4 tokens + class token, 3 heads of 64
-    model = vitkit.create_model(cfg).train()
+    return vitkit.create_model(vitkit.get_config("ViT-Ti/16", image_size=32, num_classes=5))
+
+
+@needs_attention_operator
+def test_an_accelerated_model_trains_and_infers_through_it_and_equals_the_fallback(monkeypatch):
+    """With timing off (VITKIT_AUTOTUNE=0) the accelerated model's attention takes the operator wherever it
+    applies, in training and in inference, as do optimize's blocks."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
+    model = vitkit.accelerate(tiny_vit()).train()
+    assert all(type(block.attn) is FastAttention for block in model.blocks)
     x = torch.randn(2, 3, 32, 32)
     called = training_step_equals_the_fallback(model, x, torch.tensor([1, 3]), monkeypatch, "vitkit::attention")
     assert called == {"vitkit::attention_forward", "vitkit::attention_backward"}
@@ -177,7 +190,64 @@ def test_the_model_trains_and_infers_through_it_and_equals_the_fallback(monkeypa
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
 
 
-@needs_operator
+@needs_attention_operator
+def test_the_plain_model_never_calls_vitkits_operators_and_optimize_does(monkeypatch):
+    """The model itself is plain PyTorch: no vitkit operator in its training step or its inference, until it is
+    accelerated or optimized (optimize's fused blocks take the attention operator, with timing off, whether or
+    not the model was accelerated first)."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
+    model = tiny_vit().train()
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 3])
+    assert operators_called(lambda: F.cross_entropy(model(x), y).backward(), "vitkit::") == set()
+    model.eval()
+    with torch.inference_mode():
+        assert operators_called(lambda: model(x), "vitkit::") == set()
+        fast = vitkit.optimize(model, "fp32")
+        assert operators_called(lambda: fast(x), "vitkit::attention") == {"vitkit::attention_forward"}
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_without_the_operator_short_sequences_train_through_the_explicit_attention(monkeypatch):
+    """An accelerated model training on the CPU without vitkit's attention operator, timing off (the fixed rule):
+    short sequences take the explicit attention (faster there), long ones PyTorch's fused kernel; both give the
+    same loss and gradients, those of the plain model."""
+    monkeypatch.setenv("VITKIT_KERNELS", "0")
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
+    torch.manual_seed(0)
+    cfg = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10)
+    model = vitkit.create_model(cfg).train()
+    for p in model.parameters():  # away from the zero-initialised head, so every gradient is non-zero,
+        p.data.normal_(0, 0.3)  # and with peaked attention, so that the softmax matters
+    x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2])
+    assert explicit_attention_is_faster(model.embed(x), training=True)
+    assert not explicit_attention_is_faster(model.embed(x), training=False)
+    assert not explicit_attention_is_faster(torch.zeros(1, 197, 8), training=True)
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    def sdpa_calls():
+        return operators_called(lambda: F.cross_entropy(model(x), y).backward(), "aten::scaled_dot_product_attention")
+
+    plain_loss, plain_grads = loss_and_grads()
+    vitkit.accelerate(model)
+    assert not sdpa_calls()  # every block on the explicit products
+    explicit_loss, explicit_grads = loss_and_grads()
+    monkeypatch.setattr(attention_module, "EXPLICIT_ATTENTION_MAX_TOKENS", 0)  # every sequence takes the kernel
+    assert sdpa_calls()
+    fused_loss, fused_grads = loss_and_grads()
+    for loss in (explicit_loss, fused_loss):
+        torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
+    for name, g in plain_grads.items():
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(explicit_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(fused_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@needs_attention_operator
 def test_the_operator_refuses_bad_input_with_a_clear_error():
     with pytest.raises(RuntimeError, match="expected the contiguous fp32 q;k;v projection"):
         torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24).double(), 2, 0.5, False)
@@ -185,7 +255,7 @@ def test_the_operator_refuses_bad_input_with_a_clear_error():
         torch.ops.vitkit.attention_forward(torch.randn(2, 5, 24), 5, 0.5, False)
 
 
-@needs_operator
+@needs_attention_operator
 def test_a_second_derivative_equals_pytorchs():
     """create_graph=True (a gradient penalty): the gradient comes from PyTorch's operators, differentiable again;
     it equals the explicit formula's second derivative."""
@@ -198,7 +268,7 @@ def test_a_second_derivative_equals_pytorchs():
     torch.testing.assert_close(qkv.grad.double(), ref_qkv.grad, rtol=1e-4, atol=1e-5)
 
 
-@needs_operator
+@needs_attention_operator
 def test_sgemm_products_turns_the_tiles_off_in_the_model_path():
     """Inside `sgemm_products()` the autograd function and the inference call pass tiles=False to the operators,
     forward and backward; outside, the tiles (where they apply)."""
@@ -220,7 +290,7 @@ def test_sgemm_products_turns_the_tiles_off_in_the_model_path():
         assert torch.equal(inference, ops.attention_forward(qkv, 4, 0.25, False, tiles)[0])
 
 
-@needs_operator
+@needs_attention_operator
 def test_not_under_tracing_torch_func_or_forward_ad():
     """Under torch.jit.trace (which the legacy ONNX exporter runs), in torch.func's transforms and with
     forward-mode AD the model keeps PyTorch's attention: the operators have no place in a traced graph, and

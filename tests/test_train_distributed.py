@@ -54,7 +54,7 @@ def test_two_processes_equal_one(tmp_path):
     assert ra["count"] == rb["count"] == 64 and rb["processes"] == 2
     assert abs(ra["top1"] - rb["top1"]) < 1e-9 and abs(ra["loss"] - rb["loss"]) < 1e-4
     # The training loss logged is the mean over the processes (it was the main process's, of its 16 images).
-    from vitkit.train.loop import MetricsLog
+    from vitkit.train.metrics_log import MetricsLog
 
     def train_losses(run):
         return [float(r["loss"]) for r in MetricsLog.read_rows(run / "metrics.csv") if r["split"] == "train"]

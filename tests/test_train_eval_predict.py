@@ -119,11 +119,17 @@ def test_cli_eval_and_predict(tmp_path):
     # An image folder with 10 class sub-folders (eval takes a dataset name or a folder).
     for c in range(10):
         write_pngs(tmp_path / "data" / f"class{c}", 2, seed=20 + c)
-    r = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev", "--no-fast")
+    r = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev")
     assert r.returncode == 0, r.stderr
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert metrics["count"] == 20 and 0 <= metrics["top1"] <= metrics["top5"] <= 1
     assert (tmp_path / "ev" / "confusion.png").is_file() and "top-1" in r.stdout
+    # The fast path (vitkit.optimize, the default) and the plain model agree.
+    plain = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev2", "--no-fast")
+    assert plain.returncode == 0, plain.stderr
+    plain_metrics = json.loads((tmp_path / "ev2" / "metrics.json").read_text())
+    assert (plain_metrics["top1"], plain_metrics["top5"]) == (metrics["top1"], metrics["top5"])
+    assert plain_metrics["confusion"] == metrics["confusion"]
 
     imgs = write_pngs(tmp_path / "pred", 2, seed=40)
     (tmp_path / "pred" / "zero.png").write_bytes(b"")
@@ -163,7 +169,7 @@ def test_cli_eval_and_predict_options(tmp_path, capsys):
     assert cli("eval", tmp_path / "ckpt", "-d", tmp_path / "data", "--device", "tpu9") == 1
     assert "unknown device 'tpu9'" in capsys.readouterr().err
     assert cli("eval", tmp_path / "ckpt", "-d", tmp_path / "data", "--split", "train", "--workers", "2",
-               "--no-progress", "--device", "cpu", "--no-fast") == 0
+               "--no-progress", "--device", "cpu") == 0
     out = capsys.readouterr().out
     metrics = json.loads((tmp_path / "ckpt" / "eval-data-train" / "metrics.json").read_text())
     assert metrics["count"] == 6 and metrics["top5"] is None and "top-5" not in out and "top-1" in out
@@ -211,7 +217,7 @@ def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name
     write_pngs(tmp_path / "data" / "a", 3, seed=60)
     write_pngs(tmp_path / "data" / "c", 3, seed=61)
     (tmp_path / "data" / "c" / "zz.png").write_bytes(b"broken")
-    r = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev", "--no-fast",
+    r = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev",
                 "--skip-bad-images")
     assert r.returncode == 0, r.stderr
     metrics = strict_json((tmp_path / "ev" / "metrics.json").read_text())
@@ -221,7 +227,7 @@ def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name
     assert [sum(row) for row in metrics["confusion"]] == [3, 0, 3]
     # A class the checkpoint does not know is refused, named, in one line.
     write_pngs(tmp_path / "data" / "d", 1, seed=62)
-    bad = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--no-fast")
+    bad = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith(f"error: {tmp_path / 'data'} has classes that {tmp_path / 'ckpt'} lacks: d (")
 

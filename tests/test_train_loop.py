@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 import vitkit
 from train_helpers import synthetic_dataset, synthetic_images
 from vitkit.data import FASHION_MNIST_CLASSES
-from vitkit.train import TrainingDiverged, get_recipe, loop, train
+from vitkit.train import TrainingDiverged, get_recipe, loop, one_step, prepare, train
 from vitkit.train.batches import epoch_order, make_plan, rank_indices
 from vitkit.train.checkpoints import latest_checkpoint, list_checkpoints
 
@@ -193,7 +193,7 @@ def test_finetune_resamples_the_position_table_as_the_recipe_says_and_starts_the
     """build_model: the init's table through `posemb_interpolation` (the paper's recipe: its code's zoom), and
     the new classifier's bias at `optim.head_bias`."""
     from vitkit.posemb import resample_pos_embed
-    from vitkit.train.loop import build_model
+    from vitkit.train.prepare import build_model
 
     source = vitkit.create_model(get_recipe("finetune-tiny").model.replace(num_classes=7, image_size=12))
     torch.nn.init.normal_(source.pos_embed)
@@ -212,7 +212,7 @@ def test_finetune_resamples_the_position_table_as_the_recipe_says_and_starts_the
 def test_a_run_saved_before_newer_settings_resumes_with_their_defaults(tmp_path):
     """A config.json without the settings added since (here `optim.loss`, `optim.head_bias`,
     `posemb_interpolation`) reads as their defaults, the behaviour the run was started with: no refusal."""
-    from vitkit.train.loop import config_differences, saved_config
+    from vitkit.train.run_folder import config_differences, saved_config
 
     cfg = get_recipe("demo-tiny")
     old = json.loads(cfg.to_json())
@@ -230,7 +230,7 @@ def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_
         Image.new("L", (16, 16), 40 + 100 * c).save(tmp_path / "flat" / f"class{c}" / "0.png")
     cfg = get_recipe("demo-tiny", [f"data.name={tmp_path / 'flat'}"])
     with pytest.warns(UserWarning, match="the test split is the training images themselves"):
-        loop.load_data(cfg)
+        prepare.load_data(cfg)
     import warnings
 
     from vitkit.cli.main import main, warning_line
@@ -243,7 +243,7 @@ def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_
     (tmp_path / "flat").rename(tmp_path / "split" / "train" / "x")  # train/ without test/: refused as before
     cfg = get_recipe("demo-tiny", [f"data.name={tmp_path / 'split'}"])
     with pytest.raises(FileNotFoundError, match="no 'test' one"):
-        loop.load_data(cfg)
+        prepare.load_data(cfg)
 
 
 def test_a_run_gives_the_process_its_threads_and_determinism_back(tmp_path):
@@ -286,7 +286,6 @@ def test_tiny_twins_train(tmp_path, name):
 def test_full_token_epochs_turn_patch_dropout_off_for_the_last_steps(tmp_path, monkeypatch):
     """fashion-mnist-tiny keeps 3 of 4 patch tokens (+ the class token) in training; with full_token_epochs the
     last steps see all 5 tokens, and evaluation always does."""
-    import vitkit.train.loop as loop
 
     seen: list[tuple[bool, int]] = []
     build = loop.build_model
@@ -312,20 +311,20 @@ def test_full_token_epochs_turn_patch_dropout_off_for_the_last_steps(tmp_path, m
 
 @pytest.mark.parametrize("native", [True, False])
 def test_autocast_dtype_of_each_precision(monkeypatch, native):
-    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(one_step, "cpu_has_native_bf16", lambda: native)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert loop.autocast_dtype("auto", cpu) is None
-    assert loop.autocast_dtype("fp32", cpu) is None and loop.autocast_dtype("fp32", cuda) is None
-    assert loop.autocast_dtype("auto", cuda) is torch.bfloat16
-    assert loop.autocast_dtype("bf16", cpu) is torch.bfloat16
-    assert loop.autocast_dtype("bf16-native", cuda) is torch.bfloat16
-    assert loop.autocast_dtype("bf16-native", cpu) is (torch.bfloat16 if native else None)
+    assert one_step.autocast_dtype("auto", cpu) is None
+    assert one_step.autocast_dtype("fp32", cpu) is None and one_step.autocast_dtype("fp32", cuda) is None
+    assert one_step.autocast_dtype("auto", cuda) is torch.bfloat16
+    assert one_step.autocast_dtype("bf16", cpu) is torch.bfloat16
+    assert one_step.autocast_dtype("bf16-native", cuda) is torch.bfloat16
+    assert one_step.autocast_dtype("bf16-native", cpu) is (torch.bfloat16 if native else None)
 
 
 def test_bf16_native_trains_under_autocast_where_the_cpu_has_it(tmp_path, monkeypatch):
     """With 'bf16-native' the forward runs in bf16 on a CPU that has it (faked here, so the test runs on any
     CPU; bf16 is only emulated, slowly, on those without) and the loss still goes down."""
-    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(one_step, "cpu_has_native_bf16", lambda: True)
     dtypes = []
     original = vitkit.VisionTransformer.forward
 
@@ -354,9 +353,9 @@ def test_val_folder_labels_follow_the_training_classes_by_name(tmp_path):
     write_class_folders(tmp_path / "data" / "train", ["a", "b", "c"])
     write_class_folders(tmp_path / "data" / "val", ["a", "c"])
     cfg = plain("demo-tiny", f"data.name={tmp_path / 'data'}", "data.val_split=val", "model.in_chans=1")
-    _, val, classes = loop.load_data(cfg)
-    assert classes == ["a", "b", "c"] and loop.evaluated_split(cfg) == "val"
-    assert loop.evaluated_split(plain("demo-tiny", "data.val_split=val")) == "test"  # Fashion-MNIST's val is test
+    _, val, classes = prepare.load_data(cfg)
+    assert classes == ["a", "b", "c"] and prepare.evaluated_split(cfg) == "val"
+    assert prepare.evaluated_split(plain("demo-tiny", "data.val_split=val")) == "test"  # Fashion-MNIST's val is test
     assert val.classes == classes and [val[i][1] for i in range(len(val))] == [0, 0, 2, 2]
     write_class_folders(tmp_path / "data" / "val", ["d"])
     with pytest.raises(ValueError, match=r"the val split has classes that the training split lacks: d \("):
@@ -371,8 +370,8 @@ def test_out_that_is_a_file_is_refused_before_loading_data(tmp_path):
         train(cfg, tmp_path / "taken", progress=False)
     with pytest.raises(ValueError, match=r"not a folder \(.*taken is a file\)"):
         train(cfg, tmp_path / "taken" / "run", progress=False)
-    assert loop.device_unavailable("cpu") is None
-    assert "GPU" in loop.device_unavailable(f"cuda:{torch.cuda.device_count()}")
+    assert prepare.device_unavailable("cpu") is None
+    assert "GPU" in prepare.device_unavailable(f"cuda:{torch.cuda.device_count()}")
 
 
 def test_result_json_is_valid_json_and_names_the_split(tmp_path):

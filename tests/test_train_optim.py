@@ -8,7 +8,7 @@ import torch
 from vitkit import ViTConfig, create_model
 from vitkit.train.ema import EMA
 from vitkit.train.optim import build_optimizer, cosine_decay, lr_at, param_groups
-from vitkit.train.recipes import OptimConfig
+from vitkit.train.settings import OptimConfig
 
 TINY = ViTConfig(image_size=16, patch_size=4, in_chans=1, num_classes=3, dim=16, depth=2, num_heads=2, mlp_dim=32)
 

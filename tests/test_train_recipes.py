@@ -9,16 +9,10 @@ import pytest
 
 import vitkit
 from vitkit.config import ViTConfig
-from vitkit.model import count_parameters
-from vitkit.train.recipes import (
-    RECIPES,
-    TrainConfig,
-    apply_overrides,
-    device_error,
-    get_recipe,
-    parse_value,
-    valid_keys,
-)
+from vitkit.counting import count_parameters
+from vitkit.train.overrides import apply_overrides, parse_value, valid_keys
+from vitkit.train.recipes import RECIPES, get_recipe
+from vitkit.train.settings import TrainConfig, device_error
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -123,7 +117,7 @@ def test_finetune_takes_the_init_checkpoints_architecture_and_short_keys(tmp_pat
     regularised = get_recipe("finetune", [f"init={tmp_path / 'src'}", "model.patch_dropout=0.25",
                                           "model.drop_path=0.1"])
     assert (regularised.model.patch_dropout, regularised.model.drop_path) == (0.25, 0.1)
-    from vitkit.train.loop import build_model
+    from vitkit.train.prepare import build_model
 
     model = build_model(regularised, num_classes=3)
     assert (model.cfg.patch_dropout, model.cfg.drop_path) == (0.25, 0.1)
@@ -135,7 +129,7 @@ def test_finetune_uses_every_model_setting_and_refuses_those_the_weights_fix(tmp
     """Next to init=, a `--set model.*` that the weights allow (the normalisation, the pooling) reaches the
     trained model, as --show says; one they fix (depth, width) is refused by name instead of ignored."""
     import vitkit
-    from vitkit.train.loop import build_model
+    from vitkit.train.prepare import build_model
 
     source = vitkit.create_model("ViT-Ti/16", image_size=(28, 28), patch_size=7, in_chans=1, dim=32,
                                  depth=1, num_heads=2, mlp_dim=64, num_classes=3)

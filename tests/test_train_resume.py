@@ -199,7 +199,7 @@ def test_metrics_of_a_killed_run_keep_their_complete_rows_only(tmp_path):
     drops it with the rows after its checkpoint, and keeps every complete row up to it."""
     import csv
 
-    from vitkit.train.loop import MetricsLog
+    from vitkit.train.metrics_log import MetricsLog
 
     path = tmp_path / "metrics.csv"
     log = MetricsLog(tmp_path, True, 0)

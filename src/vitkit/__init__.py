@@ -10,12 +10,14 @@ __version__ = "0.1.0"
 __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "allocator": ["retain_freed_memory"],
+        "cpu": ["accelerate"],
+        "cpu.allocator": ["retain_freed_memory"],
         "checkpoint": ["save"],
         "config": ["ViTConfig", "get_config", "list_models"],
         "inference": ["optimize"],
         "loading": ["load"],  # every format; vitkit.checkpoint.load_vitkit reads the native one
-        "model": ["VisionTransformer", "count_flops", "count_parameters", "create_model"],
+        "counting": ["count_flops", "count_parameters"],
+        "model": ["VisionTransformer", "create_model"],
         "posemb": ["resample_pos_embed"],
     },
 )

@@ -1,6 +1,6 @@
 """Inference speed of vitkit against timm, Hugging Face and torchvision, measured side by side.
 
-Our machines are shared and noisy, so absolute times from different runs mean little. The harness therefore
+Shared machines are noisy, so absolute times from different runs mean little. The harness therefore
 measures every contender of a cell (model x batch size) in one process, with the repetitions interleaved in
 a fresh random order each round. It reports medians of the times, and the ratios between contenders (and MFU)
 as medians of ratios taken within each round (`paired_ratio`). The fp32 SGEMM peak that model FLOP utilisation (MFU)
@@ -8,7 +8,7 @@ is measured against is one more contender in the same loop: a big `torch.mm`, ti
 conditions as the models.
 
 All models have random weights and the same architecture (built from one ViTConfig), so they do the same
-FLOPs (`vitkit.count_flops`). The process's allocator is set first (`vitkit.allocator.retain_freed_memory`):
+FLOPs (`vitkit.count_flops`). The process's allocator is set first (`vitkit.retain_freed_memory`):
 it is process-wide, so every contender runs with it alike.
 """
 
@@ -28,19 +28,21 @@ import torch
 import torch.nn as nn
 
 from .config import ViTConfig, get_config
-from .hardware import cpu_has_native_bf16, cpu_has_vnni
-from .model import count_flops, create_model
+from .counting import count_flops
+from .cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
+from .model import create_model
 
 # The anchors: the other implementations we compare against.
 ANCHORS: tuple[str, ...] = ("timm", "hf-eager", "hf-sdpa", "torchvision")
-# Our contenders: the plain model and what `vitkit.optimize` makes of it.
+# vitkit's contenders: the accelerated model (vitkit.accelerate) and what `vitkit.optimize` makes of it.
 OURS: tuple[str, ...] = ("vitkit", "vitkit-fp32-opt", "vitkit-int8")
 CONTENDERS: tuple[str, ...] = OURS + ANCHORS  # the default set
 # Measured only when asked for (`-c vitkit-bf16`): it needs a GPU or a CPU with native bf16.
-OPTIONAL: tuple[str, ...] = ("vitkit-bf16",)
+# The plain model (no CPU kernels swapped in) is measured only when asked for too (`-c vitkit-plain`).
+OPTIONAL: tuple[str, ...] = ("vitkit-bf16", "vitkit-plain")
 SGEMM = "sgemm"
 # The same product through oneDNN with a prepacked operand, what optimize('fp32') runs: for reference only, MFU
-# is against torch.mm as the issue defines it. On our AMD CPU oneDNN's GEMM is 10-20 % faster than MKL's.
+# is against torch.mm.
 SGEMM_ONEDNN = "sgemm-onednn"
 
 
@@ -102,22 +104,25 @@ def build_torchvision(cfg: ViTConfig) -> nn.Module:
     )
 
 
-def build_vitkit(cfg: ViTConfig, precision: str | None = None) -> nn.Module:
-    """vitkit's model, plain (precision None) or through `vitkit.optimize` (no compile)."""
+def build_vitkit(cfg: ViTConfig, precision: str | None = None, fast: bool = True) -> nn.Module:
+    """vitkit's model: accelerated (precision None; plain too with fast=False) or through `vitkit.optimize`
+    (no compile)."""
+    from .cpu import accelerate
     from .inference import optimize
 
     model = create_model(cfg)
-    # Random, non-zero weights everywhere (our classifier starts at zero), like the other contenders.
+    # Random, non-zero weights everywhere (vitkit's classifier starts at zero), like the other contenders.
     with torch.no_grad():
         for p in model.head.parameters():
             nn.init.normal_(p, std=0.02)
     if precision is None:
-        return model
+        return accelerate(model) if fast else model
     return optimize(model, precision, compile=False)
 
 
 BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {
     "vitkit": build_vitkit,
+    "vitkit-plain": lambda cfg: build_vitkit(cfg, fast=False),
     "vitkit-fp32-opt": lambda cfg: build_vitkit(cfg, "fp32"),
     "vitkit-int8": lambda cfg: build_vitkit(cfg, "int8"),
     "vitkit-bf16": lambda cfg: build_vitkit(cfg, "bf16"),
@@ -185,7 +190,7 @@ def paired_ratio(seconds: list[float], references: list[list[float]]) -> float:
     """How many times faster than the references a contender is, as the median over rounds of (the fastest
     reference's time in that round / the contender's time in that round).
 
-    Our machines switch between busy and quiet phases lasting seconds to minutes. Each round calls every
+    A shared machine switches between busy and quiet phases lasting seconds to minutes. Each round calls every
     contender once, close together in time, so a ratio within a round compares like with like; a ratio of
     medians does not when a contender's median falls in a busy phase and its rival's in a quiet one."""
     if not references or any(len(r) != len(seconds) for r in references):
@@ -282,11 +287,11 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
     models = {name: BUILDERS[name](cfg).eval() for name in config.contenders}
     calls: dict[str, Callable[[], Any]] = {name: (lambda m=m: m(x)) for name, m in models.items()}
     calls[SGEMM] = lambda: torch.mm(a, b)
-    from .inference import onednn_linear_available
+    from .cpu.private import onednn_linear, onednn_packing_available, pack_weight
 
-    if onednn_linear_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)
-        calls[SGEMM_ONEDNN] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    if onednn_packing_available():
+        packed = pack_weight(b.t().contiguous(), n)
+        calls[SGEMM_ONEDNN] = lambda: onednn_linear(a, packed, None)
     with torch.inference_mode():
         times = interleaved_times(calls, config.repeats, config.warmup, rng, progress)
     flops = count_flops(cfg)
@@ -297,8 +302,8 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
 
 
 def machine_info() -> dict[str, Any]:
-    """The CPU (its name, and the features that decide what the int8 and bf16 paths can do: our machines are
-    not all alike), threads and versions: what makes figures of different runs comparable or not."""
+    """The CPU (its name, and the features that decide what the int8 and bf16 paths can do), threads and
+    versions: what makes figures of different runs comparable or not."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -318,7 +323,7 @@ def machine_info() -> dict[str, Any]:
 def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Measure every cell of `config`; returns a JSON-ready dict (machine, SGEMM peak, one row per
     contender and cell). `on_progress(done, total)` is called after every timed call."""
-    from .allocator import retain_freed_memory
+    from .cpu.allocator import retain_freed_memory
 
     retained = retain_freed_memory()  # process-wide, so every contender runs with the same allocator
     previous_threads = torch.get_num_threads()
@@ -327,9 +332,9 @@ def run(config: BenchConfig, on_progress: Callable[[int, int], None] | None = No
     try:
         rng = random.Random(config.seed)
         cells_spec = [(m, b) for m in config.models for b in config.batch_sizes]
-        from .inference import onednn_linear_available
+        from .cpu.private import onednn_packing_available
 
-        references = 2 if onednn_linear_available() else 1
+        references = 2 if onednn_packing_available() else 1
         total = len(cells_spec) * config.repeats * (len(config.contenders) + references)
         done = 0
 
@@ -426,7 +431,7 @@ def write_json(report: Any, path) -> None:
 
 
 def summarize(report: dict[str, Any], contenders: Iterable[str] = OURS + OPTIONAL) -> list[str]:
-    """One line per (cell, our contender): the ratio to the best anchor, for the docs and the CLI."""
+    """One line per (cell, vitkit contender): the ratio to the best anchor, for the docs and the CLI."""
     lines = []
     for row in report["rows"]:
         if row["contender"] in contenders and row["vs_best_anchor"] is not None and not math.isnan(

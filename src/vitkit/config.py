@@ -437,3 +437,18 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
     if gap_drops_class_token(overrides):
         overrides["class_token"] = False
     return cfg.replace(**overrides) if overrides else cfg
+
+
+def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[int, int]) -> None:
+    """A ValueError that says what is wrong unless `shape` is a batch (B, in_chans, *image_size) of images."""
+    want = f"(B, {in_chans}, {image_size[0]}, {image_size[1]})"
+    if len(shape) != 4:
+        raise ValueError(f"expected a batch of images {want}, got a tensor of shape {shape}; a single image "
+                         f"needs a batch axis (x.unsqueeze(0))")
+    if shape[1] != in_chans:
+        raise ValueError(f"expected images of shape {want}, got {shape}: {shape[1]} channels where the model "
+                         f"takes {in_chans} (convert the images, e.g. grey to RGB, or build it with in_chans=...)")
+    if tuple(shape[-2:]) != tuple(image_size):
+        raise ValueError(f"expected images of shape {want}, got {shape}; resize the images to "
+                         f"{image_size[0]}x{image_size[1]}, or build the model at this size with image_size=... "
+                         f"(vitkit.transfer.prepare_finetune resamples a trained model's position embedding)")

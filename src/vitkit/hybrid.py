@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import HYBRID_GROUPS, ViTConfig
+from .init import lecun_normal_
 
 # The normalisation constants, by ViTConfig.hybrid_norm. timm builds these hybrids' convolutions with
 # `StdConv2dSame(eps=1e-8)`, w / sqrt(var + 1e-8), and GroupNorms of eps 1e-5 (torch's default); Google's Flax
@@ -189,7 +190,6 @@ class HybridEmbed(nn.Module):
         bottleneck unit, which starts at zero so that every unit starts as its shortcut (the official
         models_resnet.py's gn3, timm's zero_init_last); LeCun normal for the projection E (as the plain ViT's
         patch projection). On the meta device (shapes only) there are no values to set."""
-        from .model import lecun_normal_
 
         if self.proj.weight.is_meta:
             return

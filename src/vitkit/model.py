@@ -12,66 +12,15 @@ and the other formats with a thin, asserted one (see `vitkit.convert`).
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ViTConfig
-from .gelu import GELU  # nn.GELU on vitkit's CPU operator
-from .kernels import forward_ad_may_be_on
-from .linear import Linear, linear  # nn.Linear and F.linear, through oneDNN on the CPU
-from .posemb import resample_pos_embed, sincos_2d
-from .qkv_attention import qkv_attention, qkv_attention_applies  # MSA on vitkit's CPU operator
-
-
-def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
-    """Normal(0, std) truncated at two standard deviations (torch's default cut is at +-2 absolute)."""
-    return nn.init.trunc_normal_(t, std=std, a=-2.0 * std, b=2.0 * std)
-
-
-def lecun_normal_(w: torch.Tensor) -> torch.Tensor:
-    """Flax's `lecun_normal`: a normal truncated at +-2 sigma, rescaled so that the variance is 1 / fan_in.
-
-    0.8796... is the standard deviation of a unit normal truncated to [-2, 2].
-    """
-    std = math.sqrt(1.0 / w[0].numel()) / 0.87962566103423978
-    return trunc_normal_(w, std=std)
-
-
-def mimetic_factors(alpha: float, beta: float, dim: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """L, R of shape (dim, rank) with L R^T the best rank-`rank` approximation of alpha Z + beta I, where Z has
-    N(0, 1/dim) entries: the factorisation of mimetic initialisation (Trockman & Kolter, 2023, Sec. 4)."""
-    target = alpha * torch.randn(dim, dim) / math.sqrt(dim) + beta * torch.eye(dim)
-    u, s, vh = torch.linalg.svd(target)
-    root = s[:rank].sqrt()
-    return u[:, :rank] * root, vh[:rank].T * root
-
-
-# Mimetic initialisation's (alpha, beta) for W_q W_k^T ~ alpha Z + beta I and W_v W_o ~ alpha Z - beta I: the
-# paper's values for ViT-Tiny on CIFAR-10, not tuned for our models.
-MIMETIC_QK = (0.7, 0.7)
-MIMETIC_VO = (0.4, -0.4)
-
-
-@torch.no_grad()
-def mimetic_init_(attn: Attention) -> None:
-    """Initialise one attention layer so that every head's W_q W_k^T is near the identity (tokens attend to
-    tokens like themselves, and so, through the position embedding, to their neighbours) and W_v W_o is near
-    minus the identity, the patterns of pre-trained ViTs. Biases are zero."""
-    D, H, Dh = attn.proj.in_features, attn.num_heads, attn.head_dim
-    w = attn.qkv.weight  # (3D, D): the rows of q, then k, then v; head h owns rows h*Dh:(h+1)*Dh of each
-    for h in range(H):
-        left, right = mimetic_factors(*MIMETIC_QK, D, Dh)  # x W_q^T W_k x^T = x L R^T x^T
-        w[h * Dh:(h + 1) * Dh] = left.T
-        w[D + h * Dh:D + (h + 1) * Dh] = right.T
-    left, right = mimetic_factors(*MIMETIC_VO, D, D)  # v W_o^T = x W_v^T W_o^T = x L R^T
-    w[2 * D:] = left.T
-    attn.proj.weight.copy_(right)
-    if attn.qkv.bias is not None:
-        attn.qkv.bias.zero_()
-    attn.proj.bias.zero_()
+from .config import ViTConfig, check_image_batch, gap_drops_class_token, get_config
+from .hybrid import HybridEmbed
+from .init import lecun_normal_, mimetic_init_
+from .posemb import sincos_2d
 
 
 class PatchEmbed(nn.Module):
@@ -87,24 +36,9 @@ class PatchEmbed(nn.Module):
 
 
 def build_patch_embed(cfg: ViTConfig) -> nn.Module:
-    if cfg.hybrid_layers is not None:
-        from .hybrid import HybridEmbed  # the ResNet stem of Sec. 3.1
-
-        return HybridEmbed(cfg)
-    return PatchEmbed(cfg)
-
-
-# Where vitkit's attention operator (qkv_attention) does not apply, e.g. with VITKIT_KERNELS=0:
-# training on the CPU, the fused attention kernel's backward is slow for short sequences: with 50 tokens of
-# 4 heads of 16 (the fashion-mnist recipe) the explicit product and softmax made the whole training step 1.13x
-# faster, with 17 tokens (the demo) 1.10x; at 197 tokens (ViT-S/16) they are even, and the fused kernel keeps
-# memory linear in the sequence length, so it stays from here on.
-EXPLICIT_ATTENTION_MAX_TOKENS = 128
-
-
-def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
-    """Whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T, D)."""
-    return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
+    """The patch embedding x_p E of eq. 1: of the image's patches, or of a ResNet's feature map (the hybrid,
+    Sec. 3.1)."""
+    return HybridEmbed(cfg) if cfg.hybrid_layers is not None else PatchEmbed(cfg)
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
@@ -136,47 +70,50 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv = Linear(cfg.dim, 3 * cfg.dim, bias=cfg.qkv_bias)
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=cfg.qkv_bias)
         self.attn_drop = cfg.attn_dropout
-        self.proj = Linear(cfg.dim, cfg.dim)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
     def project(self, x: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
         """q, k, v, each (B, H, T, Dh); with `queries`, the queries of the first `queries` tokens only,
         (B, H, queries, Dh): only the keys and values are projected for every token."""
-        if queries is None or type(self.qkv) is not Linear:  # (a converted layer, e.g. packed, projects all)
-            q, k, v = split_heads(self.qkv(x), self.num_heads)
-            return (q if queries is None else q[:, :, :queries]), k, v
+        if queries is None:
+            return split_heads(self.qkv(x), self.num_heads)
         w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
-        (q,) = split_heads(linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads, parts=1)
-        k, v = split_heads(linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
+        (q,) = split_heads(F.linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads, parts=1)
+        k, v = split_heads(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
         return q, k, v
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_attention: bool = False):
+        """softmax(q k^T / sqrt(d)) v per head: (B, H, Q, Dh), and the weights (B, H, Q, T) if asked for."""
+        dropout = self.attn_drop if self.training else 0.0
+        if not return_attention:
+            try:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout), None
+            except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA's CPU kernel has no derivative
+                pass
+        return explicit_attention(q, k, v, self.scale, dropout, self.training)
+
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
-        """With `queries`, only the first `queries` tokens attend (to every token): (B, queries, D)."""
-        if queries is None and not return_attention:
-            qkv = self.qkv(x)  # (B, T, 3D)
-            if qkv_attention_applies(qkv, self.attn_drop if self.training else 0.0):  # the CPU operator
-                return self.proj_drop(self.proj(qkv_attention(qkv, self.num_heads, self.scale))), None
-            q, k, v = split_heads(qkv, self.num_heads)
-        else:
-            q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
-        attn = None
-        if return_attention or explicit_attention_is_faster(x, self.training) or forward_ad_may_be_on():
-            # The explicit softmax(q k^T / sqrt(d)) v: the same function as the fused kernel below (which has
-            # no forward derivative on the CPU: forward-mode AD, torch.func.jvp, needs this one).
-            # In fp32 even under bf16 autocast: the logits and the softmax lose accuracy in bf16 (12-epoch
-            # Fashion-MNIST screens: fp32 88.39 %; bf16 with them in bf16 87.78 %, with them in fp32 88.13 %).
-            dtype, wide = q.dtype, torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32; fp64 stays
-            with autocast_off(x.device.type):
-                q, k, v = q.to(wide), k.to(wide), v.to(wide)
-                attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
-                x = (F.dropout(attn, self.attn_drop, self.training) @ v).to(dtype)
-            attn = attn if return_attention else None
-        else:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        x = self.proj_drop(self.proj(merge_heads(x)))
-        return x, attn
+        """(B, T, D) -> (B, T, D) and the attention weights or None; with `queries`, only the first `queries`
+        tokens attend (to every token): (B, queries, D)."""
+        q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
+        x, attn = self.attend(q, k, v, return_attention)
+        return self.proj_drop(self.proj(merge_heads(x))), attn
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dropout: float = 0.0,
+                       training: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T scale) v as written, and the weights softmax(q k^T scale): the same function as
+    F.scaled_dot_product_attention. In fp32 even under bf16 autocast: the logits and the softmax lose accuracy
+    in bf16."""
+    dtype, wide = q.dtype, torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32; fp64 stays
+    with autocast_off(q.device.type):
+        q, k, v = q.to(wide), k.to(wide), v.to(wide)
+        attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, Q, T)
+        x = (F.dropout(attn, dropout, training) @ v).to(dtype)
+    return x, attn
 
 
 class Mlp(nn.Module):
@@ -184,9 +121,9 @@ class Mlp(nn.Module):
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.fc1 = Linear(cfg.dim, cfg.mlp_dim)
-        self.act = GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
-        self.fc2 = Linear(cfg.mlp_dim, cfg.dim)
+        self.fc1 = nn.Linear(cfg.dim, cfg.mlp_dim)
+        self.act = nn.GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,21 +149,6 @@ def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool) ->
     idx = torch.rand(B, n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values + num_prefix
     patches = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, D))
     return torch.cat([x[:, :num_prefix], patches], dim=1)
-
-
-def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[int, int]) -> None:
-    """A ValueError that says what is wrong unless `shape` is a batch (B, in_chans, *image_size) of images."""
-    want = f"(B, {in_chans}, {image_size[0]}, {image_size[1]})"
-    if len(shape) != 4:
-        raise ValueError(f"expected a batch of images {want}, got a tensor of shape {shape}; a single image "
-                         f"needs a batch axis (x.unsqueeze(0))")
-    if shape[1] != in_chans:
-        raise ValueError(f"expected images of shape {want}, got {shape}: {shape[1]} channels where the model "
-                         f"takes {in_chans} (convert the images, e.g. grey to RGB, or build it with in_chans=...)")
-    if tuple(shape[-2:]) != tuple(image_size):
-        raise ValueError(f"expected images of shape {want}, got {shape}; resize the images to "
-                         f"{image_size[0]}x{image_size[1]}, or build the model at this size with image_size=... "
-                         f"(vitkit.transfer.prepare_finetune resamples a trained model's position embedding)")
 
 
 class Block(nn.Module):
@@ -287,9 +209,9 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg, rates[i]) for i in range(cfg.depth)])
         self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)  # eq. 4
         # Pre-training head: one hidden layer with tanh; fine-tuning head: a single (zero-init) linear layer.
-        self.pre_logits = Linear(D, cfg.representation_size) if cfg.representation_size else None
+        self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         head_in = cfg.representation_size or D
-        self.head = Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.init_weights()
 
     # --- initialisation, as the reference (Flax) code ---------------------------------------------
@@ -410,30 +332,11 @@ class VisionTransformer(nn.Module):
         return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed", "cls_token"))}
 
 
-def resample_state_dict(state: dict[str, torch.Tensor], old: ViTConfig, new: ViTConfig,
-                        mode: str = "bicubic") -> dict[str, torch.Tensor]:
-    """Adapt the position embedding of a state dict trained for `old` to the grid of `new` (Sec. 3.2)."""
-    state = dict(state)
-    if old.grid_size == new.grid_size:
-        return state
-    if old.pos_embed == "learned" and "pos_embed" in state:
-        state["pos_embed"] = resample_pos_embed(state["pos_embed"], old.grid_size, new.grid_size,
-                                                old.num_prefix_tokens, mode)
-    elif old.pos_embed == "learned-2d":
-        # Each half is a 1D table along its own axis: a g x 1 grid, resampled along that axis in `mode`.
-        for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
-            g, g_new = old.grid_size[axis], new.grid_size[axis]
-            state[key] = resample_pos_embed(state[key], (g, 1), (g_new, 1), num_prefix_tokens=0, mode=mode)
-    return state
-
-
 def create_model(name: str | ViTConfig, **overrides) -> VisionTransformer:
     """Build a randomly initialised ViT from a preset name ("ViT-B/16", "vit_base_patch16_224") or a config.
 
     Overrides replace config fields, e.g. `create_model("ViT-S/16", num_classes=10, image_size=384)`.
     """
-    from .config import gap_drops_class_token, get_config
-
     if isinstance(name, ViTConfig):
         if gap_drops_class_token(overrides):
             overrides["class_token"] = False
@@ -441,52 +344,3 @@ def create_model(name: str | ViTConfig, **overrides) -> VisionTransformer:
     else:
         cfg = get_config(name, **overrides)
     return VisionTransformer(cfg)
-
-
-def _config(cfg: ViTConfig | str) -> ViTConfig:
-    """A config, or the preset a name names ("ViT-B/16", "vit_base_patch16_224")."""
-    if isinstance(cfg, ViTConfig):
-        return cfg
-    if isinstance(cfg, str):
-        from .config import get_config
-
-        return get_config(cfg)
-    raise TypeError(f"expected a ViTConfig or a preset name, got {type(cfg).__name__}")
-
-
-def count_parameters(cfg: ViTConfig | str) -> int:
-    """Parameters of the model `cfg` (a config or a preset name) builds, counted on the meta device (nothing is
-    allocated)."""
-    cfg = _config(cfg)
-    with torch.device("meta"):
-        model = VisionTransformer(cfg)
-    return sum(p.numel() for p in model.parameters())
-
-
-def count_flops(cfg: ViTConfig | str) -> float:
-    """FLOPs per image (2 per multiply-add) of the transformer, patch projection and head, for a config or a
-    preset name: of `forward_features` and `forward_head`, every token through every block. (`forward` itself
-    does less with token pooling: the last block updates only the class token, which eq. 4 reads.)
-
-    Per layer: 12 T D^2 (qkv, projection, MLP at 4D) generalised to any MLP size, plus 2 T^2 D for the
-    attention matrix and its product with the values. A hybrid's ResNet has no short closed form: its
-    patch embedding (ResNet and projection) is counted by torch's FlopCounterMode on the meta device (nothing
-    is allocated).
-    """
-    cfg = _config(cfg)
-    T, D = cfg.num_tokens, cfg.dim
-    per_layer = T * (4 * D * D + 2 * D * cfg.mlp_dim) + 2 * T * T * D
-    if cfg.hybrid_layers is not None:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        with torch.device("meta"):
-            embed = build_patch_embed(cfg)
-            with FlopCounterMode(display=False) as counter:
-                embed(torch.empty(1, cfg.in_chans, *cfg.image_size))
-        patch = counter.get_total_flops() // 2
-    else:
-        patch = cfg.num_patches * D * cfg.in_chans * cfg.patch_size**2
-    head_in = cfg.representation_size or D
-    head = (D * cfg.representation_size if cfg.representation_size else 0) + head_in * max(cfg.num_classes, 0)
-    macs = cfg.depth * per_layer + patch + head
-    return 2.0 * macs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .config import POSEMB_MODES, int_pair
+from .config import POSEMB_MODES, ViTConfig, int_pair
 
 
 def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) -> torch.Tensor:
@@ -74,3 +74,20 @@ def resample_pos_embed(
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(table.dtype)  # (1, gh'*gw', D)
     out = torch.cat([prefix, grid], dim=1)
     return out[0] if squeeze else out
+
+
+def resample_state_dict(state: dict[str, torch.Tensor], old: ViTConfig, new: ViTConfig,
+                        mode: str = "bicubic") -> dict[str, torch.Tensor]:
+    """Adapt the position embedding of a state dict trained for `old` to the grid of `new` (Sec. 3.2)."""
+    state = dict(state)
+    if old.grid_size == new.grid_size:
+        return state
+    if old.pos_embed == "learned" and "pos_embed" in state:
+        state["pos_embed"] = resample_pos_embed(state["pos_embed"], old.grid_size, new.grid_size,
+                                                old.num_prefix_tokens, mode)
+    elif old.pos_embed == "learned-2d":
+        # Each half is a 1D table along its own axis: a g x 1 grid, resampled along that axis in `mode`.
+        for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
+            g, g_new = old.grid_size[axis], new.grid_size[axis]
+            state[key] = resample_pos_embed(state[key], (g, 1), (g_new, 1), num_prefix_tokens=0, mode=mode)
+    return state

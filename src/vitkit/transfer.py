@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .model import VisionTransformer, resample_state_dict
+from .model import VisionTransformer
+from .posemb import resample_state_dict
 
 # Config fields that change the shapes of the pre-trained weights: a transfer cannot override them.
 SHAPE_FIELDS = ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "class_token", "pos_embed",

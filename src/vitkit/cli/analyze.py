@@ -21,10 +21,18 @@ analyze_app = typer.Typer(
 CKPT_HELP = "A checkpoint vitkit loads (a vitkit folder, or any format `vitkit info` reads)."
 
 
-def _load(ckpt: str):
-    from .. import load
+FAST_HELP = "Run through vitkit.accelerate's CPU kernels (same results, faster); nothing is swapped on a GPU."
 
-    return load(ckpt)
+
+def _load(ckpt: str, fast: bool = False, dev=None):
+    """The model of `ckpt`, on `dev` where given, and with `fast` accelerated (vitkit.accelerate)."""
+    from .. import load
+    from ..cpu import accelerate
+
+    model = load(ckpt)
+    if dev is not None:
+        model = model.to(dev)
+    return accelerate(model) if fast else model
 
 
 def _label(ckpt: str, model) -> str:
@@ -73,6 +81,7 @@ def attention(
                                     "heads' mean."),
     discard: float = typer.Option(0.0, "--discard", help="Rollout: zero this fraction of the weakest "
                                   "attention weights in each row first (0 = the paper's plain rollout)."),
+    fast: bool = typer.Option(True, "--fast/--no-fast", help=FAST_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Attention maps from the class token to the patches, overlaid on the images (Fig. 6).
@@ -96,11 +105,10 @@ def attention(
     if bool(images) == (data is not None):
         raise UsageError("give image files or --data, not both or neither",
                          "e.g. `vitkit analyze attention CKPT cat.jpg` or `... CKPT --data fashion-mnist`")
-    model = _load(ckpt)
+    dev = parse_device(device)
+    model = _load(ckpt, fast, dev)
     cfg = model.cfg
     transform = build_eval_transform(cfg)
-    dev = parse_device(device)
-    model = model.to(dev)
     if data is not None:
         dataset = resolve(data, split, data_dir)
         picked = _parse_ints(indices, "--indices", minimum=0, example="0,1,6,8")
@@ -193,6 +201,7 @@ def distance(
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per forward pass."),
     out: Path = typer.Option(Path("distance.png"), "--out", "-o", help="PNG to write (or a folder to write it in)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the (layers x heads) numbers here."),
+    fast: bool = typer.Option(True, "--fast/--no-fast", help=FAST_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Mean attention distance in pixels of every head against depth (Fig. 7, right)."""
@@ -209,10 +218,9 @@ def distance(
 
     if num_images < 1:
         raise UsageError(f"--num-images must be positive, got {num_images}")
-    model = _load(ckpt)
-    cfg = model.cfg
     dev = parse_device(device)
-    model = model.to(dev).eval()
+    model = _load(ckpt, fast, dev).eval()
+    cfg = model.cfg
     dataset = spread_subset(resolve(data, split, data_dir), num_images)
     total = torch.zeros(cfg.depth, cfg.num_heads, dtype=torch.float64)
     seen = 0
@@ -265,8 +273,8 @@ def _train_and_test(data: str, train_split: str, test_split: str, data_dir: Path
     split's, by name (a folder numbers its own sub-folders), each cut to its --max-* images spread over it.
     A folder without split sub-folders would serve its own images as both: refused."""
     from ..data import resolve
-    from ..data.datasets import with_classes
     from ..data.subsets import spread_subset
+    from ..data.views import with_classes
     from .main import UsageError
 
     train_set, test_set = resolve(data, train_split, data_dir), resolve(data, test_split, data_dir)
@@ -311,6 +319,7 @@ def fewshot(
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw accuracy against shots to this PNG."),
+    fast: bool = typer.Option(True, "--fast/--no-fast", help=FAST_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Few-shot linear evaluation as in the paper: least squares to {-1, 1}^K targets on frozen features.
@@ -331,8 +340,8 @@ def fewshot(
     import numpy as np
     import torch
 
-    model = _load(ckpt)
     dev = parse_device(device)
+    model = _load(ckpt, fast, dev)
     train_set, test_set = _train_and_test(data, train_split, test_split, data_dir, max_train, max_test)
     labels = _labels(train_set)
     classes = getattr(train_set, "classes", None)
@@ -394,13 +403,14 @@ def probe(
     batch_size: int = typer.Option(128, "--batch-size", "-b", min=1, help="Images per forward pass."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Cache the features here (safetensors)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the results here."),
+    fast: bool = typer.Option(True, "--fast/--no-fast", help=FAST_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Linear probe: logistic regression on frozen representations (standardised features)."""
     from ..analysis.probe import linear_probe
 
-    model = _load(ckpt)
     dev = parse_device(device)
+    model = _load(ckpt, fast, dev)
     train_set, test_set = _train_and_test(data, train_split, test_split, data_dir, max_train, max_test)
     train = _features(model, ckpt, data, train_split, batch_size, cache_dir, dev, train_set)
     test = _features(model, ckpt, data, test_split, batch_size, cache_dir, dev, test_set)

@@ -15,7 +15,7 @@ def models(
 ) -> None:
     """Table of the presets: parameters, GFLOPs per image and tokens."""
     from ..config import PRESETS, get_preset
-    from ..model import count_flops, count_parameters
+    from ..counting import count_flops, count_parameters
     from .main import UsageError
 
     try:
@@ -49,7 +49,7 @@ def info(path: Path = typer.Argument(..., help="A checkpoint folder or file.")) 
     from .. import load
     from ..checkpoint import preprocessing
     from ..config import changes_from_preset
-    from ..model import count_flops
+    from ..counting import count_flops
 
     model = load(path)
     cfg = model.cfg

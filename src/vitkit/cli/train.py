@@ -19,10 +19,10 @@ _RECIPE_HELP = "Recipe: " + ", ".join(RECIPES) + "."
 
 def inference_model(model, fast: bool):
     """The model to run for eval/predict: with `fast`, `vitkit.optimize(model)` (same function, a faster
-    path) in a process whose allocator keeps freed memory (vitkit.allocator); otherwise the model itself."""
+    path) in a process whose allocator keeps freed memory (vitkit.cpu.allocator); otherwise the model itself."""
     if not fast:
         return model
-    from ..allocator import retain_freed_memory
+    from ..cpu.allocator import retain_freed_memory
     from ..inference import optimize
 
     retain_freed_memory()
@@ -102,11 +102,16 @@ def train(
                                         help="Override a setting, e.g. --set optim.lr=0.002 --set model.depth=4 "
                                              "(repeatable; unknown keys are rejected with the valid ones)."),
     show: bool = typer.Option(False, "--show", help="Print the resolved config as JSON and exit."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", show_default=False,
+                                         help="A progress bar on stderr (by default only when stderr is a "
+                                              "terminal, so that a log file holds no frames of it)."),
     nproc: int = typer.Option(1, "--nproc", min=1,
                               help="Data-parallel processes on this machine: starts torchrun --standalone with N "
                                    "processes of (cores / N) threads each. On 2 CPU cores, 2 processes of 1 thread "
                                    "train the small recipes faster than 1 process of 2 threads."),
+    fast: bool = typer.Option(True, "--fast/--no-fast",
+                              help="Train with vitkit's CPU kernels swapped in (vitkit.accelerate: same function, "
+                                   "faster); --no-fast trains the plain model (the setting `fast`)."),
 ) -> None:
     """Train a ViT with a recipe, on one process or data-parallel.
 
@@ -119,6 +124,8 @@ def train(
 
     if recipe not in RECIPES:
         raise UsageError(f"unknown recipe {recipe!r}", f"choose from {', '.join(RECIPES)}")
+    if not fast:
+        overrides = [*(overrides or []), "fast=false"]
     try:
         cfg = get_recipe(recipe, overrides or [])
     except ValueError as e:
@@ -136,7 +143,8 @@ def train(
         except ValueError as e:
             raise UsageError(str(e), "see `vitkit train --help`") from None
         args = [recipe, "--out", str(out), *(["--resume"] if resume else []),
-                *(a for o in overrides or [] for a in ("--set", o)), *([] if progress else ["--no-progress"])]
+                *(a for o in overrides or [] for a in ("--set", o)),
+                *{None: [], True: ["--progress"], False: ["--no-progress"]}[progress]]
         raise typer.Exit(launch_torchrun(nproc, args))
     try:
         result = run(cfg, out, resume=resume, progress=progress)
@@ -174,13 +182,15 @@ def eval(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     workers: int = typer.Option(0, "--workers", "-j", min=0,
                                 help="Processes that read and decode an image folder's files (0: this one)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", show_default=False,
+                                         help="A progress bar on stderr (by default only when stderr is a "
+                                              "terminal, so that a log file holds no frames of it)."),
 ) -> None:
     """Top-1, top-5, loss and per-class accuracy on a dataset, and a confusion-matrix PNG."""
     from ..data import resolve
     from ..data.subsets import spread_subset
     from ..train.evaluate import confusion_png, evaluate
-    from ..train.loop import skipped_images
+    from ..train.prepare import skipped_images
     from .main import UsageError
 
     model = _load(checkpoint)
@@ -227,7 +237,7 @@ def match_classes(dataset, class_names: list[str] | None, num_classes: int, data
     taken by position with a note: other names for the same classes, as an ImageNet folder's WordNet ids
     (n01440764, ...) for the names a converted checkpoint carries (tench, ...). Without names, the counts must
     agree."""
-    from ..data.datasets import with_classes
+    from ..data.views import with_classes
 
     classes = list(getattr(dataset, "classes", None) or [])
     if class_names and classes and not set(classes).isdisjoint(class_names):

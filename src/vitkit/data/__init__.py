@@ -6,17 +6,13 @@ import lazy_loader
 __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "datasets": [
-            "DATASET_NAMES",
-            "FASHION_MNIST_CLASSES",
-            "ImageFolderDataset",
-            "TensorImageDataset",
-            "TransformedDataset",
-            "load_cifar",
-            "load_fashion_mnist",
-            "resolve",
-        ],
+        "cifar": ["load_cifar"],
+        "datasets": ["DATASET_NAMES", "resolve"],
         "download": ["DownloadError"],
+        "fashion_mnist": ["FASHION_MNIST_CLASSES", "load_fashion_mnist"],
+        "folders": ["ImageFolderDataset"],
         "images": ["BadImageError", "decode_image", "open_image"],
+        "tensor_dataset": ["TensorImageDataset"],
+        "views": ["TransformedDataset"],
     },
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset, Subset
 
-from .datasets import TensorImageDataset
+from .tensor_dataset import TensorImageDataset
 
 
 def spread_indices(length: int, n: int) -> list[int]:

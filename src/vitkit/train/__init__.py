@@ -8,7 +8,9 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     submod_attrs={
         "evaluate": ["EvalResult", "confusion_png", "evaluate"],
         "loop": ["RunResult", "TrainingDiverged", "train"],
-        "recipes": ["RECIPES", "DataConfig", "OptimConfig", "TrainConfig", "apply_overrides", "get_recipe"],
+        "overrides": ["apply_overrides"],
+        "recipes": ["RECIPES", "get_recipe"],
+        "settings": ["DataConfig", "OptimConfig", "TrainConfig"],
         "stopping": ["TrainingStopped"],
     },
 )

@@ -7,6 +7,8 @@ import copy
 import torch
 import torch.nn as nn
 
+from ..cpu.private import foreach_lerp_
+
 
 class EMA:
     """Keeps `decay * average + (1 - decay) * weights` after every optimizer step, in the weights' own dtype
@@ -36,7 +38,7 @@ class EMA:
         d = self.current_decay()
         ema_params = list(self.module.parameters())
         params = [p.detach() for p in model.parameters()]
-        torch._foreach_lerp_(ema_params, params, 1.0 - d)  # ema += (1 - d) * (p - ema)
+        foreach_lerp_(ema_params, params, 1.0 - d)  # ema += (1 - d) * (p - ema)
         for b_ema, b in zip(self.module.buffers(), model.buffers(), strict=True):
             b_ema.copy_(b)
         self.updates += 1

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from ..config import ViTConfig
-from ..data.datasets import TransformedDataset
 from ..data.transforms import build_eval_transform, normalize_batch
+from ..data.views import TransformedDataset
 from .batches import is_in_memory
 from .distributed import all_reduce_sum
 from .stopping import ignore_stop_signals
@@ -118,11 +118,11 @@ def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, batch_size: int = 256,
              device: torch.device | str = "cpu", autocast_dtype: torch.dtype | None = None, rank: int = 0,
-             world: int = 1, workers: int = 0, progress: bool = False,
+             world: int = 1, workers: int = 0, progress: bool | None = False,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> EvalResult:
     """Evaluate `model` (its own `cfg` by default) on `dataset`; see EvalResult. `loss_fn(logits, labels)` is the
     batch's mean loss, softmax cross-entropy by default (a training run passes its own, so that its train and val
-    losses are one quantity)."""
+    losses are one quantity). `progress`: a progress bar on stderr (None: only where stderr is a terminal)."""
     cfg = cfg or model.cfg
     loss_fn = loss_fn or F.cross_entropy
     device = torch.device(device)
@@ -132,10 +132,11 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
     confusion = torch.zeros(k, k, dtype=torch.int64)
     sums = torch.zeros(4, dtype=torch.float64)  # loss sum, top-5 correct, count, skipped
     batches = eval_batches(dataset, cfg, batch_size, rank, world, workers)
-    if progress:
+    if progress is not False:
         from tqdm import tqdm
 
-        batches = tqdm(batches, total=-(-len(dataset) // (batch_size * world)), desc="eval", leave=False)
+        batches = tqdm(batches, total=-(-len(dataset) // (batch_size * world)), desc="eval", leave=False,
+                       disable=None if progress is None else False)
     for x, y, skipped in batches:
         sums[3] += skipped
         if x is None:

@@ -9,63 +9,66 @@ process's share (DDP then averages over the processes: the mean over the global 
 clipped; the optimizer steps; the EMA of the weights follows. Evaluation and checkpoints come every
 `eval_every` / `ckpt_every` steps (default: every epoch) and at the end, and after the step in flight when
 Ctrl-C or SIGTERM asks the run to stop (stopping.py).
+
+`train` sets a run up (prepare.py: data, model; run_folder.py: the folder, the resume checks), then
+`train_steps` runs the loop, whose steps are functions below: `train_one_step`, `evaluate_and_keep_best`,
+`checkpoint_or_stop`. `Run` holds what they share.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
-import json
-import math
-import os
-import random
 import signal
 import time
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from ..checkpoint import CheckpointError
-from ..data import resolve
-from ..data.datasets import split_name, with_classes
-from ..data.subsets import spread_subset
-from ..files import atomic_write
-from ..hardware import cpu_has_native_bf16
+from ..cpu import accelerate
 from ..model import VisionTransformer
 from . import distributed
-from .batches import batch_source, is_in_memory, make_plan, steps_per_epoch
-from .checkpoints import (
-    RunFolderLock,
-    clean_leftovers,
-    latest_checkpoint,
-    list_checkpoints,
-    load_train_state,
-    restore_rng,
-    save_model_atomically,
-    save_train_state,
-    step_of,
+from .batches import (
+    BatchPlan,
+    LoaderBatches,
+    MemoryBatches,
+    batch_source,
+    is_in_memory,
+    make_plan,
+    steps_per_epoch,
 )
+from .checkpoints import latest_checkpoint, restore_rng, save_model_atomically, save_train_state
 from .ema import EMA
-from .evaluate import EvalResult, confusion_png, evaluate
+from .evaluate import EvalResult, evaluate
 from .losses import classification_loss
+from .metrics_log import MetricsLog
+from .one_step import autocast_dtype, forward_backward, optimizer_step
 from .optim import build_optimizer, lr_at, set_lr
-from .recipes import TrainConfig, missing_init
+from .prepare import (
+    build_model,
+    device_unavailable,
+    evaluated_split,
+    load_data,
+    set_up_process,
+    skipped_images,
+)
+from .recipes import missing_init
+from .run_folder import (
+    FINAL_OUTPUTS,
+    check_run_folder,
+    diverged_message,
+    missing_final_outputs,
+    open_run_folder,
+    read_resume_checkpoint,
+    write_final_outputs,
+)
+from .settings import TrainConfig
 from .stopping import StopRequests, TrainingStopped
-
-# Settings that may change when a run is resumed: they do not alter what is computed.
-RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads", "data.workers",
-                     "data.eval_batch_size", "data.data_dir", "data.download", "compile",
-                     # what a diverged run needs to go on from its last good checkpoint (_diverged_message)
-                     "optim.lr", "optim.clip_grad_norm")
 
 
 class TrainingDiverged(ValueError):
@@ -87,292 +90,67 @@ class RunResult:
     split: str = "val"
 
 
-# --- data and model ---------------------------------------------------------------------------------------
-def evaluated_split(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None) -> str:
-    """The name of the split a run evaluates on (`cfg.data.val_split`, or 'val' for datasets given to train):
-    the one read, e.g. 'test' for Fashion-MNIST's val, which is its test split."""
-    if train_set is None and val_set is None and cfg.data.val_split:
-        return split_name(cfg.data.name, cfg.data.val_split)
-    return "val"
+@dataclass(frozen=True)
+class Lengths:
+    """A run's lengths, in optimizer steps."""
 
-
-def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None):
-    """The training and validation datasets (None when there is no validation) and the class names.
-
-    The validation labels index the training classes, matched by name: an image folder numbers its classes by
-    position among its own sub-folders, so a val/ lacking one of train/'s classes would shift every label
-    after it. A validation class the training data lacks is refused, named (see with_classes)."""
-    d = cfg.data
-    split = evaluated_split(cfg, train_set, val_set)
-    if train_set is None:
-        if not d.name:
-            raise ValueError("no training data: set data.name to a dataset name or a folder "
-                             "(e.g. --set data.name=/data/imagenet)")
-        train_set = resolve(d.name, d.train_split, d.data_dir, d.download, d.skip_bad_images)
-        if val_set is None and d.val_split:
-            val_set = resolve(d.name, d.val_split, d.data_dir, d.download, d.skip_bad_images)
-            if getattr(val_set, "split_of_root", False):  # a folder without split folders: its own images
-                warnings.warn(f"{d.name} has no {d.train_split}/ and {d.val_split}/ sub-folders: the {d.val_split} "
-                              "split is the training images themselves, so its accuracy (and the choice of best/) "
-                              "says how well they are fitted, not how the model generalises; give the folder "
-                              f"{d.train_split}/ and {d.val_split}/ sub-folders, or set data.val_split='' to train "
-                              "without evaluation", stacklevel=2)
-    classes = list(getattr(train_set, "classes", None) or [])
-    if not classes:
-        raise ValueError("the training set has no `.classes`; give it a list of class names")
-    if val_set is not None:
-        val_set = with_classes(val_set, classes, f"the {split} split", "the training split")
-        val_set = spread_subset(val_set, d.val_limit)
-    return spread_subset(train_set, d.limit), val_set, classes
-
-
-def skipped_images(dataset: Dataset) -> list:
-    """The unreadable files an image folder skipped so far (`skip_bad_images`), through any wrapping."""
-    while dataset is not None and not hasattr(dataset, "skipped"):
-        dataset = getattr(dataset, "dataset", None)
-    return list(dataset.skipped) if dataset is not None else []
-
-
-def check_run_folder(out: Path, resume: bool) -> None:
-    """Refuse, before any data is loaded, a run folder that cannot be used: a path that is a file or lies under
-    one, or a folder holding another run when not resuming."""
-    for path in (out, *out.parents):
-        if path.exists():
-            if not path.is_dir():
-                where = "" if path == out else f" ({path} is a file)"
-                raise ValueError(f"--out {out}: not a folder{where}; choose another --out")
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise ValueError(f"--out {out}: {path} is not writable (a read-only filesystem, or no "
-                                 "permission); choose another --out")
-            break
-    newest = latest_checkpoint(out)
-    if newest is not None and not resume:
-        raise ValueError(f"{out} already holds a run (checkpoint {newest.name}); pass --resume to continue it, "
-                         "or choose another --out")
-
-
-def device_unavailable(name: str) -> str | None:
-    """Why this machine cannot run on device `name` (None when it can): a GPU index past its GPUs, or no MPS.
-    TrainConfig checks that the name is one at all; this is the machine's part, checked before any folder is
-    written (torch itself would fail only when the model moves there)."""
-    if name.startswith("cuda:"):
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if int(name.split(":")[1]) >= gpus:
-            return f"device={name!r} but this machine has {gpus} GPU(s); use device=auto, cuda or cpu"
-    if name == "mps" and not torch.backends.mps.is_available():
-        return "device='mps' but MPS is not available on this machine; use device=auto or cpu"
-    return None
-
-
-FINAL_OUTPUTS = ("last", "result.json", "confusion.png")  # written at the end of a run, after its last checkpoint
-
-
-def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
-    """The end-of-run outputs a run folder lacks (confusion.png only counts when the run evaluates). A run
-    killed after its final checkpoint but before writing these has finished training: resuming it writes just
-    these."""
-    return [name for name in FINAL_OUTPUTS if not (out / name).exists() and (evaluated or name != "confusion.png")]
-
-
-def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
-    """From scratch (`cfg.model` with the data's number of classes), or from `cfg.init` for fine-tuning:
-    the checkpoint's weights with every setting of `cfg.model` that differs from the checkpoint's own (the
-    recipe's training rates, `--set model.*`; prepare_finetune refuses those that would change a weight's shape),
-    its position table resampled as `cfg.posemb_interpolation` says. Either way the new classifier's bias
-    starts at `cfg.optim.head_bias`."""
-    if cfg.init:
-        from .. import load
-        from ..transfer import prepare_finetune
-
-        source, m = load(cfg.init), cfg.model
-        own = ("num_classes", "representation_size", "image_size")  # prepare_finetune's arguments and choices
-        changed = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)
-                   if f.name not in own and getattr(m, f.name) != getattr(source.cfg, f.name)}
-        model = prepare_finetune(source, num_classes, image_size=m.image_size,
-                                 interpolation=cfg.posemb_interpolation, **changed)
-    else:
-        model = VisionTransformer(cfg.model.replace(num_classes=num_classes))
-    if cfg.optim.head_bias and isinstance(model.head, nn.Linear):
-        with torch.no_grad():
-            model.head.bias.fill_(cfg.optim.head_bias)
-    return model
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of a `precision` on `device` (None: fp32). 'auto': bf16 on CUDA, fp32 on a CPU;
-    'bf16': bf16 everywhere (emulated, and slower, on CPUs without native bf16); 'bf16-native': bf16 on CUDA
-    and on CPUs that compute bf16 in hardware (AVX512-BF16, AMX), fp32 on other CPUs; 'fp32': never."""
-    if precision == "bf16" or (precision in ("auto", "bf16-native") and device.type == "cuda"):
-        return torch.bfloat16
-    if precision == "bf16-native" and device.type == "cpu" and cpu_has_native_bf16():
-        return torch.bfloat16
-    return None
-
-
-def saved_config(path: Path) -> dict[str, Any]:
-    """A run's config.json as a dict, with the settings it predates at their defaults (the behaviour it was
-    started with), so that a run started by an older vitkit resumes; as written where it no longer parses."""
-    saved = json.loads(path.read_text())
-    try:
-        return json.loads(TrainConfig.from_dict(saved).to_json())
-    except (ValueError, TypeError, KeyError):
-        return saved
-
-
-def check_same_run(saved_cfg: Path, cfg: TrainConfig) -> None:
-    """Refuse to resume a run with another config than the one it was started with (its RUN/config.json),
-    but for the settings a resumed run may change (RESUMABLE_CHANGES). Without that file nothing can be
-    checked, and that too is refused: a run folder whose config.json is gone is not the run it was."""
-    if not saved_cfg.is_file():
-        raise ValueError(f"--resume: {saved_cfg} is missing, so this config cannot be checked against the one the "
-                         f"run was started with; put it back (a copy of the run's config), or start a new run in "
-                         "another --out")
-    try:
-        saved = saved_config(saved_cfg)
-    except (OSError, ValueError) as e:  # a truncated or hand-damaged file
-        raise ValueError(f"--resume: {saved_cfg} is unreadable ({e}); put back the run's config, or start a new "
-                         "run in another --out") from None
-    changed = [k for k in config_differences(saved, json.loads(cfg.to_json())) if k not in RESUMABLE_CHANGES]
-    if changed:
-        raise ValueError(f"--resume: the config differs from the one {saved_cfg.parent} was started with, in "
-                         f"{', '.join(changed)}; resume with the same recipe and --set options")
-
-
-def read_resume_checkpoint(out: Path, newest: Path, with_ema: bool) -> dict[str, Any]:
-    """The newest checkpoint's training state, or an error that says which folder to delete to resume from the
-    one before it (a checkpoint is written whole and renamed into place, so an unreadable one was damaged
-    afterwards: a disk fault, a partial copy)."""
-    try:
-        ck = load_train_state(newest)
-        if with_ema and ck["ema"] is None:
-            raise CheckpointError(f"{newest}: no ema.safetensors, though this run keeps an EMA of its weights")
-    except CheckpointError as e:
-        older = [p for p in list_checkpoints(out) if p != newest]
-        fix = (f"delete {newest} to resume from {older[-1].name}, the checkpoint before it" if older else
-               "it is the run's only checkpoint: start again in a new --out")
-        raise ValueError(f"--resume: {e}; {fix}") from None
-    return ck
-
-
-def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested config dicts."""
-    out = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += config_differences(va, vb, prefix + key + ".")
-        elif va != vb:
-            out.append(prefix + key)
-    return out
-
-
-# --- logging -----------------------------------------------------------------------------------------------
-class MetricsLog:
-    """Metrics to RUN/metrics.csv and TensorBoard (RUN/tb); only the main process writes."""
-
-    COLUMNS = ("time", "step", "epoch", "split", "loss", "lr", "img_per_s", "top1", "top5")
-
-    def __init__(self, run_dir: Path, enabled: bool, resume_step: int):
-        self.enabled = enabled
-        self.path = run_dir / "metrics.csv"
-        self.tb = None
-        if not enabled:
-            return
-        if resume_step and self.path.is_file():
-            # Rows a killed run wrote after its last checkpoint are replayed by the resumed run: drop them.
-            self._rewrite([r for r in self.read_rows(self.path) if int(r["step"]) <= resume_step])
-        elif not self.path.is_file() or not resume_step:
-            self._rewrite([])
-        from torch.utils.tensorboard import SummaryWriter
-
-        # Events after the checkpoint a run resumes from are replayed: purge them (the checkpoint's own step stays).
-        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
+    per_epoch: int
+    total: int
+    warmup: int
+    full_tokens_from: int  # PatchDropout is off from this step on
+    eval_every: int
+    ckpt_every: int
 
     @classmethod
-    def read_rows(cls, path: Path) -> list[dict[str, str]]:
-        """The complete rows of a metrics.csv: a row a kill cut short (the file's last line, without its newline)
-        or one that is not a row of these columns is left out."""
-        text = path.read_text(errors="replace")
-        if not text.endswith("\n"):
-            text = text[:text.rfind("\n") + 1]
-        rows = []
-        for r in csv.DictReader(text.splitlines(), restkey="_extra"):
-            if "_extra" in r or any(r.get(c) is None for c in cls.COLUMNS):
-                continue
-            try:
-                int(r["step"])
-            except ValueError:
-                continue
-            rows.append(r)
-        return rows
-
-    def _rewrite(self, rows: list[dict]) -> None:
-        def write(tmp: str) -> None:
-            with open(tmp, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=self.COLUMNS)
-                w.writeheader()
-                w.writerows(rows)
-
-        atomic_write(self.path, write)
-
-    def write(self, step: int, epoch: float, split: str, **values: float | None) -> None:
-        """One row; a None value (top-5 of 5 classes or fewer) leaves its cell empty and draws no point."""
-        if not self.enabled:
-            return
-        values = {k: v for k, v in values.items() if v is not None}
-        row = {"time": f"{time.time():.1f}", "step": step, "epoch": f"{epoch:.4f}", "split": split}
-        row.update({k: f"{v:.6g}" for k, v in values.items()})
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.COLUMNS).writerow(row)
-        for k, v in values.items():
-            self.tb.add_scalar(f"{split}/{k}", v, step)
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+    def of(cls, cfg: TrainConfig, num_images: int) -> Lengths:
+        per_epoch = steps_per_epoch(num_images, cfg.batch_size)
+        total = cfg.steps or max(1, round(cfg.epochs * per_epoch))
+        return cls(per_epoch, total, warmup=cfg.optim.warmup_steps or round(cfg.optim.warmup_epochs * per_epoch),
+                   full_tokens_from=total - round(cfg.full_token_epochs * per_epoch),
+                   eval_every=cfg.eval_every or per_epoch, ckpt_every=cfg.ckpt_every or per_epoch)
 
 
-# --- one optimizer step -------------------------------------------------------------------------------------
-def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
-                     amp: torch.dtype | None, ddp: bool = False) -> torch.Tensor:
-    """Forward and backward over one step's micro-batches; each loss is divided by their number so that the
-    gradients add up to the mean over all of them. Under DDP the gradients are averaged over the processes on
-    the last micro-batch only. Returns the mean loss (a 0-d tensor, not synchronised)."""
-    total = torch.zeros((), device=device)
-    for j, (x, y) in enumerate(micro_batches):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        sync = not ddp or j == len(micro_batches) - 1
-        with contextlib.nullcontext() if sync else net.no_sync():
-            with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
-                logits = net(x)
-            # Soft labels (MixUp/CutMix) and integer labels alike; the loss in fp32 even under autocast.
-            loss = loss_fn(logits, y)
-            (loss / len(micro_batches)).backward()
-        total += loss.detach()
-    return total / len(micro_batches)
+@dataclass
+class Run:
+    """One run's parts and where it stands, shared by the steps below: the resolved config, the run folder and
+    the processes, the data and its batches, the model with its optimizer and EMA, and the step, the best top-1
+    and the training time so far."""
+
+    cfg: TrainConfig
+    out: Path
+    ctx: distributed.Context
+    split: str  # the name of the split evaluated on
+    train_set: Dataset
+    val_set: Dataset | None
+    classes: list[str]
+    model: VisionTransformer
+    optimizer: torch.optim.Optimizer
+    ema: EMA | None
+    source: MemoryBatches | LoaderBatches
+    plan: BatchPlan
+    lengths: Lengths
+    amp: torch.dtype | None  # the autocast dtype (None: fp32)
+    t_start: float
+    step: int = 0
+    best: float | None = None
+    elapsed_before: float = 0.0  # the seconds trained before the run was resumed
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The weights evaluated and saved: the EMA's when the run keeps one."""
+        return self.ema.module if self.ema is not None else self.model
+
+    def seconds(self) -> float:
+        return self.elapsed_before + time.time() - self.t_start
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_grad_norm: float = 0.0) -> None:
-    """Clip the global gradient norm (when asked), step, and clear the gradients."""
-    if clip_grad_norm:
-        nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-# --- the loop ----------------------------------------------------------------------------------------------
+# --- the run -----------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Dataset | None = None,
-          val_set: Dataset | None = None, progress: bool = True) -> RunResult:
+          val_set: Dataset | None = None, progress: bool | None = True) -> RunResult:
     """Run `cfg`, writing the run folder `out` (see checkpoints.py for its layout). With `resume`, continue
     from the newest complete checkpoint in `out`. `train_set`/`val_set` replace the datasets `cfg.data`
-    names (any Dataset with `.classes` whose items are (image, label))."""
+    names (any Dataset with `.classes` whose items are (image, label)). `progress`: a progress bar on stderr
+    (None: only where stderr is a terminal)."""
     out = Path(out)
     problem = missing_init(cfg) or device_unavailable(cfg.device)
     if problem:
@@ -394,224 +172,235 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
-def _train(cfg: TrainConfig, out: Path, resume: bool, train_set, val_set, progress: bool,
-           ctx: distributed.Context, held: contextlib.ExitStack) -> RunResult:
+def _train(cfg: TrainConfig, out: Path, resume: bool, train_set: Dataset | None, val_set: Dataset | None,
+           progress: bool | None, ctx: distributed.Context, held: contextlib.ExitStack) -> RunResult:
     t_start = time.time()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-    seed_everything(cfg.seed)  # the same on every process: the same initial weights
-    device = ctx.device
-
+    set_up_process(cfg)
     split = evaluated_split(cfg, train_set, val_set)
     train_set, val_set, classes = load_data(cfg, train_set, val_set)
     model = build_model(cfg, len(classes))
     cfg = dataclasses.replace(cfg, model=model.cfg)  # the resolved config: what actually runs
-
-    # The run folder: one run at a time, which tidies what a killed one left; a new run must not overwrite an
-    # old one (checked again under the lock: train() checked before the data was loaded); a resumed one must be
-    # the same run.
-    if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        held.enter_context(RunFolderLock(out))
-        clean_leftovers(out)
-    check_run_folder(out, resume)
-    newest = latest_checkpoint(out)
-    saved_cfg = out / "config.json"
+    newest = open_run_folder(cfg, out, resume, ctx, held)
+    run = build_run(cfg, out, ctx, split, train_set, val_set, classes, model, t_start)
     if resume and newest is not None:
-        check_same_run(saved_cfg, cfg)
-    if ctx.is_main:
-        atomic_write(saved_cfg, lambda tmp: Path(tmp).write_text(cfg.to_json()))
-    distributed.barrier()
-    # Every process must see the same folder (and so resume from the same step): on several machines, one
-    # their filesystems share. Without it each would start from what its own disk holds.
-    newest_step = step_of(newest) if newest is not None else -1
-    seen = newest_step if saved_cfg.is_file() else -2
-    if not distributed.agree(seen, device):
-        raise ValueError(f"the processes of this run see different contents in {out}: --out must be a folder on "
-                         "a filesystem that every machine of the run shares")
+        resume_state(run, newest)
+    if run.step >= run.lengths.total:
+        return finish_complete_run(run)
+    return train_steps(run, progress)
 
+
+def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, split: str, train_set: Dataset,
+              val_set: Dataset | None, classes: list[str], model: VisionTransformer, t_start: float) -> Run:
+    """The run at step 0: its batches and lengths, the model on its device with a new optimizer and EMA."""
     plan = make_plan(cfg.batch_size, cfg.micro_batch, ctx.world, ctx.rank)
     source = batch_source(train_set, cfg.model, cfg.augment, len(classes), cfg.seed, cfg.data.workers)
-    per_epoch = steps_per_epoch(len(source), cfg.batch_size)
-    total = cfg.steps or max(1, round(cfg.epochs * per_epoch))
-    warmup = cfg.optim.warmup_steps or round(cfg.optim.warmup_epochs * per_epoch)
-    full_tokens_from = total - round(cfg.full_token_epochs * per_epoch)  # PatchDropout off from this step
-    eval_every = cfg.eval_every or per_epoch
-    ckpt_every = cfg.ckpt_every or per_epoch
-
-    model.to(device)
+    model.to(ctx.device)
+    if cfg.fast:
+        accelerate(model)  # vitkit's CPU kernels, in place (nothing is swapped on a GPU)
     optimizer = build_optimizer(model, cfg.optim)
     ema = EMA(model, cfg.ema) if cfg.ema else None
-    step, best, elapsed_before = 0, None, 0.0
-    if resume and newest is not None:
-        ck = read_resume_checkpoint(out, newest, with_ema=ema is not None)
-        model.load_state_dict(ck["model"])
-        optimizer.load_state_dict(ck["optimizer"])
-        if ema is not None:
-            ema.load_state_dict(ck["ema"], ck["state"]["ema_updates"])
-        restore_rng(*ck["rng"])
-        step, best = ck["state"]["step"], ck["state"]["best_top1"]
-        elapsed_before = ck["state"].get("seconds", 0.0)
-        if ctx.is_main:
-            print(f"resuming {out} from {newest.name} (epoch {step / per_epoch:.2f})", flush=True)
-            before = ck["state"].get("processes", ctx.world)
-            if before != ctx.world and is_in_memory(train_set):
-                print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
-                      f"{ctx.world}: the batches are the same, but in-memory augmentation is drawn per process "
-                      "and micro-batch, so the run goes on differently from an unbroken one", flush=True)
-    eval_model = ema.module if ema is not None else model
-    amp = autocast_dtype(cfg.precision, device)
-    loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
-    val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
+    return Run(cfg, out, ctx, split, train_set, val_set, classes, model, optimizer, ema, source, plan,
+               Lengths.of(cfg, len(source)), autocast_dtype(cfg.precision, ctx.device), t_start)
 
-    def final_outputs(step_now: int, seconds: float, result: EvalResult | None, names: list[str]) -> None:
-        # Each process skipped the bad files of its own share of the data: the list is all of theirs.
-        local = [str(p) for p in skipped_images(train_set) + skipped_images(val_set)]
-        skipped = list(dict.fromkeys(distributed.gather_strings(local)))
-        if ctx.is_main:
-            write_final_outputs(out, names, eval_model, classes, result, recipe=cfg.recipe, step=step_now,
-                                seconds=seconds, processes=ctx.world, best_top1=best, skipped=skipped)
 
-    if step >= total:  # resuming a finished run: only the end-of-run outputs it may lack are left to write
-        missing = missing_final_outputs(out, val_set is not None)
-        if ctx.is_main:
-            print(f"{out} is already complete ({step} of {total} steps)"
-                  + (f"; writing its missing {', '.join(missing)}" if missing else ""), flush=True)
-        result = None
-        if missing and val_set is not None:  # as the run's own end would: its final weights on the val split
-            result = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank,
-                              ctx.world)
-        if missing:
-            final_outputs(step, elapsed_before, result, missing)
-        distributed.barrier()
-        best_dir = out / "best" if (out / "best").is_dir() else None
-        return RunResult(out, step, elapsed_before, result, best, out / "last", best_dir, split)
-    net = DistributedDataParallel(model) if ctx.distributed else model
+def resume_state(run: Run, newest: Path) -> None:
+    """Load the checkpoint `newest` into `run`: the weights, the optimizer, the EMA, the random states, the step,
+    the best top-1 and the time trained."""
+    ck = read_resume_checkpoint(run.out, newest, with_ema=run.ema is not None)
+    run.model.load_state_dict(ck["model"])
+    run.optimizer.load_state_dict(ck["optimizer"])
+    if run.ema is not None:
+        run.ema.load_state_dict(ck["ema"], ck["state"]["ema_updates"])
+    restore_rng(*ck["rng"])
+    run.step, run.best = ck["state"]["step"], ck["state"]["best_top1"]
+    run.elapsed_before = ck["state"].get("seconds", 0.0)
+    world = run.ctx.world
+    if run.ctx.is_main:
+        print(f"resuming {run.out} from {newest.name} (epoch {run.step / run.lengths.per_epoch:.2f})", flush=True)
+        before = ck["state"].get("processes", world)
+        if before != world and is_in_memory(run.train_set):
+            print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
+                  f"{world}: the batches are the same, but in-memory augmentation is drawn per process "
+                  "and micro-batch, so the run goes on differently from an unbroken one", flush=True)
+
+
+def finish_complete_run(run: Run) -> RunResult:
+    """A resumed run that has trained all of its steps: write only the end-of-run outputs it lacks (it was
+    stopped between its last checkpoint and them), evaluating its final weights again when they need it."""
+    missing = missing_final_outputs(run.out, run.val_set is not None)
+    if run.ctx.is_main:
+        print(f"{run.out} is already complete ({run.step} of {run.lengths.total} steps)"
+              + (f"; writing its missing {', '.join(missing)}" if missing else ""), flush=True)
+    result = None
+    if missing and run.val_set is not None:  # as the run's own end would: its final weights on the val split
+        result = evaluate(run.eval_model, run.val_set, run.cfg.model, run.cfg.data.eval_batch_size, run.ctx.device,
+                          run.amp, run.ctx.rank, run.ctx.world)
+    if missing:
+        write_end_of_run(run, result, missing, run.elapsed_before)
+    distributed.barrier()
+    return run_result(run, run.elapsed_before, result)
+
+
+def train_steps(run: Run, progress: bool | None) -> RunResult:
+    """Train from `run.step` to the last step, evaluating and checkpointing on the way, then write the
+    end-of-run outputs. Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint."""
+    cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
+    net = DistributedDataParallel(run.model) if ctx.distributed else run.model
     if cfg.compile:
         net = torch.compile(net)  # the same parameters: the optimizer, EMA and checkpoints use `model` as before
-    log = MetricsLog(out, ctx.is_main, step)
-    bar = None
-    if progress and ctx.is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, initial=step, desc=cfg.recipe or "train", unit="step", dynamic_ncols=True,
-                   mininterval=1.0)
-
-    def state(step_now: int) -> dict[str, Any]:
-        return {"epoch": step_now // per_epoch, "step_in_epoch": step_now % per_epoch, "total_steps": total,
-                "best_top1": best, "ema_updates": ema.updates if ema else 0,
-                "seconds": elapsed_before + time.time() - t_start, "processes": ctx.world}
-
-    def run_eval(step_now: int) -> EvalResult | None:
-        nonlocal best
-        if val_set is None:
-            return None
-        r = evaluate(eval_model, val_set, cfg.model, cfg.data.eval_batch_size, device, amp, ctx.rank, ctx.world,
-                     loss_fn=val_loss)
-        log.write(step_now, step_now / per_epoch, "val", loss=r.loss, top1=r.top1, top5=r.reported_top5)
-        if ctx.is_main:
-            msg = (f"step {step_now}/{total} {split} {r.summary()} "
-                   f"loss {r.loss:.4f}" + (f" ({r.skipped} unreadable image(s) skipped)" if r.skipped else ""))
-            (bar.write if bar else print)(msg)
-            if best is None or r.top1 > best:
-                save_model_atomically(eval_model, out / "best", classes, {"train": {"step": step_now, **r.to_dict()}})
-        if best is None or r.top1 > best:
-            best = r.top1
-        return r
-
-    window_t, window_n, loss_ema = time.time(), 0, None
+    loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
+    val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
+    report = Report(MetricsLog(run.out, ctx.is_main, run.step), progress_bar(run, progress))
     result = None
-    epoch = step // per_epoch
+    epoch = run.step // lengths.per_epoch
     with StopRequests(announce=ctx.is_main) as stops, contextlib.ExitStack() as closing:
-        closing.callback(log.close)
-        if bar is not None:
-            closing.callback(bar.close)
-        while step < total:
-            first = step % per_epoch
-            last = min(per_epoch, first + total - step)
-            for _, micro_batches in source.epoch(epoch, plan, first, last):
-                lr = lr_at(step, total, cfg.optim.lr, warmup, cfg.optim.schedule, cfg.optim.min_lr)
-                set_lr(optimizer, lr)
-                model.patch_drop_rate = 0.0 if step >= full_tokens_from else cfg.model.patch_dropout
-                loss = forward_backward(net, micro_batches, loss_fn, device, amp, ctx.distributed)
-                # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP
-                # summed over the processes, which must all stop together, at the same step. The loss rides
-                # along, so that the one logged is the mean over the processes, not the main process's share.
-                flags = torch.stack([torch.isfinite(loss).float(), loss.new_tensor(float(stops.requested)),
-                                     torch.nan_to_num(loss.float())])
-                if ctx.distributed:
-                    flags = distributed.all_reduce_sum(flags)
-                finite, stop, loss_sum = flags.tolist()
-                if finite < ctx.world:
-                    raise TrainingDiverged(_diverged_message(float(loss), step, per_epoch, out))
-                optimizer_step(model, optimizer, cfg.optim.clip_grad_norm)
-                if ema is not None:
-                    ema.update(model)
-                step += 1
-
-                window_n += cfg.batch_size
-                lv = loss_sum / ctx.world
-                loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
-                if bar is not None:
-                    bar.update(1)
-                if step % cfg.log_every == 0 or step == total:
-                    ips = window_n / max(time.time() - window_t, 1e-9)
-                    window_t, window_n = time.time(), 0
-                    log.write(step, step / per_epoch, "train", loss=lv, lr=lr, img_per_s=ips)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
-                                        epoch=f"{step / per_epoch:.2f}")
-                if step % eval_every == 0 or step == total:
-                    result = run_eval(step)
-                stopping = stop > 0 and step < total  # at the last step the run ends anyway
-                if step % ckpt_every == 0 or step == total or stopping:
-                    if ctx.is_main:
-                        save_train_state(out, step, model, optimizer, state(step), classes,
-                                         ema.state_dict() if ema else None, cfg.keep_last)
-                    distributed.barrier()
-                if stopping:
-                    raise TrainingStopped(stops.signum or signal.SIGTERM, step, total,
-                                          latest_checkpoint(out) or out / "ckpt")
+        closing.callback(report.close)
+        while run.step < lengths.total:
+            first = run.step % lengths.per_epoch
+            last = min(lengths.per_epoch, first + lengths.total - run.step)
+            for _, micro_batches in run.source.epoch(epoch, run.plan, first, last):
+                lr, loss, stop = train_one_step(run, net, micro_batches, loss_fn, stops)
+                report.after_step(run, lr, loss)
+                if run.step % lengths.eval_every == 0 or run.step == lengths.total:
+                    result = evaluate_and_keep_best(run, report, val_loss)
+                checkpoint_or_stop(run, stop, stops)
             epoch += 1
-            skipped = skipped_images(train_set)
+            skipped = skipped_images(run.train_set)
             if skipped and ctx.is_main:
-                (bar.write if bar else print)(f"skipped {len(skipped)} unreadable image(s) so far, e.g. {skipped[0]}")
-
-    seconds = elapsed_before + time.time() - t_start
-    final_outputs(step, seconds, result, list(FINAL_OUTPUTS))
-    best_dir = out / "best" if (out / "best").is_dir() else None
-    return RunResult(out, step, seconds, result, best, out / "last", best_dir, split)
+                report.print(f"skipped {len(skipped)} unreadable image(s) so far, e.g. {skipped[0]}")
+    seconds = run.seconds()
+    write_end_of_run(run, result, list(FINAL_OUTPUTS), seconds)
+    return run_result(run, seconds, result)
 
 
-def write_final_outputs(out: Path, names: list[str], model: nn.Module, classes: list[str],
-                        result: EvalResult | None, *, recipe: str, step: int, seconds: float, processes: int,
-                        best_top1: float | None, skipped: list[str]) -> None:
-    """Write the end-of-run outputs among `names` (see FINAL_OUTPUTS): the last model (`last/`, a plain
-    vitkit checkpoint with the final metrics), the confusion matrix of the final evaluation, and result.json
-    (the final metrics with the confusion matrix left out, and every unreadable image file skipped)."""
-    if "last" in names:
-        extra = {"train": {"step": step, "seconds": seconds, **(result.to_dict() if result else {})}}
-        save_model_atomically(model, out / "last", classes, extra)
-    if "confusion.png" in names and result is not None:
-        confusion_png(result, out / "confusion.png", f"{recipe}: top-1 {100 * result.top1:.2f} % "
-                                                     f"on {result.count} images")
-    if "result.json" in names:
-        summary = {"recipe": recipe, "steps": step, "seconds": round(seconds, 1), "processes": processes,
-                   "best_top1": best_top1, **(result.to_dict() if result else {})}
-        summary.pop("confusion", None)
-        summary["skipped_images"] = skipped
-        (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+# --- the steps of the loop ---------------------------------------------------------------------------------
+def train_one_step(run: Run, net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                   loss_fn, stops: StopRequests) -> tuple[float, float, bool]:
+    """One optimizer step at `run.step` (see the module's docstring), which it then advances. Returns the
+    learning rate, the loss (the mean over the processes) and whether a process was asked to stop."""
+    cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
+    lr = lr_at(run.step, lengths.total, cfg.optim.lr, lengths.warmup, cfg.optim.schedule, cfg.optim.min_lr)
+    set_lr(run.optimizer, lr)
+    run.model.patch_drop_rate = 0.0 if run.step >= lengths.full_tokens_from else cfg.model.patch_dropout
+    loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, ctx.distributed)
+    # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP summed over
+    # the processes, which must all stop together, at the same step. The loss rides along, so that the one
+    # logged is the mean over the processes, not the main process's share.
+    flags = torch.stack([torch.isfinite(loss).float(), loss.new_tensor(float(stops.requested)),
+                         torch.nan_to_num(loss.float())])
+    if ctx.distributed:
+        flags = distributed.all_reduce_sum(flags)
+    finite, stop, loss_sum = flags.tolist()
+    if finite < ctx.world:
+        raise TrainingDiverged(diverged_message(float(loss), run.step, lengths.per_epoch, run.out))
+    optimizer_step(run.model, run.optimizer, cfg.optim.clip_grad_norm)
+    if run.ema is not None:
+        run.ema.update(run.model)
+    run.step += 1
+    return lr, loss_sum / ctx.world, stop > 0
 
 
-def _diverged_message(loss: float, step: int, per_epoch: int, out: Path) -> str:
-    good = latest_checkpoint(out)
-    kind = "nan" if math.isnan(loss) else "infinite"
-    said = f"the loss became {kind} at step {step + 1} (epoch {step / per_epoch:.2f}); training stopped and "
-    if good is None:
-        return said + ("no checkpoint was written yet. Start again with a lower optim.lr or with "
-                       "optim.clip_grad_norm set (the same --out will do: it holds no checkpoint)")
-    return said + (f"the last good checkpoint is {good}. Lower optim.lr or set optim.clip_grad_norm, and "
-                   "--resume with them (if that checkpoint's weights have grown too large already, start again in "
-                   "a new --out)")
+def evaluate_and_keep_best(run: Run, report: Report, loss_fn) -> EvalResult | None:
+    """Evaluate the run's weights (the EMA's when it keeps one) on the validation split and log the result;
+    weights whose top-1 is the best so far are saved as RUN/best. None when the run has no validation split."""
+    if run.val_set is None:
+        return None
+    cfg, ctx = run.cfg, run.ctx
+    r = evaluate(run.eval_model, run.val_set, cfg.model, cfg.data.eval_batch_size, ctx.device, run.amp, ctx.rank,
+                 ctx.world, loss_fn=loss_fn)
+    report.log.write(run.step, run.step / run.lengths.per_epoch, "val", loss=r.loss, top1=r.top1,
+                     top5=r.reported_top5)
+    improved = run.best is None or r.top1 > run.best
+    if ctx.is_main:
+        report.print(f"step {run.step}/{run.lengths.total} {run.split} {r.summary()} loss {r.loss:.4f}"
+                     + (f" ({r.skipped} unreadable image(s) skipped)" if r.skipped else ""))
+        if improved:
+            save_model_atomically(run.eval_model, run.out / "best", run.classes,
+                                  {"train": {"step": run.step, **r.to_dict()}})
+    if improved:
+        run.best = r.top1
+    return r
+
+
+def checkpoint_or_stop(run: Run, stop: bool, stops: StopRequests) -> None:
+    """Save the training state every `ckpt_every` steps, at the last step, and when a process was asked to
+    stop; then, so asked, stop the run (TrainingStopped) unless it ends at this step anyway."""
+    stopping = stop and run.step < run.lengths.total
+    if run.step % run.lengths.ckpt_every == 0 or run.step == run.lengths.total or stopping:
+        if run.ctx.is_main:
+            save_train_state(run.out, run.step, run.model, run.optimizer, train_state(run), run.classes,
+                             run.ema.state_dict() if run.ema else None, run.cfg.keep_last)
+        distributed.barrier()
+    if stopping:
+        raise TrainingStopped(stops.signum or signal.SIGTERM, run.step, run.lengths.total,
+                              latest_checkpoint(run.out) or run.out / "ckpt")
+
+
+def train_state(run: Run) -> dict[str, Any]:
+    """What a checkpoint records of the run besides its tensors."""
+    per_epoch = run.lengths.per_epoch
+    return {"epoch": run.step // per_epoch, "step_in_epoch": run.step % per_epoch, "total_steps": run.lengths.total,
+            "best_top1": run.best, "ema_updates": run.ema.updates if run.ema else 0, "seconds": run.seconds(),
+            "processes": run.ctx.world}
+
+
+def write_end_of_run(run: Run, result: EvalResult | None, names: list[str], seconds: float) -> None:
+    """The end-of-run outputs among `names` (FINAL_OUTPUTS), written by the main process."""
+    # Each process skipped the bad files of its own share of the data: the list is all of theirs.
+    local = [str(p) for p in skipped_images(run.train_set) + skipped_images(run.val_set)]
+    skipped = list(dict.fromkeys(distributed.gather_strings(local)))
+    if run.ctx.is_main:
+        write_final_outputs(run.out, names, run.eval_model, run.classes, result, recipe=run.cfg.recipe,
+                            step=run.step, seconds=seconds, processes=run.ctx.world, best_top1=run.best,
+                            skipped=skipped)
+
+
+def run_result(run: Run, seconds: float, final: EvalResult | None) -> RunResult:
+    best_dir = run.out / "best" if (run.out / "best").is_dir() else None
+    return RunResult(run.out, run.step, seconds, final, run.best, run.out / "last", best_dir, run.split)
+
+
+# --- what the run reports as it goes -------------------------------------------------------------------------
+def progress_bar(run: Run, progress: bool | None):
+    """The main process's progress bar on stderr, or None: always with `progress` True, never with False, and
+    with None only where stderr is a terminal (a log file would keep every frame the bar draws)."""
+    if progress is False or not run.ctx.is_main:
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=run.lengths.total, initial=run.step, desc=run.cfg.recipe or "train", unit="step",
+               dynamic_ncols=True, mininterval=1.0, disable=None if progress is None else False)
+    return None if bar.disable else bar
+
+
+class Report:
+    """What a run reports as it trains: the rows of RUN/metrics.csv (`log`), the progress bar (`bar`, or None)
+    and messages, written through the bar, which lifts itself first, when there is one."""
+
+    def __init__(self, log: MetricsLog, bar):
+        self.log, self.bar = log, bar
+        self.window_t, self.window_n, self.loss_ema = time.time(), 0, None  # throughput window, smoothed loss
+
+    def print(self, message: str) -> None:
+        (self.bar.write if self.bar else print)(message)
+
+    def after_step(self, run: Run, lr: float, loss: float) -> None:
+        """The bar moves on; every `log_every` steps and at the last, a row of the loss, the learning rate and
+        the images per second since the last row."""
+        self.window_n += run.cfg.batch_size
+        self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
+        if self.bar is not None:
+            self.bar.update(1)
+        if run.step % run.cfg.log_every == 0 or run.step == run.lengths.total:
+            ips = self.window_n / max(time.time() - self.window_t, 1e-9)
+            self.window_t, self.window_n = time.time(), 0
+            epoch = run.step / run.lengths.per_epoch
+            self.log.write(run.step, epoch, "train", loss=loss, lr=lr, img_per_s=ips)
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{self.loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
+                                     epoch=f"{epoch:.2f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.log.close()

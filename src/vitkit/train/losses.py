@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .recipes import Loss
+from .settings import Loss
 
 LOSSES = typing.get_args(Loss)  # the names OptimConfig.loss takes
 

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .recipes import OptimConfig
+from .settings import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -1,0 +1,115 @@
+"""Benchmark records: where they live and how they are named (benchmarks/results/README.md has the schema).
+
+A record is one measurement, one JSON file named by what was measured, where, and when:
+`WHAT_WHERE_DATE[_TAG].json`, e.g. `infer-b1_amd-epyc_2026-12-02_run1.json`. WHERE is the CPU (or GPU) model
+as a slug of `lscpu`'s "Model name"; DATE is the day of the measurement (YYYY-MM-DD); TAG tells apart several
+measurements of one kind on one day (`run1`, `seed1`).
+
+    python benchmarks/records.py name infer-b1 --tag run1     # the path a new record of this machine gets
+    python benchmarks/records.py where                        # this machine's CPU slug
+    python benchmarks/records.py slug "NVIDIA H200"           # nvidia-h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NAME = re.compile(
+    r"^(?P<what>[a-z0-9-]+)_(?P<where>[a-z0-9-]+)_(?P<date>\d{4}-\d{2}-\d{2})(?:_(?P<tag>[a-z0-9-]+))?$"
+)
+
+
+def slug(model_name: str) -> str:
+    """`Intel(R) Xeon(R) Processor` -> `intel-xeon`, `AMD EPYC 9454 48-Core Processor` -> `amd-epyc-9454`,
+    `NVIDIA H200` -> `nvidia-h200`: lower case; trademarks, clock, core count, "processor", "cpu" dropped."""
+    s = model_name.lower()
+    s = re.sub(r"\((r|tm)\)", " ", s)
+    s = re.sub(r"@.*$", " ", s)  # the clock: "CPU @ 2.10GHz"
+    s = re.sub(r"\b\d+-core\b|\bprocessor\b|\bcpu\b", " ", s)
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "unknown-cpu"
+
+
+def cpu_model() -> str:
+    """This machine's CPU model, as `lscpu` names it ("Model name"; /proc/cpuinfo's "model name")."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
+def record_path(
+    what: str,
+    where: str | None = None,
+    date: str | None = None,
+    tag: str | None = None,
+    folder: Path = RESULTS,
+) -> Path:
+    """The file a record of `what` gets: WHERE defaults to this machine's CPU slug, DATE to today (UTC)."""
+    where = where or slug(cpu_model())
+    date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    stem = f"{what}_{where}_{date}" + (f"_{tag}" if tag else "")
+    if not NAME.match(stem):
+        raise ValueError(f"{stem!r} is not a record name WHAT_WHERE_DATE[_TAG] (lower case, digits, '-')")
+    return folder / f"{stem}.json"
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record file's name, read: what, where, date and tag."""
+
+    path: Path
+    what: str
+    where: str
+    date: str
+    tag: str
+
+    @classmethod
+    def parse(cls, path: Path) -> Record:
+        m = NAME.match(path.stem)
+        if path.suffix != ".json" or not m:
+            raise ValueError(f"{path}: not a record name WHAT_WHERE_DATE[_TAG].json")
+        return cls(path, m["what"], m["where"], m["date"], m["tag"] or "")
+
+
+def records(folder: Path = RESULTS) -> list[Record]:
+    """Every record in `folder`, sorted by name (so run1, run2, ... come in order up to run9)."""
+    return sorted((Record.parse(p) for p in folder.glob("*.json")), key=lambda r: _natural(r.path.name))
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    name = sub.add_parser("name", help="print the path of a new record")
+    name.add_argument("what")
+    name.add_argument("--tag")
+    name.add_argument("--where", help="default: this machine's CPU slug")
+    name.add_argument("--folder", type=Path, default=RESULTS)
+    sub.add_parser("where", help="print this machine's CPU slug")
+    sub.add_parser("slug", help="print the slug of a CPU or GPU model name").add_argument("model_name")
+    args = parser.parse_args(argv)
+    if args.command == "where":
+        print(slug(cpu_model()))
+    elif args.command == "slug":
+        print(slug(args.model_name))
+    else:
+        print(record_path(args.what, args.where, tag=args.tag, folder=args.folder))
+
+
+if __name__ == "__main__":
+    main()

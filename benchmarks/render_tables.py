@@ -1,0 +1,270 @@
+"""Render the tables of README.md and docs/*.md from the records in benchmarks/results/.
+
+A table in a Markdown file sits between two marker comments; the first names the table and the records it is
+made from (WHERE and DATE of their file names, benchmarks/results/README.md):
+
+    <!-- table:speed amd-epyc 2026-12-02 -->
+    ... (rewritten by this script)
+    <!-- /table -->
+
+    python benchmarks/render_tables.py           # rewrite the tables in README.md and docs/*.md
+    python benchmarks/render_tables.py --check   # exit 1, naming each table that differs, without writing
+
+Tables: `speed` (inference and training-step ratios to the fastest of timm, Hugging Face and torchvision, the
+range over the runs of one day), `speed-runs` (the same, run by run), `agreement` (int8 against fp32),
+`recipes` (what each training recipe reached, in how long, where) and `gpu` (ViT-B/16 against timm on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import RESULTS, Record, records  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"(<!-- table:(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+# Inference cells, in table order, and the contenders of each column.
+CELLS = (("ViT-B/16", 1), ("ViT-B/16", 16), ("ViT-S/16", 1), ("ViT-S/16", 16))
+COLUMNS = (
+    ("vitkit", "`accelerate(m)`"),
+    ("vitkit-fp32-opt", '`optimize(m, "fp32")`'),
+    ("vitkit-int8", '`optimize(m, "int8")`'),
+)
+TRAIN_ROWS = (  # (the training record's model, its row in a table)
+    ("vit_small_patch16_224", "ViT-S/16"),
+    ("recipe fashion-mnist", "fashion-mnist model"),
+    ("recipe demo", "demo model"),
+)
+
+
+class TableError(ValueError):
+    """A marker that names no table, or records that are missing."""
+
+
+def load(rec: Record):
+    return json.loads(rec.path.read_text())
+
+
+def pick(recs: list[Record], what: str, where: str, date: str | None = None) -> list[Record]:
+    found = [r for r in recs if r.what == what and r.where == where and (date is None or r.date == date)]
+    if not found:
+        raise TableError(f"no record {what}_{where}_{date or '*'}*.json in {RESULTS}")
+    return found
+
+
+def span(values: list[float], digits: int = 2) -> str:
+    lo, hi = min(values), max(values)
+    return (
+        f"{lo:.{digits}f}x"
+        if f"{lo:.{digits}f}" == f"{hi:.{digits}f}"
+        else f"{lo:.{digits}f}-{hi:.{digits}f}x"
+    )
+
+
+def inference_ratios(recs: list[Record], where: str, date: str) -> list[dict[tuple[str, int, str], float]]:
+    """Per run (tag), {(model, batch, contender): paired median ratio to the best anchor}."""
+    runs: dict[str, dict] = {}
+    for what in ("infer-b1", "infer-b16"):
+        for rec in pick(recs, what, where, date):
+            for row in load(rec)["rows"]:
+                runs.setdefault(rec.tag, {})[(row["model"], row["batch"], row["contender"])] = row[
+                    "vs_best_anchor"
+                ]
+    return [runs[t] for t in sorted(runs, key=lambda t: int(re.sub(r"\D", "", t) or 0))]
+
+
+def training_ratios(recs: list[Record], where: str, date: str) -> list[dict[str, tuple[int, float]]]:
+    """Per run, {model: (batch, ratio of vitkit's training step to timm's)}."""
+    return [
+        {c["model"]: (c["batch"], c["ratio_vitkit_over_timm"]) for c in load(rec)}
+        for rec in pick(recs, "train-step", where, date)
+    ]
+
+
+def machine_line(recs: list[Record], where: str, date: str) -> str:
+    m = load(pick(recs, "infer-b1", where, date)[0])["machine"]
+    has = [x for x, ok in (("VNNI", m.get("vnni")), ("native bf16", m.get("native_bf16"))) if ok]
+    runs = len(pick(recs, "infer-b1", where, date))
+    return (
+        f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), "
+        f"{m['threads']} threads, torch {m['torch'].split('+')[0]}; {runs} runs of "
+        f"`bash benchmarks/target_runs.sh` on {date}"
+    )
+
+
+def speed(recs: list[Record], where: str, date: str) -> str:
+    inf, train = inference_ratios(recs, where, date), training_ratios(recs, where, date)
+    caption = (
+        machine_line(recs, where, date) + ". Each cell gives the range over the runs of the median "
+        "per-round ratio to the fastest of timm, Hugging Face (sdpa) and torchvision. Training steps are "
+        "compared with timm's. Higher is faster."
+    )
+    lines = [
+        *textwrap.wrap(caption, 110, break_on_hyphens=False),
+        "",
+        "| model | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
+    for model, batch in CELLS:
+        cells = [span([run[(model, batch, c)] for run in inf]) for c, _ in COLUMNS]
+        lines.append(f"| {model} inference, batch {batch} | " + " | ".join(cells) + " |")
+    for key, label in TRAIN_ROWS:
+        batch = train[0][key][0]
+        cells = [span([run[key][1] for run in train])] + ["-"] * (len(COLUMNS) - 1)
+        lines.append(f"| {label} training step, batch {batch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def speed_runs(recs: list[Record], where: str, date: str) -> str:
+    inf, train = inference_ratios(recs, where, date), training_ratios(recs, where, date)
+    head = "| accelerate / fp32 / int8 | " + " | ".join(f"run {i}" for i in range(1, len(inf) + 1)) + " |"
+    lines = [head, "|---|" + "---|" * len(inf)]
+    for model, batch in CELLS:
+        cells = [" / ".join(f"{run[(model, batch, c)]:.2f}" for c, _ in COLUMNS) for run in inf]
+        lines.append(f"| {model} b{batch} | " + " | ".join(cells) + " |")
+    for key, label in TRAIN_ROWS:
+        lines.append(
+            f"| training {label} b{train[0][key][0]} | "
+            + " | ".join(f"{run[key][1]:.2f}" for run in train)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def agreement(recs: list[Record], where: str, date: str) -> str:
+    lines = [
+        "| checkpoint | images | top-1 fp32 | top-1 int8 | int8 agrees with fp32 | "
+        "`optimize(fp32)` max abs diff |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for rec in pick(recs, "int8-agreement", where, date):
+        d = load(rec)
+        acc = d["accuracy"]
+        lines.append(
+            f"| `{d['checkpoint']}` (`make demo`) | {d['images']:,} | {100 * acc['fp32']:.2f} % | "
+            f"{100 * acc['int8']:.2f} % | {100 * d['int8_top1_agreement_with_fp32']:.2f} % | "
+            f"{d['fp32_opt_max_abs_diff']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def machine_name(d: dict, rec: Record) -> str:
+    m = d.get("machine", {})
+    if not m:
+        return rec.where
+    if "gpu" in m:
+        return f"one {m['gpu']}"
+    parts = [m.get("cpu", "?"), f"{m['cores']} cores" if "cores" in m else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def minutes_of(d: dict) -> float:
+    return d["train_minutes"] if "train_minutes" in d else d["seconds"] / 60
+
+
+def recipes(recs: list[Record], *whats: str) -> str:
+    lines = ["| recipe | command | test top-1 | time | machine | date |", "|---|---|---:|---:|---|---|"]
+    rows = [(r, load(r)) for r in recs if r.what.startswith("recipe-") and (not whats or r.what in whats)]
+    for rec, d in sorted(rows, key=lambda rd: (rd[0].what, minutes_of(rd[1]))):
+        top1 = d.get("test_top1", 100 * d.get("top1", 0.0))
+        minutes = minutes_of(d)
+        command = d.get("command", f"vitkit train {d['recipe']}")
+        lines.append(
+            f"| `{d['recipe']}` | `{command}` | {top1:.2f} % | {minutes:.1f} min | "
+            f"{machine_name(d, rec)} | {rec.date} |"
+        )
+    return "\n".join(lines)
+
+
+def gpu(recs: list[Record], where: str, date: str) -> str:
+    inf = load(pick(recs, "gpu-infer", where, date)[0])
+    trains = [load(r) for r in pick(recs, "gpu-train", where, date)]
+    m = inf["machine"]
+    caption = (
+        f"One {m['device']}, torch {m['torch'].split('+')[0]}, {date}, `python benchmarks/bench_gpu.py` "
+        f"({inf['model']}). Ratios are to timm in bf16 (inference) and to timm's eager step (training)."
+    )
+    lines = [
+        *textwrap.wrap(caption, 110, break_on_hyphens=False),
+        "",
+        f"| inference, batch {inf['inference']['batch']} | img/s | vs timm |",
+        "|---|---:|---:|",
+    ]
+    for name, ips in inf["inference"]["images_per_s"].items():
+        lines.append(f"| {name} | {ips:,.0f} | {inf['inference']['vs_reference'][name]:.2f}x |")
+    runs = " | ".join(f"run {i}" for i in range(1, len(trains) + 1))
+    lines += [
+        "",
+        f"| training step, batch {trains[0]['training']['batch']} | {runs} |",
+        "|---|" + "---:|" * len(trains),
+    ]
+    for name in trains[0]["training"]["images_per_s"]:
+        cells = [
+            f"{t['training']['images_per_s'][name]:,.0f} img/s, {t['training']['vs_reference'][name]:.2f}x"
+            for t in trains
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[..., str]] = {
+    "speed": speed,
+    "speed-runs": speed_runs,
+    "agreement": agreement,
+    "recipes": recipes,
+    "gpu": gpu,
+}
+
+
+def render_block(args: str, recs: list[Record]) -> str:
+    name, *params = args.split()
+    if name not in TABLES:
+        raise TableError(f"no table {name!r}; tables: {', '.join(TABLES)}")
+    return TABLES[name](recs, *params)
+
+
+def render_text(text: str, recs: list[Record]) -> str:
+    """`text` with every table between markers rendered anew."""
+    return BLOCK.sub(lambda m: m[1] + render_block(m["args"], recs) + "\n" + m[4], text)
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a table differs")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the records' folder")
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md, docs/*.md)")
+    args = parser.parse_args(argv)
+    recs = records(args.results)
+    stale = []
+    for path in args.files or documents():
+        text = path.read_text()
+        try:
+            new = render_text(text, recs)
+        except TableError as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            return 2
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new)
+    for path in stale:
+        print(f"{path}: {'tables differ from the records' if args.check else 'tables rewritten'}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

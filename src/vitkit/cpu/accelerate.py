@@ -1,0 +1,53 @@
+"""`accelerate(model)`: vitkit's CPU kernels swapped into a model in place, for training and evaluation.
+
+Each nn.Linear becomes a `FastLinear` and each of the model's `Attention` layers a `FastAttention`, by changing
+the module's class: the same parameter objects under the same names (so the state dict, an optimizer made
+before, hooks and `torch.save` are unaffected), the same function and gradients to float rounding. The swap
+is done only where the kernels can run, on a model on the CPU; a model elsewhere (a GPU) is returned as it is.
+The kernels themselves fall back to PyTorch's operators wherever they do not apply (other dtypes, autocast,
+torch.compile, torch.func transforms, forward-mode AD).
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..model import Attention
+from .attention import FastAttention
+from .linear import FastLinear
+
+# The classes swapped in, by the class they replace (exactly that class: subclasses are someone else's).
+SWAPS: dict[type[nn.Module], type[nn.Module]] = {nn.Linear: FastLinear, Attention: FastAttention}
+# Their inverse, for `plain`.
+PLAIN = {fast: plain for plain, fast in SWAPS.items()}
+
+
+def _on_cpu(model: nn.Module) -> bool:
+    devices = {p.device.type for p in model.parameters()} | {b.device.type for b in model.buffers()}
+    return devices <= {"cpu"}
+
+
+def accelerate(model: nn.Module) -> nn.Module:
+    """Swap vitkit's CPU kernels into `model` in place (module docstring) and return it; a model not on the CPU
+    is returned unchanged. Calling it twice changes nothing more."""
+    if not _on_cpu(model):
+        return model
+    for module in model.modules():
+        fast = SWAPS.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
+    return model
+
+
+def plain(model: nn.Module) -> nn.Module:
+    """Undo `accelerate` in place: every swapped module back to its PyTorch or vitkit class; returns `model`."""
+    for module in model.modules():
+        original = PLAIN.get(type(module))
+        if original is not None:
+            module.__class__ = original
+    return model
+
+
+def is_accelerated(model: nn.Module) -> bool:
+    """Whether any module of `model` is one of accelerate's."""
+    return any(type(m) in PLAIN for m in model.modules())

@@ -1,0 +1,187 @@
+"""Self-attention of an accelerated model, on vitkit's compiled CPU operator where it pays.
+
+`qkv_attention(qkv, heads, scale)` computes what `merge_heads(F.scaled_dot_product_attention(*split_heads(qkv,
+heads)))` does, softmax(q k^T * scale) v for every head, from the projection's output (B, T, 3C) to the merged
+heads (B, T, C), with its gradient. The operators (csrc/attention.cpp) read q, k and v in place and write the
+gradient of the whole projection at once, where PyTorch's path stacks the three head gradients into one (a
+copy); they work on blocks of query rows that stay in the cache, and multiply on AVX-512 register tiles where
+the CPU has them and the head width is a multiple of 16 up to 128 (every ViT preset), else with MKL's sgemm
+(`sgemm_products()` forces sgemm, for comparison: benchmarks/bench_attention.py). In training the forward keeps
+the softmax for the backward when it is no larger than the MLP's hidden activation (`keeps_probabilities`); on
+longer sequences the backward recomputes it from q, k and the saved log-sum-exp, as flash attention does, so
+memory stays linear in T.
+
+`FastAttention` is the model's `Attention` (same parameters, same function) that `vitkit.accelerate` swaps in:
+its projections go through `vitkit.cpu.linear`, and the attention itself through the operator where
+`qkv_attention_applies` (fp32 on the CPU, no autocast, not compiling or tracing, no torch.func transform or
+forward-mode AD, no attention dropout, the operator built), else through the explicit products in training on
+short sequences (`explicit_attention_is_faster`), else through PyTorch's SDPA. Results differ from PyTorch's
+only by float rounding. A second derivative (create_graph=True) comes from PyTorch's operators
+(`differentiable_gradient`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ..model import Attention, explicit_attention, merge_heads, split_heads
+from . import autotune
+from .build import attention_available
+from .linear import linear
+from .private import eager_fp32_on_cpu, forward_ad_may_be_on
+
+_sgemm_only = False
+
+
+@contextlib.contextmanager
+def sgemm_products() -> Iterator[None]:
+    """Within the block the attention operators multiply with MKL's sgemm, not on their AVX-512 register tiles:
+    the same function, another summation order; benchmarks/bench_attention.py times the two in one process."""
+    global _sgemm_only
+    previous, _sgemm_only = _sgemm_only, True
+    try:
+        yield
+    finally:
+        _sgemm_only = previous
+
+
+class _QKVAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, heads: int, scale: float, keep_probs: bool) -> torch.Tensor:
+        tiles = not _sgemm_only
+        out, lse, probs = torch.ops.vitkit.attention_forward(qkv, heads, scale, keep_probs, tiles)
+        ctx.save_for_backward(qkv, out, lse, probs)
+        ctx.heads, ctx.scale, ctx.tiles = heads, scale, tiles
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        qkv, out, lse, probs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a gradient differentiable again, by PyTorch's operators
+            return differentiable_gradient(qkv, grad_out, ctx.heads, ctx.scale), None, None, None
+        grad = torch.ops.vitkit.attention_backward(grad_out, qkv, out, lse, probs, ctx.heads, ctx.scale, ctx.tiles)
+        return grad, None, None, None
+
+
+def differentiable_gradient(qkv: torch.Tensor, grad_out: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """The attention's gradient in qkv through PyTorch's operators (the explicit softmax), itself differentiable:
+    what a second derivative (create_graph=True, e.g. a gradient penalty) needs; the operators have none."""
+    q, k, v = split_heads(qkv, heads)
+    out = merge_heads(torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v)
+    return torch.autograd.grad(out, qkv, grad_out, create_graph=True)[0]
+
+
+def keeps_probabilities(tokens: int, head_dim: int) -> bool:
+    """Whether training keeps the softmax (B, heads, T, T) for the backward instead of recomputing it from q, k
+    and the log-sum-exp: when it is no larger than the MLP's hidden activation (B, T, 4C), which training keeps
+    anyway, i.e. T <= 4 head_dim (ViT-S/16 and ViT-B/16 at 224 px, 197 tokens: yes; at 384 px, 577: no)."""
+    return tokens <= 4 * head_dim
+
+
+def qkv_attention_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
+    """Whether `qkv_attention` computes the attention of this projection output (B, T, 3C): fp32 on the CPU,
+    no autocast, not under torch.compile or torch.jit.trace, no torch.func transform or forward-mode AD, no
+    attention dropout, and vitkit's operators available."""
+    return eager_fp32_on_cpu(qkv) and qkv.dim() == 3 and dropout == 0.0 and attention_available()
+
+
+def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) v of each head of the fused projection qkv (B, T, 3C) -> merged heads (B, T, C),
+    differentiable in qkv. Check `qkv_attention_applies` first."""
+    qkv = qkv.contiguous()
+    if torch.is_grad_enabled() and qkv.requires_grad:
+        keep = keeps_probabilities(qkv.shape[1], qkv.shape[2] // (3 * heads))
+        return _QKVAttention.apply(qkv, heads, scale, keep)
+    return torch.ops.vitkit.attention_forward(qkv, heads, scale, False, not _sgemm_only)[0]
+
+
+# Where timing is off (vitkit.cpu.autotune) or the tensors are not fp32 on the CPU: training on the CPU, SDPA's
+# fused kernel has a slow backward on short sequences (with 50 tokens of 4 heads of 16, the fashion-mnist recipe,
+# the explicit product and softmax made the whole training step 1.13x faster; at 197 tokens they are even, and
+# the fused kernel keeps memory linear in the sequence length), so the explicit products up to this many tokens.
+EXPLICIT_ATTENTION_MAX_TOKENS = 128
+IMPLEMENTATIONS = ("sdpa", "explicit", "operator")  # PyTorch's own first
+
+
+def explicit_attention_is_faster(x: torch.Tensor, training: bool) -> bool:
+    """The fixed rule: whether the explicit attention beats F.scaled_dot_product_attention for tokens x (B, T, D)."""
+    return training and x.device.type == "cpu" and x.shape[1] <= EXPLICIT_ATTENTION_MAX_TOKENS
+
+
+def attend(how: str, qkv: torch.Tensor, heads: int, scale: float, dropout: float = 0.0,
+           training: bool = False) -> torch.Tensor:
+    """softmax(q k^T scale) v of every head of the fused projection qkv (B, T, 3C) -> (B, T, C), by `how`:
+    "sdpa" (F.scaled_dot_product_attention), "explicit" (the products as written) or "operator"
+    (`qkv_attention`; no dropout)."""
+    if how == "operator":
+        return qkv_attention(qkv, heads, scale)
+    q, k, v = split_heads(qkv, heads)
+    if how == "explicit":
+        return merge_heads(explicit_attention(q, k, v, scale, dropout, training)[0])
+    return merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout))
+
+
+def _candidates(B: int, T: int, heads: int, width: int, dropout: float, grad: bool, operator: bool):
+    """Each implementation of `attend` on a random projection output of this shape: forward, and backward where
+    `grad`."""
+    qkv = torch.randn(B, T, 3 * width, generator=autotune.generator(), requires_grad=grad)
+    out_grad = torch.randn(B, T, width, generator=autotune.generator())
+    scale = (width // heads) ** -0.5
+
+    def call(how: str):
+        if grad:
+            return lambda: torch.autograd.grad(attend(how, qkv, heads, scale, dropout, True), qkv, out_grad)
+        return lambda: attend(how, qkv, heads, scale)
+
+    return {how: call(how) for how in IMPLEMENTATIONS if how != "operator" or operator}
+
+
+def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool) -> str:
+    """How to attend over this projection output (B, T, 3C): the fastest of `IMPLEMENTATIONS` on this machine
+    at this shape (vitkit.cpu.autotune) for fp32 tensors on the CPU; elsewhere, or with timing off, the fixed
+    rule (the operator where it applies, else the explicit products in training on up to
+    EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Forward-mode AD takes the explicit products (SDPA's CPU
+    kernel and the operator have no forward derivative)."""
+    if forward_ad_may_be_on():
+        return "explicit"
+    operator = qkv_attention_applies(qkv, dropout)
+    default = "operator" if operator else ("explicit" if explicit_attention_is_faster(qkv, training) else "sdpa")
+    if not eager_fp32_on_cpu(qkv) or qkv.dim() != 3:
+        return default
+    grad = torch.is_grad_enabled() and qkv.requires_grad
+    B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    shape = (B, T, heads, width // heads, dropout > 0)
+    return autotune.choose("attention-train" if grad else "attention", shape,
+                           lambda: _candidates(B, T, heads, width, dropout, grad, operator), default)
+
+
+class FastAttention(Attention):
+    """The model's Attention on vitkit's CPU kernels (module docstring); a drop-in: same parameters and names."""
+
+    def project(self, x: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
+        if queries is None:
+            return split_heads(self.qkv(x), self.num_heads)
+        w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
+        (q,) = split_heads(linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads, parts=1)
+        k, v = split_heads(linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        dropout = self.attn_drop if self.training else 0.0
+        if queries is None and not return_attention:
+            qkv = self.qkv(x)  # (B, T, 3D)
+            how = implementation(qkv, self.num_heads, dropout, self.training)
+            return self.proj_drop(self.proj(attend(how, qkv, self.num_heads, self.scale, dropout,
+                                                   self.training))), None
+        # The weights asked for, or the last block's class-token queries: the explicit products or SDPA.
+        q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
+        if return_attention or explicit_attention_is_faster(x, self.training) or forward_ad_may_be_on():
+            y, attn = explicit_attention(q, k, v, self.scale, dropout, self.training)
+            attn = attn if return_attention else None
+        else:
+            y, attn = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout), None
+        return self.proj_drop(self.proj(merge_heads(y))), attn

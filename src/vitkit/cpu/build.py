@@ -1,0 +1,131 @@
+"""vitkit's compiled CPU operators: built from src/vitkit/cpu/csrc on first use, then loaded from the cache.
+
+Two libraries of operators:
+- `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder block of the int8
+  model as one parallel region, each thread through its own share of the tokens, with two meeting points
+  between the threads per block instead of the fifteen or so of running the block operator by operator (see
+  `vitkit.cpu.int8`);
+- `torch.ops.vitkit.attention_forward` and `attention_backward` (csrc/attention.cpp): fp32 self-attention read
+  straight from the fused q;k;v projection and its gradient written straight into one (see
+  `vitkit.cpu.attention`).
+
+`torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
+into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-60 s a library
+the first time (said on stderr), a fraction of a second afterwards; one library per source folder, so that two
+installations do not rebuild each other's. Where that fails (no compiler, a read-only cache), the library's
+`..._available()` function says why in one warning and returns False, and the callers keep to plain PyTorch
+operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .private import extension_library_exists
+
+CSRC = Path(__file__).with_name("csrc")
+DISABLE_ENV = "VITKIT_KERNELS"
+
+
+def kernels_enabled() -> bool:
+    """False when the environment turns vitkit's compiled operators off (VITKIT_KERNELS=0, false, no, off)."""
+    return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _tool_path() -> str:
+    """PATH with the directories of this Python's scripts and of the ninja package in front: cpp_extension
+    calls `ninja` by name, and a virtual environment that is not activated does not have it on PATH."""
+    dirs = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+
+        dirs.insert(0, ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    return os.pathsep.join([*dirs, os.environ.get("PATH", "")])
+
+
+def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> None:
+    """Compile `sources` into a library of torch operators and load it (registering its operators)."""
+    # Importing cpp_extension on a machine without CUDA logs a warning about CUDA_HOME that concerns us not.
+    ext_log = logging.getLogger("torch.utils.cpp_extension")
+    level = ext_log.level
+    ext_log.setLevel(logging.ERROR)
+    path_before = os.environ.get("PATH")
+    os.environ["PATH"] = _tool_path()
+    try:
+        from torch.utils.cpp_extension import load
+
+        if not extension_library_exists(name):  # said once: it takes a while
+            print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s", file=sys.stderr,
+                  flush=True)
+        load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
+             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    finally:
+        ext_log.setLevel(level)
+        if path_before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = path_before
+
+
+def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequence[Path] = ()) -> bool:
+    """Make `torch.ops.vitkit.<op>` available: True if it is registered already or once library `name`, built
+    from `sources`, has registered it; else a RuntimeWarning that says why, and False. A change to `headers`
+    rebuilds the library too (their digest is one of its build flags)."""
+    if hasattr(torch.ops.vitkit, op):
+        return True
+    try:
+        digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
+        # One library per source folder: two installations (two checkouts, two virtual environments) sharing
+        # the cache under one name would each rebuild it, for their own source paths, every time they alternate.
+        here = hashlib.sha256(str(CSRC.resolve()).encode()).hexdigest()[:8]
+        _build(f"{name}_{here}", sources, [f"-DVITKIT_HEADERS_DIGEST={digest}"])
+        if hasattr(torch.ops.vitkit, op):
+            return True
+        why = f"library {name} loaded without registering {op}"
+    except Exception as e:  # a missing compiler or ninja, a failed build: the callers' Python path still works
+        lines = str(e).strip().splitlines()
+        why = f"{type(e).__name__}: {lines[0] if lines else ''}"
+    warnings.warn(f"vitkit: could not build the operator {op} ({why}); vitkit runs plain PyTorch operators "
+                  f"instead (slower). {DISABLE_ENV}=0 turns vitkit's operators off.",
+                  RuntimeWarning, stacklevel=2)
+    return False
+
+
+@functools.cache
+def _int8_block_built() -> bool:
+    """The int8 block operator, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block", [CSRC / "block_region.h"])
+
+
+def int8_block_available() -> bool:
+    """Whether `torch.ops.vitkit.int8_block` can be used here: a CPU build of torch with OpenMP and fbgemm,
+    compiled operators not turned off, and the operator built (on the first call) and loaded."""
+    if not kernels_enabled():
+        return False
+    if not (torch.backends.openmp.is_available() and "fbgemm" in torch.backends.quantized.supported_engines):
+        return False
+    return _int8_block_built()
+
+
+@functools.cache
+def _attention_built() -> bool:
+    """The attention operators, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_backward",
+                          [CSRC / "vector_math.h"])
+
+
+def attention_available() -> bool:
+    """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled operators
+    not turned off, and the library built (on the first call) and loaded."""
+    return kernels_enabled() and _attention_built()

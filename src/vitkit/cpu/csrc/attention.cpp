@@ -1,0 +1,519 @@
+// vitkit::attention_forward / attention_backward: multi-head self-attention, softmax(q k^T * scale) v, in fp32
+// on the CPU, read straight from the fused q;k;v projection (B, T, 3C) and written straight as the merged heads
+// (B, T, C); the backward writes the gradient of the whole projection (B, T, 3C) at once.
+//
+// PyTorch's path splits the heads (views), runs its flash kernel, and in the backward stacks the three
+// gradients into one tensor (a copy). Here each (image, head) pair is one task: its q, k and v are strided
+// views of the projection (row stride 3C), multiplied one block of query rows at a time, with the block's
+// scores (rows x T) staying in the cache. The products run on AVX-512 register tiles where the CPU has them and
+// the head width is a multiple of 16 up to 128 (all ViT presets: 64, and 80 for ViT-H); elsewhere, or with
+// tiles=false, on MKL's sgemm. With keep_probs the forward writes the softmax P into a
+// tensor kept for the backward; without, the backward recomputes it from q, k and the saved log-sum-exp (as
+// flash attention does), so memory stays linear in T:
+//
+//   P  = softmax(S) = exp(S - lse),  S = scale q k^T
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "vector_math.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+// The Fortran BLAS entry point of the MKL that libtorch_cpu links in (the same sgemm as torch.mm).
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+
+namespace {
+
+using namespace vitkit_vec;
+
+// C = alpha op(A) op(B) + beta C for row-major matrices: C (m x n, row stride ldc), op(A) m x k, op(B) k x n.
+// (Column-major BLAS sees the transposes, so it computes C^T = op(B)^T op(A)^T.)
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+  const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
+  const int LDA = static_cast<int>(ldb), LDB = static_cast<int>(lda), LDC = static_cast<int>(ldc);
+  sgemm_(&tb, &ta, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
+}
+
+// Rows of scores, vectorised (vector_math.h).
+
+// row <- softmax(row); returns the row's log-sum-exp.
+VITKIT_CLONES float softmax_row(float* row, int64_t n) {
+  const int64_t nv = n / kWidth * kWidth;
+  float mx = -INFINITY;
+  if (nv > 0) {
+    vfloat m = load(row);
+    for (int64_t i = kWidth; i < nv; i += kWidth) {
+      const vfloat v = load(row + i);
+      m = v > m ? v : m;
+    }
+    mx = max_lanes(m);
+  }
+  for (int64_t i = nv; i < n; ++i) mx = row[i] > mx ? row[i] : mx;
+  vfloat acc = {};
+  for (int64_t i = 0; i < nv; i += kWidth) {
+    const vfloat e = exp_nonpositive(load(row + i) - mx);
+    store(row + i, e);
+    acc += e;
+  }
+  float sum = sum_lanes(acc);
+  for (int64_t i = nv; i < n; ++i) {
+    row[i] = std::exp(row[i] - mx);
+    sum += row[i];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < nv; i += kWidth) store(row + i, load(row + i) * inv);
+  for (int64_t i = nv; i < n; ++i) row[i] *= inv;
+  return mx + std::log(sum);
+}
+
+// row <- exp(row - lse): the softmax again from the scores and the saved log-sum-exp.
+VITKIT_CLONES void softmax_again(float* row, int64_t n, float lse) {
+  const int64_t nv = n / kWidth * kWidth;
+  for (int64_t i = 0; i < nv; i += kWidth) store(row + i, exp_nonpositive(load(row + i) - lse));
+  for (int64_t i = nv; i < n; ++i) row[i] = std::exp(row[i] - lse);
+}
+
+VITKIT_CLONES float dot(const float* a, const float* b, int64_t n) {
+  const int64_t nv = n / kWidth * kWidth;
+  vfloat acc = {};
+  for (int64_t i = 0; i < nv; i += kWidth) acc += load(a + i) * load(b + i);
+  float s = sum_lanes(acc);
+  for (int64_t i = nv; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// dp <- p * (dp - d): the softmax's backward for one row, d = rowsum(dO * O) = rowsum(P * dP).
+VITKIT_CLONES void softmax_backward_row(const float* p, float* dp, int64_t n, float d) {
+  const int64_t nv = n / kWidth * kWidth;
+  for (int64_t i = 0; i < nv; i += kWidth) store(dp + i, load(p + i) * (load(dp + i) - d));
+  for (int64_t i = nv; i < n; ++i) dp[i] = p[i] * (dp[i] - d);
+}
+
+// Query rows per block: the block's scores (and, in the backward, their gradient) stay in the cache: 2 x 128 x
+// 577 floats (384 px) is 0.6 MB. Blocks of one pair are even: 197 tokens make 99 + 98 rows. (For ViT-S/16, blocks
+// of 128 rows and of all 197 ran the same speed, of 64 rows ~8 % slower, forward and backward.)
+constexpr int64_t kMaxBlock = 128;
+
+int64_t block_rows(int64_t T) {
+  const int64_t blocks = (T + kMaxBlock - 1) / kMaxBlock;
+  return (T + blocks - 1) / blocks;
+}
+
+#if defined(__x86_64__)
+// The products on AVX-512 registers, for heads of 16 to 128 dims in multiples of 16. sgemm pays, per call, a
+// packing of both operands and a dispatch that these small products (a block of ~100 query rows against ~200
+// keys, 64 deep) feel; here a task packs one operand, transposed (and scaled), and runs two register tiles:
+//
+//   scores_tile  rows of A against vectors of 16 columns of B^T: each row's scalars broadcast, 6 x 4 vectors;
+//   values_tile  rows of coefficients against rows of V: each coefficient broadcast, up to 6 x 4 vectors.
+//
+// The forward computes S^T = K (scale Q)^T (keys down, 16 queries in each vector), so the softmax over the keys
+// is elementwise down the rows, with no tail, then O = P V / rowsum. The backward takes a whole pair at once:
+// dP = dO V^T in the first tile, dV, dQ and dK in the second, reading P and dS as stored or transposed. The rows
+// of Q, K and V are read in place from the projection. (Timed against sgemm: benchmarks/bench_attention.py.)
+#define VITKIT_AVX512 __attribute__((target("avx512f")))
+
+// Query vectors per block: blocks of whole vectors, as even as they come, each at most kMaxBlock rows.
+int64_t tiled_block_rows(int64_t T) {
+  const int64_t vectors = (T + kWidth - 1) / kWidth, blocks = (T + kMaxBlock - 1) / kMaxBlock;
+  return (vectors + blocks - 1) / blocks * kWidth;
+}
+
+// at[d * n + i] = scale * a[i * ld + d] for i < m, 0 for m <= i < n: m rows of D, transposed and scaled, their
+// columns padded to n.
+VITKIT_AVX512 void pack_transposed(const float* a, int64_t ld, int64_t m, int64_t n, int64_t D, float scale,
+                                   float* at) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t d = 0; d < D; ++d) at[d * n + i] = scale * a[i * ld + d];
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t i = m; i < n; ++i) at[d * n + i] = 0.f;
+}
+
+// st[r * ldst + 16 c + l] = sum_d k[r * ldk + d] qt[d * ldq + 16 c + l]: RJ keys by NQ vectors of queries.
+template <int RJ, int NQ>
+VITKIT_AVX512 VITKIT_INLINE void scores_tile(const float* k, int64_t ldk, const float* qt, int64_t ldq, int64_t D,
+                                             float* st, int64_t ldst) {
+  __m512 acc[RJ][NQ];
+  for (int r = 0; r < RJ; ++r)
+    for (int c = 0; c < NQ; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    __m512 qv[NQ];
+    for (int c = 0; c < NQ; ++c) qv[c] = _mm512_loadu_ps(qt + d * ldq + 16 * c);
+    for (int r = 0; r < RJ; ++r) {
+      const __m512 kb = _mm512_set1_ps(k[r * ldk + d]);
+      for (int c = 0; c < NQ; ++c) acc[r][c] = _mm512_fmadd_ps(kb, qv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RJ; ++r)
+    for (int c = 0; c < NQ; ++c) _mm512_storeu_ps(st + r * ldst + 16 * c, acc[r][c]);
+}
+
+// All T keys against NQ query vectors, six keys at a time.
+template <int NQ>
+VITKIT_AVX512 void scores_columns(const float* k, int64_t ldk, int64_t T, const float* qt, int64_t ldq, int64_t D,
+                                  float* st, int64_t ldst) {
+  int64_t j = 0;
+  for (; j + 6 <= T; j += 6) scores_tile<6, NQ>(k + j * ldk, ldk, qt, ldq, D, st + j * ldst, ldst);
+  const float* kj = k + j * ldk;
+  float* sj = st + j * ldst;
+  switch (T - j) {
+    case 5: scores_tile<5, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 4: scores_tile<4, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 3: scores_tile<3, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 2: scores_tile<2, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    case 1: scores_tile<1, NQ>(kj, ldk, qt, ldq, D, sj, ldst); break;
+    default: break;
+  }
+}
+
+// st <- exp(st - max) down each column of one query vector; lse and 1 / sum of each query.
+VITKIT_AVX512 void softmax_columns(float* st, int64_t ldst, int64_t T, float* lse, float* inv) {
+  vfloat mx = load(st);
+  for (int64_t j = 1; j < T; ++j) {
+    const vfloat v = load(st + j * ldst);
+    mx = v > mx ? v : mx;
+  }
+  vfloat sum = {};
+  for (int64_t j = 0; j < T; ++j) {
+    const vfloat e = exp_nonpositive(load(st + j * ldst) - mx);
+    store(st + j * ldst, e);
+    sum += e;
+  }
+  for (int64_t l = 0; l < kWidth; ++l) {
+    lse[l] = mx[l] + std::log(sum[l]);
+    inv[l] = 1.f / sum[l];
+  }
+}
+
+// A matrix of coefficients c(r, j) = p[r * ldr + j * ldj]: the same products read the softmax, or its gradient,
+// as it is stored or transposed.
+struct Coefficients {
+  const float* p;
+  int64_t ldr, ldj;
+};
+
+// o[r * ldo + 16 c + l] = f_r sum_{j < J} c(r, j) v[j * ldv + 16 c + l], f_r = scale (times inv[r] given inv): RI
+// rows by DV vectors.
+template <int RI, int DV>
+VITKIT_AVX512 VITKIT_INLINE void values_tile(Coefficients cf, const float* v, int64_t ldv, int64_t J,
+                                             const float* inv, float scale, float* o, int64_t ldo) {
+  __m512 acc[RI][DV];
+  for (int r = 0; r < RI; ++r)
+    for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < J; ++j) {
+    __m512 vv[DV];
+    for (int c = 0; c < DV; ++c) vv[c] = _mm512_loadu_ps(v + j * ldv + 16 * c);
+    const float* cj = cf.p + j * cf.ldj;
+    for (int r = 0; r < RI; ++r) {
+      const __m512 pb = _mm512_set1_ps(cj[r * cf.ldr]);
+      for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RI; ++r) {
+    const __m512 f = _mm512_set1_ps(inv != nullptr ? scale * inv[r] : scale);
+    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(o + r * ldo + 16 * c, _mm512_mul_ps(acc[r][c], f));
+  }
+}
+
+// All `rows` rows, RI at a time (as many as keep RI x DV accumulators within 24 registers).
+template <int DV>
+VITKIT_AVX512 void values_rows(Coefficients cf, const float* v, int64_t ldv, int64_t J, int64_t rows,
+                               const float* inv, float scale, float* o, int64_t ldo) {
+  constexpr int RI = DV <= 4 ? 6 : DV <= 6 ? 4 : 3;
+  int64_t i = 0;
+  for (; i + RI <= rows; i += RI)
+    values_tile<RI, DV>({cf.p + i * cf.ldr, cf.ldr, cf.ldj}, v, ldv, J, inv ? inv + i : nullptr, scale,
+                        o + i * ldo, ldo);
+  const Coefficients ci{cf.p + i * cf.ldr, cf.ldr, cf.ldj};
+  const float* invi = inv ? inv + i : nullptr;
+  float* oi = o + i * ldo;
+  switch (rows - i) {
+    case 5: if constexpr (RI > 5) values_tile<5, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 4: if constexpr (RI > 4) values_tile<4, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 3: if constexpr (RI > 3) values_tile<3, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 2: values_tile<2, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    case 1: values_tile<1, DV>(ci, v, ldv, J, invi, scale, oi, ldo); break;
+    default: break;
+  }
+}
+
+// o (rows x D) = f_r sum_j c(r, j) v_j (values_tile), for D = 16 to 128.
+VITKIT_AVX512 void values(Coefficients cf, const float* v, int64_t ldv, int64_t J, int64_t rows, int64_t D,
+                          const float* inv, float scale, float* o, int64_t ldo) {
+  switch (D / kWidth) {
+    case 1: values_rows<1>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 2: values_rows<2>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 3: values_rows<3>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 4: values_rows<4>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 5: values_rows<5>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 6: values_rows<6>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    case 7: values_rows<7>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+    default: values_rows<8>(cf, v, ldv, J, rows, inv, scale, o, ldo); break;
+  }
+}
+
+// st (rows x n, row stride ldst) = a bt: the rows of a (rows x D, row stride lda) against bt (D x n, row stride
+// ldb, n a multiple of 16), scores_tile four vectors of columns at a time.
+VITKIT_AVX512 void scores(const float* a, int64_t lda, int64_t rows, const float* bt, int64_t ldb, int64_t n,
+                          int64_t D, float* st, int64_t ldst) {
+  for (int64_t c = 0; c < n; c += 4 * kWidth) {
+    switch (std::min<int64_t>(4, (n - c) / kWidth)) {
+      case 4: scores_columns<4>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+      case 3: scores_columns<3>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+      case 2: scores_columns<2>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+      default: scores_columns<1>(a, lda, rows, bt + c, ldb, D, st + c, ldst); break;
+    }
+  }
+}
+
+// r[l][k] <- r[k][l]: a 16 x 16 block transposed in registers, in three rounds of shuffles (pairs of floats,
+// of pairs, then of 128-bit lanes).
+VITKIT_AVX512 VITKIT_INLINE void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4 i + c], lane L: rows 4 i to 4 i + 3 of column 4 L + c.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+    r[4 + c] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+    r[8 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+  }
+}
+
+// probs[i * T + j] = st[j * n + i] * inv[i] for the block's m queries: the softmax kept as rows, 16 x 16 at a
+// time.
+VITKIT_AVX512 void write_probabilities(const float* st, int64_t n, int64_t T, int64_t m, const float* inv,
+                                       float* probs) {
+  for (int64_t c = 0; c < m; c += kWidth) {
+    const int64_t queries = std::min(kWidth, m - c);
+    for (int64_t j0 = 0; j0 < T; j0 += kWidth) {
+      const int64_t keys = std::min(kWidth, T - j0);
+      __m512 r[16];
+      for (int64_t k = 0; k < 16; ++k) r[k] = k < keys ? _mm512_loadu_ps(st + (j0 + k) * n + c) : _mm512_setzero_ps();
+      transpose16(r);
+      const __mmask16 mask = static_cast<__mmask16>((1u << keys) - 1);
+      for (int64_t l = 0; l < queries; ++l)
+        _mm512_mask_storeu_ps(probs + (c + l) * T + j0, mask, _mm512_mul_ps(r[l], _mm512_set1_ps(inv[c + l])));
+    }
+  }
+}
+
+// One block of m query rows of one (image, head) pair: o (m x D, row stride ldo), the block's lse and, given
+// probs, its softmax rows (m x T).
+VITKIT_AVX512 void attention_block_tiled(const float* q, const float* k, const float* v, int64_t ld, int64_t T,
+                                         int64_t m, int64_t D, float scale, float* o, int64_t ldo, float* lse,
+                                         float* probs, std::vector<float>& scratch) {
+  const int64_t n = (m + kWidth - 1) / kWidth * kWidth;  // queries, padded to whole vectors
+  scratch.resize(D * n + T * n + 2 * n);
+  float* qt = scratch.data();
+  float* st = qt + D * n;
+  float* lse_block = st + T * n;
+  float* inv = lse_block + n;
+  pack_transposed(q, ld, m, n, D, scale, qt);
+  scores(k, ld, T, qt, n, n, D, st, n);  // S^T: keys down, queries across
+  for (int64_t c = 0; c < n; c += kWidth) softmax_columns(st + c, n, T, lse_block + c, inv + c);
+  values({st, 1, n}, v, ld, T, m, D, inv, 1.f, o, ldo);
+  std::memcpy(lse, lse_block, m * sizeof(float));
+  if (probs != nullptr) write_probabilities(st, n, T, m, inv, probs);
+}
+
+// The backward of one (image, head) pair, all T queries at once (dK and dV sum over them), in the same tiles;
+// p: the kept softmax (T x T) or nullptr to recompute it from q, k and lse.
+VITKIT_AVX512 void attention_backward_tiled(const float* q, const float* k, const float* v, int64_t ld,
+                                            const float* o, const float* go, int64_t ldo, const float* lse,
+                                            const float* p, int64_t T, int64_t D, float scale, float* dq, float* dk,
+                                            float* dv, std::vector<float>& scratch) {
+  const int64_t n = (T + kWidth - 1) / kWidth * kWidth;  // keys, padded to whole vectors
+  scratch.resize(2 * D * n + 2 * T * n);
+  float* vt = scratch.data();
+  float* kt = vt + D * n;
+  float* grad = kt + D * n;  // dP, then dS, rows of n
+  float* recomputed = grad + T * n;
+  int64_t ldp = T;
+  if (p == nullptr) {  // P = exp(scale q k^T - lse), rows of n (the columns past T are never read)
+    pack_transposed(k, ld, T, n, D, scale, kt);
+    scores(q, ld, T, kt, n, n, D, recomputed, n);
+    for (int64_t i = 0; i < T; ++i) softmax_again(recomputed + i * n, T, lse[i]);
+    p = recomputed;
+    ldp = n;
+  }
+  pack_transposed(v, ld, T, n, D, 1.f, vt);
+  scores(go, ldo, T, vt, n, n, D, grad, n);  // dP = dO V^T
+  for (int64_t i = 0; i < T; ++i)  // dS = P * (dP - rowsum(dO * O))
+    softmax_backward_row(p + i * ldp, grad + i * n, T, dot(o + i * ldo, go + i * ldo, D));
+  values({p, 1, ldp}, go, ldo, T, T, D, nullptr, 1.f, dv, ld);       // dV = P^T dO
+  values({grad, n, 1}, k, ld, T, T, D, nullptr, scale, dq, ld);      // dQ = scale dS K
+  values({grad, 1, n}, q, ld, T, T, D, nullptr, scale, dk, ld);      // dK = scale dS^T Q
+}
+
+// Whether the tiles serve this head width on this CPU.
+bool tiles_apply(int64_t D) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  return avx512 && D % kWidth == 0 && D / kWidth >= 1 && D / kWidth <= 8;
+}
+#else
+bool tiles_apply(int64_t) { return false; }
+#endif
+
+// The same block and pair on MKL's sgemm, for other head widths and CPUs (and tiles=false), with the tiled
+// functions' arguments. The backward works in blocks of block_rows(T) query rows, dK and dV summed over them.
+void attention_block_sgemm(const float* q, const float* k, const float* v, int64_t ld, int64_t T, int64_t m,
+                           int64_t D, float scale, float* o, int64_t ldo, float* lse, float* probs,
+                           std::vector<float>& scratch) {
+  if (probs == nullptr) scratch.resize(m * T);
+  float* scores = probs != nullptr ? probs : scratch.data();
+  gemm(false, true, m, T, D, scale, q, ld, k, ld, 0.f, scores, T);
+  for (int64_t i = 0; i < m; ++i) lse[i] = softmax_row(scores + i * T, T);
+  gemm(false, false, m, D, T, 1.f, scores, T, v, ld, 0.f, o, ldo);
+}
+
+void attention_backward_sgemm(const float* q, const float* k, const float* v, int64_t ld, const float* o,
+                              const float* go, int64_t ldo, const float* lse, const float* probs, int64_t T,
+                              int64_t D, float scale, float* dq, float* dk, float* dv, std::vector<float>& scratch) {
+  const int64_t bm = block_rows(T);
+  scratch.resize(bm * T + T + (probs != nullptr ? 0 : bm * T));
+  float* grad_scores = scratch.data();
+  float* d = grad_scores + bm * T;
+  float* recomputed = d + T;
+  for (int64_t t = 0; t < T; ++t) d[t] = dot(o + t * ldo, go + t * ldo, D);
+  for (int64_t r0 = 0; r0 < T; r0 += bm) {
+    const int64_t m = std::min(bm, T - r0);
+    const float accumulate = r0 == 0 ? 0.f : 1.f;
+    const float* p = probs != nullptr ? probs + r0 * T : recomputed;
+    if (probs == nullptr) {  // the softmax again, from the scores and the saved log-sum-exp
+      gemm(false, true, m, T, D, scale, q + r0 * ld, ld, k, ld, 0.f, recomputed, T);
+      for (int64_t i = 0; i < m; ++i) softmax_again(recomputed + i * T, T, lse[r0 + i]);
+    }
+    gemm(true, false, T, D, m, 1.f, p, T, go + r0 * ldo, ldo, accumulate, dv, ld);  // dV += P^T dO
+    gemm(false, true, m, T, D, 1.f, go + r0 * ldo, ldo, v, ld, 0.f, grad_scores, T);  // dP = dO V^T
+    for (int64_t i = 0; i < m; ++i) softmax_backward_row(p + i * T, grad_scores + i * T, T, d[r0 + i]);
+    gemm(false, false, m, D, T, scale, grad_scores, T, k, ld, 0.f, dq + r0 * ld, ld);
+    gemm(true, false, T, D, m, scale, grad_scores, T, q + r0 * ld, ld, accumulate, dk, ld);
+  }
+}
+
+void check_qkv(const at::Tensor& qkv, int64_t heads) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.scalar_type() == at::kFloat && qkv.device().is_cpu() && qkv.is_contiguous(),
+              "vitkit attention: expected the contiguous fp32 q;k;v projection (B, T, 3C) on the CPU, got ",
+              qkv.sizes(), " ", qkv.dtype(), " on ", qkv.device());
+  TORCH_CHECK(heads > 0 && qkv.size(2) % (3 * heads) == 0, "vitkit attention: width ", qkv.size(2),
+              " is not 3 x ", heads, " heads");
+  TORCH_CHECK(qkv.size(1) > 0 && 3 * qkv.size(2) < (int64_t{1} << 31), "vitkit attention: bad size ", qkv.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& qkv, int64_t heads, double scale,
+                                                                 bool keep_probs, bool tiles) {
+  check_qkv(qkv, heads);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / heads;
+  at::Tensor out = at::empty({B, T, C}, qkv.options());
+  at::Tensor lse = at::empty({B, heads, T}, qkv.options());
+  at::Tensor probs = at::empty({keep_probs ? B : 0, heads, T, T}, qkv.options());
+  const float* src = qkv.const_data_ptr<float>();
+  float* dst = out.mutable_data_ptr<float>();
+  float* lse_all = lse.mutable_data_ptr<float>();
+  float* probs_all = keep_probs ? probs.mutable_data_ptr<float>() : nullptr;
+  const float alpha = static_cast<float>(scale);
+  auto block = attention_block_sgemm;
+  int64_t bm = block_rows(T);
+#if defined(__x86_64__)
+  if (tiles && tiles_apply(D)) {
+    block = attention_block_tiled;
+    bm = tiled_block_rows(T);
+  }
+#endif
+  const int64_t blocks = (T + bm - 1) / bm;
+  // One task per (image, head, query block): nothing is summed across blocks here.
+  at::parallel_for(0, B * heads * blocks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scratch;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t pair = task / blocks, r0 = task % blocks * bm, m = std::min(bm, T - r0);
+      const int64_t b = pair / heads, h = pair % heads;
+      const float* q = src + b * T * 3 * C + h * D;
+      block(q + r0 * 3 * C, q + C, q + 2 * C, 3 * C, T, m, D, alpha, dst + (b * T + r0) * C + h * D, C,
+            lse_all + pair * T + r0, keep_probs ? probs_all + (pair * T + r0) * T : nullptr, scratch);
+    }
+  });
+  return {out, lse, probs};
+}
+
+at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& qkv, const at::Tensor& out,
+                              const at::Tensor& lse, const at::Tensor& probs, int64_t heads, double scale,
+                              bool tiles) {
+  check_qkv(qkv, heads);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / heads;
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == at::IntArrayRef({B, T, C}) && lse.is_contiguous() &&
+                  lse.sizes() == at::IntArrayRef({B, heads, T}),
+              "vitkit attention_backward: the saved output or log-sum-exp does not match q;k;v");
+  const bool kept = probs.numel() > 0;
+  TORCH_CHECK(!kept || (probs.is_contiguous() && probs.sizes() == at::IntArrayRef({B, heads, T, T})),
+              "vitkit attention_backward: the saved probabilities ", probs.sizes(), " do not match q;k;v");
+  const at::Tensor grad_out = grad_out_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(grad_out.sizes() == out.sizes(), "vitkit attention_backward: gradient ", grad_out.sizes(),
+              " for an output of ", out.sizes());
+  at::Tensor grad_qkv = at::empty_like(qkv);
+  const float* src = qkv.const_data_ptr<float>();
+  const float* o_all = out.const_data_ptr<float>();
+  const float* go_all = grad_out.const_data_ptr<float>();
+  const float* lse_all = lse.const_data_ptr<float>();
+  const float* probs_all = kept ? probs.const_data_ptr<float>() : nullptr;
+  float* g_all = grad_qkv.mutable_data_ptr<float>();
+  const float alpha = static_cast<float>(scale);
+  auto pair_backward = attention_backward_sgemm;
+#if defined(__x86_64__)
+  if (tiles && tiles_apply(D)) pair_backward = attention_backward_tiled;
+#endif
+  // One task per (image, head): dK and dV sum over the queries.
+  at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> scratch;
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      const int64_t b = pair / heads, h = pair % heads;
+      const float* q = src + b * T * 3 * C + h * D;
+      float* dq = g_all + b * T * 3 * C + h * D;
+      pair_backward(q, q + C, q + 2 * C, 3 * C, o_all + b * T * C + h * D, go_all + b * T * C + h * D, C,
+                    lse_all + pair * T, kept ? probs_all + pair * T * T : nullptr, T, D, alpha, dq, dq + C,
+                    dq + 2 * C, scratch);
+    }
+  });
+  return grad_qkv;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(vitkit, m) {
+  m.def(
+      "attention_forward(Tensor qkv, int heads, float scale, bool keep_probs, bool tiles=True) -> (Tensor, Tensor, "
+      "Tensor)");
+  m.def(
+      "attention_backward(Tensor grad_out, Tensor qkv, Tensor out, Tensor lse, Tensor probs, int heads, "
+      "float scale, bool tiles=True) -> Tensor");
+  m.def("attention_tiles_apply(int head_dim) -> bool", [](int64_t head_dim) { return tiles_apply(head_dim); });
+  m.impl("attention_forward", c10::DispatchKey::CPU, TORCH_FN(attention_forward));
+  m.impl("attention_backward", c10::DispatchKey::CPU, TORCH_FN(attention_backward));
+}

@@ -1,0 +1,100 @@
+"""The int8 encoder of `vitkit.optimize(model, "int8")`: dynamically quantised linear layers, bf16 attention
+matrices where the CPU has native bf16, and the whole block as one compiled operator where it can be built.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+
+from .hardware import cpu_has_vnni
+from .packed import Unsaved, gelu_
+
+
+class DynamicInt8Linear(Unsaved):
+    """nn.Linear with int8 weights (symmetric, one scale per output channel) and activations quantised
+    per call (asymmetric uint8, one scale per tensor), through fbgemm's `quantized::linear_dynamic`.
+
+    torch.ao's DynamicQuantizedLinear always uses 7-bit activations (`reduce_range=True`), a guard against
+    the int16 saturation of AVX2's and AVX-512's `vpmaddubsw`. CPUs with VNNI accumulate in int32 and need no
+    guard: there we use all 8 bits, which halves the activation rounding error (and is as fast). 8-bit
+    activations on a CPU without VNNI are refused: fbgemm's sums would saturate (errors of the order of the
+    outputs themselves)."""
+
+    def __init__(self, linear: nn.Linear, reduce_range: bool | None = None):
+        super().__init__()
+        if reduce_range is False and not cpu_has_vnni():
+            raise ValueError("reduce_range=False (8-bit activations) needs a CPU with VNNI, and this one has none: "
+                             "fbgemm's int16 sums would saturate; use reduce_range=True or None (the CPU's choice)")
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+        zero = torch.zeros_like(scale, dtype=torch.long)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
+            qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.reduce_range = (not cpu_has_vnni()) if reduce_range is None else reduce_range
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, reduce_range=self.reduce_range)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + (x W^T + b), added into the product's fresh output (no third tensor)."""
+        return self(x).add_(residual)
+
+    def extra_repr(self) -> str:
+        bits = 7 if self.reduce_range else 8
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, {bits}-bit activations"
+
+
+class GELUInPlace(nn.Module):
+    """GELU written over its input: inference only, where nothing else reads the pre-activation."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_(x, self.approximate)
+
+
+def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float, queries: int | None = None) -> torch.Tensor:
+    """Multi-head softmax(q k^T scale) v from the fused q;k;v projection's output (B, T, 3D), with both
+    products in bfloat16 (torch's CPU softmax of bf16 computes in fp32 and rounds once at the end). For the
+    int8 model on CPUs with native bf16 (AVX512-BF16, AMX), where these small batched products run faster
+    than the fp32 kernel; the int8 model is already a different function from the fp32 one, and the
+    agreement test covers this part too. q, k and v are laid out per head in one copy, the scale rides on the
+    first product (`baddbmm`'s alpha: no pass of its own), and the heads are merged back in fp32 in one more
+    copy: (B, queries or T, D) fp32."""
+    B, T, width = qkv.shape
+    D, Dh = width // 3, width // (3 * num_heads)
+    heads = qkv.to(torch.bfloat16).view(B, T, 3, num_heads, Dh).permute(2, 0, 3, 1, 4).contiguous()
+    q, k, v = heads.unbind(0)  # each (B, H, T, Dh)
+    if queries is not None:
+        q = q[:, :, :queries]
+    Q = q.shape[2]
+    q, k, v = (t.reshape(B * num_heads, t.shape[2], Dh) for t in (q, k, v))
+    scores = torch.baddbmm(q.new_empty(B * num_heads, Q, T), q, k.transpose(1, 2), beta=0, alpha=scale)
+    y = torch.bmm(scores.softmax(dim=-1), v).view(B, num_heads, Q, Dh)
+    out = torch.empty(B, Q, num_heads, Dh, dtype=torch.float32, device=qkv.device)
+    return out.copy_(y.transpose(1, 2)).view(B, Q, D)
+
+
+def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> torch.Tensor:
+    """Eq. 2 and 3 for every token of `x` (B, T, D) of a FusedBlock whose layers are int8 (`int8_block_eligible`)
+    through torch.ops.vitkit.int8_block (src/vitkit/cpu/csrc): the block as one parallel region with two meeting
+    points between the threads instead of one per operator. It computes what the operator-by-operator path
+    computes, except that the activations' int8 scales are per thread's share of the tokens rather than per
+    tensor: `shares` (default: the number of intra-op threads) sets the cut, so the result depends slightly on
+    it. What it buys: benchmarks/bench_operators.py."""
+    attn, mlp = block.attn, block.mlp
+    return torch.ops.vitkit.int8_block(
+        x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
+        block.norm2.eps, attn.qkv.packed, attn.proj.packed, mlp.fc1.packed, mlp.fc2.packed,
+        attn.qkv.reduce_range, attn.num_heads, attn.scale, block.attention_dtype == torch.bfloat16,
+        mlp.act.approximate, torch.get_num_threads() if shares is None else shares)

@@ -1,0 +1,51 @@
+"""One optimizer step's parts: the autocast dtype of a precision, forward and backward over the step's
+micro-batches, and the clipped optimizer step."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from ..cpu.hardware import cpu_has_native_bf16
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of a `precision` on `device` (None: fp32). 'auto': bf16 on CUDA, fp32 on a CPU;
+    'bf16': bf16 everywhere (emulated, and slower, on CPUs without native bf16); 'bf16-native': bf16 on CUDA
+    and on CPUs that compute bf16 in hardware (AVX512-BF16, AMX), fp32 on other CPUs; 'fp32': never."""
+    if precision == "bf16" or (precision in ("auto", "bf16-native") and device.type == "cuda"):
+        return torch.bfloat16
+    if precision == "bf16-native" and device.type == "cpu" and cpu_has_native_bf16():
+        return torch.bfloat16
+    return None
+
+
+def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
+                     amp: torch.dtype | None, ddp: bool = False) -> torch.Tensor:
+    """Forward and backward over one step's micro-batches; each loss is divided by their number so that the
+    gradients add up to the mean over all of them. Under DDP the gradients are averaged over the processes on
+    the last micro-batch only. Returns the mean loss (a 0-d tensor, not synchronised)."""
+    total = torch.zeros((), device=device)
+    for j, (x, y) in enumerate(micro_batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        sync = not ddp or j == len(micro_batches) - 1
+        with contextlib.nullcontext() if sync else net.no_sync():
+            with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
+                logits = net(x)
+            # Soft labels (MixUp/CutMix) and integer labels alike; the loss in fp32 even under autocast.
+            loss = loss_fn(logits, y)
+            (loss / len(micro_batches)).backward()
+        total += loss.detach()
+    return total / len(micro_batches)
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_grad_norm: float = 0.0) -> None:
+    """Clip the global gradient norm (when asked), step, and clear the gradients."""
+    if clip_grad_norm:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,113 @@
+"""vitkit.cpu.private: with every private PyTorch API it reads taken away, the model, its training and
+vitkit.optimize give the same results, through plain PyTorch operators, after one warning per missing API."""
+
+from __future__ import annotations
+
+import copy
+import types
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import vitkit
+from vitkit.cpu import accelerate, private
+
+CACHED = (private._linear_pointwise, private._reorder_linear_weight, private._forward_ad_level,
+          private._functorch_interpreter, private._foreach_lerp)
+TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=5)
+
+
+def _clear_caches() -> None:
+    for lookup in CACHED:
+        lookup.cache_clear()
+
+
+@pytest.fixture
+def without_private_apis(monkeypatch):
+    """torch.ops.mkldnn (oneDNN's linear and its weight reordering), forward AD's level, functorch's
+    interpreter stack and torch._foreach_lerp_, gone as a PyTorch release might remove them."""
+    monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())
+    monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
+    monkeypatch.delattr(torch._C._functorch, "peek_interpreter_stack")
+    monkeypatch.delattr(torch, "_foreach_lerp_")
+    _clear_caches()
+    yield
+    _clear_caches()  # read again once monkeypatch has put them back
+
+
+def _model(seed: int = 0, **overrides) -> nn.Module:
+    torch.manual_seed(seed)
+    model = vitkit.create_model("ViT-Ti/16", **{**TINY, **overrides})
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.normal_(std=0.1)
+    return model
+
+
+def _train(model: nn.Module, steps: int = 4) -> list[float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 5, (6,), generator=g)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_the_lookups_warn_once_each_and_fall_back(without_private_apis):
+    with pytest.warns(RuntimeWarning) as record:
+        assert not private.onednn_linear_available()
+        assert not private.onednn_packing_available()
+        assert private.forward_ad_may_be_on()  # cannot tell: the fast operators give way everywhere
+        assert private.plain_ops_required()
+        assert not private.eager_fp32_on_cpu(torch.zeros(2))
+        private.foreach_lerp_([torch.zeros(1)], [torch.ones(1)], 0.5)
+    names = " ".join(str(w.message) for w in record)
+    for api in ("_linear_pointwise", "_current_level", "peek_interpreter_stack", "_foreach_lerp_"):
+        assert api in names
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: a second round is silent
+        private.onednn_linear_available(), private.forward_ad_may_be_on(), private.foreach_lerp_([], [], 0.5)
+    targets, sources = [torch.zeros(3), torch.ones(2)], [torch.ones(3), torch.zeros(2)]
+    private.foreach_lerp_(targets, sources, 0.25)
+    assert targets[0].tolist() == [0.25] * 3 and targets[1].tolist() == [0.75] * 2
+    x, w, b = torch.randn(4, 8), torch.randn(3, 8), torch.randn(3)
+    torch.testing.assert_close(private.onednn_linear(x, w, b, "gelu", "tanh"),
+                               nn.functional.gelu(x @ w.T + b, approximate="tanh"))
+    assert private.pack_weight(w, 4) is w
+
+
+def test_the_apis_are_there_on_this_build():
+    """The other half: where PyTorch has them (x86 builds with oneDNN), they are found and used."""
+    _clear_caches()
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    assert private.onednn_packing_available()
+    assert not private.forward_ad_may_be_on()
+    assert private.eager_fp32_on_cpu(torch.zeros(2))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("pool", ["token", "gap"])
+def test_model_training_and_optimize_give_the_same_results_without_them(without_private_apis, pool):
+    model = _model(pool=pool).eval()
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(x)
+    fast = accelerate(copy.deepcopy(model))
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(vitkit.optimize(model)(x), want, rtol=1e-4, atol=1e-4)
+        int8 = vitkit.optimize(model, "int8")(x)
+    assert (int8.argmax(1) == want.argmax(1)).float().mean() >= 2 / 3
+    assert (int8 - want).abs().max() < 0.1 * want.abs().max()
+    plain_losses = _train(_model(pool=pool).train())
+    fast_losses = _train(accelerate(_model(pool=pool).train()))
+    assert plain_losses[-1] < plain_losses[0]
+    torch.testing.assert_close(torch.tensor(fast_losses), torch.tensor(plain_losses), rtol=1e-5, atol=1e-5)
