@@ -42,7 +42,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from vitkit.allocator import retain_freed_memory
+from vitkit.cpu.allocator import retain_freed_memory
 from vitkit.data.images import decode_image
 from vitkit.data.transforms import build_eval_transform
 from vitkit.inference import optimize

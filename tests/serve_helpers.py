@@ -59,8 +59,8 @@ def photo(name: str = "china.jpg") -> bytes:
     return (PHOTOS / name).read_bytes()
 
 
-def wait_ready(get, timeout: float = 20.0) -> None:
-    """Poll GET /v2/health/ready through `get` until 200."""
+def wait_ready(get, timeout: float = 120.0) -> None:
+    """Poll GET /v2/health/ready through `get` until 200 (a first run may build the CPU operators first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.TransportError):

@@ -78,7 +78,7 @@ def serve(
         raise UsageError(f"vitkit serve needs packages that are not installed ({e.name or e})",
                          "pip install 'vitkit[serve]'") from None
     from .. import load
-    from ..allocator import retain_freed_memory
+    from ..cpu.allocator import retain_freed_memory
     from ..inference import PRECISIONS, optimize
     from .device import parse_device
 
