@@ -43,6 +43,7 @@ COMMAND_MODULES = [
     "vitkit.cli.analyze",
     "vitkit.cli.speed",
     "vitkit.cli.convert",
+    "vitkit.cli.serve",
 ]
 
 for _name in COMMAND_MODULES:

@@ -11,7 +11,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "download": ["DownloadError"],
         "fashion_mnist": ["FASHION_MNIST_CLASSES", "load_fashion_mnist"],
         "folders": ["ImageFolderDataset"],
-        "images": ["BadImageError", "open_image"],
+        "images": ["BadImageError", "decode_image", "open_image"],
         "tensor_dataset": ["TensorImageDataset"],
         "views": ["TransformedDataset"],
     },

@@ -1,11 +1,12 @@
 """Opening an image file safely: every Pillow mode to 'RGB' or 'L', decompression bombs refused, and every way
 a file can be bad (corrupt, truncated, empty, not an image, a broken symbolic link) reported as one
-`BadImageError` naming the file. And which files in a folder are images (`image_files`), for image-folder
-datasets and `vitkit predict` alike."""
+`BadImageError` naming the file; the same for an image held in memory (`decode_image`, for uploads). And which
+files in a folder are images (`image_files`), for image-folder datasets and `vitkit predict` alike."""
 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import warnings
 from collections.abc import Sequence
@@ -66,12 +67,19 @@ def image_files(folder: str | os.PathLike[str], extensions: Sequence[str] = IMAG
     return out
 
 
-class BadImageError(ValueError):
-    """A file that cannot be used as an image; the message names it."""
+# Why an image was refused, for a caller that answers each differently (`vitkit serve`'s HTTP status codes).
+REASONS = ("empty", "not-an-image", "too-many-pixels", "corrupt", "link", "other")
 
-    def __init__(self, message: str, path: str | os.PathLike[str] | None = None):
+
+class BadImageError(ValueError):
+    """A file that cannot be used as an image; the message names it, `reason` (one of REASONS) says why."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None, reason: str = "other"):
         super().__init__(message)
+        if reason not in REASONS:
+            raise ValueError(f"reason={reason!r}: choose from {', '.join(REASONS)}")
         self.path = Path(path) if path is not None else None
+        self.reason = reason
 
 
 def _high_depth_to_8bit(im: Image.Image, sixteen_bit: bool = False) -> Image.Image:
@@ -148,26 +156,43 @@ def open_image(path: str | os.PathLike[str], mode: str = "RGB") -> Image.Image:
         size = path.stat().st_size
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise BadImageError(f"{path}: a loop of symbolic links", path) from e
+            raise BadImageError(f"{path}: a loop of symbolic links", path, "link") from e
         if isinstance(e, (FileNotFoundError, NotADirectoryError)) and path.is_symlink():
             raise BadImageError(f"{path}: broken symbolic link (to {os.readlink(path)}, which does not "
-                                "exist)",
-                                path) from e
+                                "exist)", path, "link") from e
         raise
     if size == 0:
-        raise BadImageError(f"{path}: empty file", path)
+        raise BadImageError(f"{path}: empty file", path, "empty")
+    return _decode(path, str(path), path, mode, MAX_IMAGE_PIXELS)
+
+
+def decode_image(data: bytes, mode: str = "RGB", max_pixels: int = MAX_IMAGE_PIXELS,
+                 name: str = "image") -> Image.Image:
+    """`open_image` for an image held in memory (an upload): decoded and converted to `mode`, refused with a
+    BadImageError whose message starts with `name` when empty, not an image, corrupt or truncated, or above
+    `max_pixels` (checked from the header, before decoding)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: choose RGB or L")
+    if not data:
+        raise BadImageError(f"{name}: empty (0 bytes)", reason="empty")
+    return _decode(io.BytesIO(data), name, None, mode, max_pixels)
+
+
+def _decode(source: Path | io.BytesIO, name: str, path: Path | None, mode: str, max_pixels: int) -> Image.Image:
+    """Decode `source` (a file or bytes), converted to `mode`; every way it can fail as a BadImageError
+    starting with `name`."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated files would pass as images")
     try:
         with warnings.catch_warnings():
             # Pillow warns (and only errors at twice its own limit); here a bomb is always an error.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(source) as im:
                 width, height = im.size
-                if width * height > MAX_IMAGE_PIXELS:
+                if width * height > max_pixels:
                     raise BadImageError(
-                        f"{path}: {width}x{height} pixels is over the limit of {MAX_IMAGE_PIXELS:,} "
-                        "(a decompression bomb?); refused", path)
+                        f"{name}: {width}x{height} pixels is over the limit of {max_pixels:,} "
+                        "(a decompression bomb?); refused", path, "too-many-pixels")
                 # Which raw layout the file decodes from, known only before load(): a 16-bit PGM/PPM opens as
                 # mode 'I' like any 32-bit image, and only its decoder's 'I;16B' says that 65535 is white.
                 sixteen_bit = any("16" in str(getattr(tile, "args", "")) for tile in im.tile)
@@ -176,12 +201,13 @@ def open_image(path: str | os.PathLike[str], mode: str = "RGB") -> Image.Image:
     except BadImageError:
         raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
-        raise BadImageError(f"{path}: refused as a decompression bomb ({e})", path) from e
+        raise BadImageError(f"{name}: refused as a decompression bomb ({e})", path, "too-many-pixels") from e
     except Image.UnidentifiedImageError as e:
-        raise BadImageError(f"{path}: not an image file (Pillow cannot identify it)", path) from e
+        raise BadImageError(f"{name}: not an image file (Pillow cannot identify it)", path, "not-an-image") from e
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, MemoryError) as e:
         # Pillow reports truncated and corrupt data as OSError ("image file is truncated"), and some decoders
         # as SyntaxError, ValueError or struct/index errors.
         if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError)):
             raise
-        raise BadImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {e})", path) from e
+        raise BadImageError(f"{name}: corrupt or truncated image ({type(e).__name__}: {e})", path,
+                            "corrupt") from e

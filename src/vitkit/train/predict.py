@@ -65,12 +65,9 @@ def classify(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | Non
     yield from classify_expanded(model, expand_paths(paths), cfg, top_k, class_names, batch_size, device)
 
 
-def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure]],
-                      cfg: ViTConfig | None = None,
-                      top_k: int = 5, class_names: list[str] | None = None, batch_size: int = 64,
-                      device: torch.device | str = "cpu") -> Iterator[Prediction | Failure]:
-    """`classify` of what `expand_paths` found (its files and the paths that do not exist), for a caller that
-    walked the folders already (the command line counts the images for its progress bar)."""
+def label_names(model: nn.Module, cfg: ViTConfig | None = None, class_names: list[str] | None = None) -> list[str]:
+    """The name of each class the model predicts: `class_names`, else the model's own, else "0", "1", ...;
+    a model without a classifier, or names that do not match its classes, is a ValueError."""
     cfg = cfg or model.cfg
     if cfg.num_classes == 0:
         raise ValueError("this model has no classifier (num_classes=0): it gives features, not labels; give "
@@ -78,19 +75,38 @@ def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure
     names = class_names or getattr(model, "class_names", None) or [str(i) for i in range(cfg.num_classes)]
     if len(names) != cfg.num_classes:
         raise ValueError(f"{len(names)} class names for a model with {cfg.num_classes} classes")
+    return list(names)
+
+
+@torch.no_grad()
+def probabilities(model: nn.Module, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The class probabilities of a batch of model inputs (B, C, H, W): float32 on the CPU, (B, classes)."""
+    return model(x.to(device)).float().softmax(dim=-1).cpu()
+
+
+def top_labels(probs: torch.Tensor, names: list[str], k: int) -> list[tuple[list[str], list[float]]]:
+    """Each row's `k` most probable labels with their probabilities, most probable first."""
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    return [([names[j] for j in i.tolist()], p.tolist()) for p, i in zip(top.values, top.indices, strict=True)]
+
+
+def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure]], cfg: ViTConfig | None = None,
+                      top_k: int = 5, class_names: list[str] | None = None, batch_size: int = 64,
+                      device: torch.device | str = "cpu") -> Iterator[Prediction | Failure]:
+    """`classify` of what `expand_paths` found (its files and the paths that do not exist), for a caller that
+    walked the folders already (the command line counts the images for its progress bar)."""
+    cfg = cfg or model.cfg
+    names = label_names(model, cfg, class_names)
     transform = build_eval_transform(cfg)
     files, missing = expanded
     yield from missing
     mode = "L" if cfg.in_chans == 1 else "RGB"
-    k = min(top_k, cfg.num_classes)
     batch: list[tuple[Path, torch.Tensor]] = []
 
-    @torch.no_grad()
     def classified() -> list[Prediction]:
-        x = torch.stack([t for _, t in batch]).to(device)
-        top = model(x).float().softmax(dim=-1).cpu().topk(k, dim=-1)
-        done = [Prediction(path, [names[j] for j in i.tolist()], p.tolist())
-                for (path, _), p, i in zip(batch, top.values, top.indices, strict=True)]
+        probs = probabilities(model, torch.stack([t for _, t in batch]), device)
+        done = [Prediction(path, labels, p)
+                for (path, _), (labels, p) in zip(batch, top_labels(probs, names, top_k), strict=True)]
         batch.clear()
         return done
 

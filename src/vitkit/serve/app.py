@@ -1,0 +1,230 @@
+"""The HTTP routes (Starlette): classification, the Open Inference Protocol, the attention overlay, health,
+metrics and the page. `create_app(worker, settings)` gives an ASGI app that uvicorn or a test client runs.
+
+Every error is JSON `{"error": message}` with the status that says what is wrong. Images are decoded in
+threads beside the event loop; the model (and its preprocessing) runs on its worker's own thread, in batches
+that the two Batchers (classification, attention) form."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import importlib.resources
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+from PIL import Image
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from . import oip
+from .batcher import Batcher, Closed, QueueFull
+from .errors import RequestError
+from .guard import ARRIVED, Gate, Guard
+from .metrics import Metrics
+from .worker import ModelWorker
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The server's limits (the command line's options of the same names)."""
+
+    max_batch_size: int = 16
+    max_delay_ms: float = 10.0
+    queue_size: int = 64
+    timeout_s: float = 30.0
+    token: str | None = None
+    max_body_bytes: int = 10 * MIB
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "queue_size", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.max_delay_ms < 0:
+            raise ValueError(f"max_delay_ms={self.max_delay_ms}: must be at least 0")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s}: must be above 0")
+
+
+log = logging.getLogger("vitkit.serve")
+
+
+def error_response(request: Request, e: Exception) -> JSONResponse:
+    if isinstance(e, RequestError):
+        return JSONResponse({"error": e.message}, e.status, e.headers)
+    if isinstance(e, HTTPException):  # Starlette's own: an unknown path (404), a wrong method (405)
+        what = {404: f"no endpoint {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return JSONResponse({"error": what.get(e.status_code, e.detail)}, e.status_code, e.headers)
+    log.error("failed to answer %s %s", request.method, request.url.path, exc_info=e)
+    return JSONResponse({"error": f"the server failed: {type(e).__name__}: {e}"}, 500)
+
+
+def _report_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the model failed its first run; the server will not become ready", exc_info=task.exception())
+
+
+class Service:
+    """The routes' shared state: the model's worker, the two batchers, the metrics, the settings."""
+
+    def __init__(self, worker: ModelWorker, settings: ServeSettings, metrics: Metrics, gate: Gate):
+        self.worker, self.settings, self.metrics, self.gate = worker, settings, metrics, gate
+        worker.on_batch_time = metrics.batch_time.observe
+
+        def batcher(run: Callable[[list], list]) -> Batcher:
+            return Batcher(lambda items: worker.call(run, items), settings.max_batch_size,
+                           settings.max_delay_ms / 1000, settings.queue_size, metrics.observe_batch)
+
+        self.classifier, self.attention = batcher(worker.classify), batcher(worker.overlays)
+        metrics.queue_depth.set_function(lambda: self.classifier.depth + self.attention.depth)
+        metrics.in_flight.set_function(lambda: gate.in_flight)
+        page = importlib.resources.files("vitkit.serve").joinpath("page.html").read_text(encoding="utf-8")
+        self.page = page.replace("{{MODEL}}", html.escape(worker.name))
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        self.classifier.start()
+        self.attention.start()
+        # Ready once the model has run; live, and queueing requests behind the warm-up, at once.
+        warm_up = asyncio.get_running_loop().create_task(self.worker.warm_up(), name="vitkit-warm-up")
+        warm_up.add_done_callback(_report_failure)
+        try:
+            yield
+        finally:
+            await self.classifier.close()
+            await self.attention.close()
+            warm_up.cancel()
+            self.worker.close()
+
+    async def answer(self, request: Request, handler: Callable[[Request], Awaitable[Response]]) -> Response:
+        """`handler`'s answer within the timeout counted from the request's arrival (504 after it), with a full
+        queue as 503 and Retry-After."""
+        elapsed = time.monotonic() - request.scope.get(ARRIVED, time.monotonic())
+        try:
+            with anyio.fail_after(max(0.0, self.settings.timeout_s - elapsed)):
+                return await handler(request)
+        except TimeoutError:
+            raise RequestError(504, f"no answer within {self.settings.timeout_s:g} s (the server's "
+                                    "--timeout-s): it is busy; retry later") from None
+        except QueueFull as e:
+            raise RequestError(503, f"the server is busy: {e}; retry later", {"Retry-After": "1"}) from None
+        except Closed:
+            raise RequestError(503, "the server is shutting down", {"Retry-After": "1"}) from None
+
+    async def image_input(self, request: Request) -> Image.Image:
+        """The uploaded image (the raw body, or a multipart form's `file`), decoded."""
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            form = await request.form(max_files=1, max_fields=8)
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise RequestError(400, "the multipart form has no file part named 'file'")
+            data = await upload.read()
+        else:
+            data = await request.body()
+        return await run_in_threadpool(self.worker.decode, data, "the uploaded image")
+
+    # --- the routes ---------------------------------------------------------------------------------------
+    async def predictions(self, request: Request) -> Response:
+        raw_k = request.query_params.get("top_k", "5")
+        if not raw_k.isdigit() or int(raw_k) < 1:
+            raise RequestError(400, f"top_k={raw_k!r}: must be an integer of at least 1")
+
+        async def run(request: Request) -> Response:
+            x = await self.image_input(request)
+            probs = await self.classifier.submit(x)
+            return JSONResponse(self.worker.top(probs, int(raw_k)))
+
+        return await self.answer(request, run)
+
+    async def attention_map(self, request: Request) -> Response:
+        async def run(request: Request) -> Response:
+            png = await self.attention.submit(await self.image_input(request))
+            return Response(png, media_type="image/png")
+
+        return await self.answer(request, run)
+
+    def _model(self, request: Request) -> None:
+        name = request.path_params["name"]
+        if name != self.worker.name:
+            raise RequestError(404, f"no model named {name!r}: this server serves {self.worker.name!r}")
+
+    async def model_metadata(self, request: Request) -> Response:
+        self._model(request)
+        return JSONResponse(oip.metadata(self.worker))
+
+    async def model_ready(self, request: Request) -> Response:
+        self._model(request)
+        return JSONResponse({"name": self.worker.name, "ready": self.worker.ready},
+                            200 if self.worker.ready else 503)
+
+    async def infer(self, request: Request) -> Response:
+        self._model(request)
+
+        async def run(request: Request) -> Response:
+            parsed = oip.parse_request(await request.body(), self.worker)
+            if parsed.images is not None:
+                decode = self.worker.decode
+                inputs = await run_in_threadpool(
+                    lambda: [decode(d, f"input 'image'[{i}]") for i, d in enumerate(parsed.images)])
+            else:
+                inputs = list(parsed.pixels)
+            probs = await self.classifier.submit_many(inputs)
+            return JSONResponse(oip.response(self.worker, parsed, probs))
+
+        return await self.answer(request, run)
+
+    async def live(self, request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        ready = self.worker.ready
+        return JSONResponse({"ready": ready}, 200 if ready else 503)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return JSONResponse({"name": "vitkit", "version": __version__, "extensions": []})
+
+    async def metrics_text(self, request: Request) -> Response:
+        body, content_type = self.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    async def index(self, request: Request) -> Response:
+        return HTMLResponse(self.page)
+
+
+def create_app(worker: ModelWorker, settings: ServeSettings | None = None, gate: Gate | None = None) -> Starlette:
+    """The ASGI app serving `worker`'s model. `gate` is shared with the server that drains it on SIGTERM."""
+    settings = settings or ServeSettings()
+    gate = gate or Gate()
+    metrics = Metrics()
+    s = Service(worker, settings, metrics, gate)
+    routes = [
+        Route("/", s.index, methods=["GET"]),
+        Route("/predictions", s.predictions, methods=["POST"]),
+        Route("/attention", s.attention_map, methods=["POST"]),
+        Route("/v2", s.server_metadata, methods=["GET"]),
+        Route("/v2/health/live", s.live, methods=["GET"]),
+        Route("/v2/health/ready", s.ready, methods=["GET"]),
+        Route("/v2/models/{name}", s.model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/ready", s.model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/infer", s.infer, methods=["POST"]),
+        Route("/metrics", s.metrics_text, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=s.lifespan, exception_handlers={RequestError: error_response, HTTPException: error_response,
+                                        Exception: error_response},
+                    middleware=[Middleware(Guard, gate=gate, metrics=metrics, token=settings.token,
+                                           max_body_bytes=settings.max_body_bytes)])
+    app.state.service = s
+    return app

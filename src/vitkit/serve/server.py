@@ -1,0 +1,40 @@
+"""Running the app under uvicorn, with a shutdown that loses no request: on SIGTERM (or Ctrl-C) the server
+answers new requests 503 (the readiness probe included), finishes the requests in flight, then closes and
+returns, so that the process exits 0. A second Ctrl-C stops at once."""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from .guard import Gate
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's Server, draining on the first signal instead of closing at once."""
+
+    def __init__(self, config: uvicorn.Config, gate: Gate):
+        super().__init__(config)
+        self.gate = gate
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own handler records the signal and raises it again once shut down, which would end the
+        # process by that signal; a drained server has done what SIGTERM asks, so it ends normally.
+        if self.gate.draining and sig == signal.SIGINT:
+            self.should_exit = self.force_exit = True
+        self.gate.draining = True
+
+    async def on_tick(self, counter: int) -> bool:
+        stop = await super().on_tick(counter)
+        return stop or (self.gate.draining and self.gate.in_flight == 0)
+
+
+def serve(app: ASGIApp, gate: Gate, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          access_log: bool = False) -> None:
+    """Serve `app` (whose Guard shares `gate`) on host:port until a signal; returns once drained."""
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=5, server_header=False)
+    DrainingServer(config, gate).run()

@@ -1,0 +1,99 @@
+"""The model behind the server: its preprocessing, labels, and the one thread that runs it.
+
+Every call into the model goes through `ModelWorker.call`, which runs it on a single thread of its own: the
+batches of the classifier and of the attention maps take turns there, the event loop never waits for the
+model, and PyTorch gets the machine's cores for one batch at a time. Uploads are decoded (Pillow, no PyTorch)
+in the request's thread; the model's evaluation transform runs on the model's thread with the batch, so that
+only that thread ever starts PyTorch's parallel regions: a second thread running PyTorch operators would
+start a second team of OpenMP threads competing for the same cores."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+import torch.nn as nn
+from PIL import Image
+
+from ..analysis.rollout import attention_rollout
+from ..data.transforms import build_eval_transform
+from ..train.predict import label_names, probabilities, top_labels
+from .inputs import decode_upload, input_shape
+from .overlay import overlay_png
+
+R = TypeVar("R")
+
+
+class ModelWorker:
+    """`model` (as vitkit.load gives it, already on `device`, optionally through vitkit.optimize), served
+    under `name`. `max_pixels` caps the decoded size of an uploaded image."""
+
+    def __init__(self, model: nn.Module, name: str, device: torch.device | str = "cpu",
+                 max_pixels: int | None = None):
+        from ..data.images import MAX_IMAGE_PIXELS
+
+        self.model, self.name, self.device = model, name, torch.device(device)
+        self.cfg = model.cfg
+        self.names = label_names(model, self.cfg)
+        self.max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+        self.mode = "L" if self.cfg.in_chans == 1 else "RGB"
+        self.transform = build_eval_transform(self.cfg)
+        self.input_shape = input_shape(self.cfg)
+        self.ready = False
+        self.on_batch_time: Callable[[float], None] | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitkit-model")
+
+    def decode(self, data: bytes, name: str = "image") -> Image.Image:
+        """An upload decoded in the model's colour mode (RequestError if bad); in any thread."""
+        return decode_upload(data, self.mode, self.max_pixels, name)
+
+    async def call(self, fn: Callable[..., R], *args) -> R:
+        """Run `fn(*args)` on the model's thread and wait for it without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(fn, *args))
+
+    def _batch(self, inputs: list[Image.Image | torch.Tensor]) -> torch.Tensor:
+        """(B, C, H, W): images through the model's evaluation transform, tensors (C, H, W) as they are."""
+        return torch.stack([x if isinstance(x, torch.Tensor) else self.transform(x) for x in inputs])
+
+    def _timed(self, fn: Callable[[torch.Tensor], R], x: torch.Tensor) -> R:
+        start = time.perf_counter()
+        out = fn(x)
+        if self.on_batch_time is not None:
+            self.on_batch_time(time.perf_counter() - start)
+        return out
+
+    def classify(self, inputs: list[Image.Image | torch.Tensor]) -> list[torch.Tensor]:
+        """Class probabilities, one float32 row per input (a decoded image or a model input (C, H, W)); on
+        the model's thread."""
+        x = self._batch(inputs)
+        return list(self._timed(lambda x: probabilities(self.model, x, self.device), x))
+
+    def overlays(self, inputs: list[Image.Image | torch.Tensor]) -> list[bytes]:
+        """Each input's attention-rollout overlay (the paper's Fig. 6) as PNG bytes; on the model's thread."""
+        def maps(x: torch.Tensor) -> torch.Tensor:
+            with torch.inference_mode():
+                _, attns = self.model.forward_features(x.to(self.device), return_attention=True)
+            return attention_rollout([a.cpu() for a in attns], self.cfg.num_prefix_tokens, pool=self.cfg.pool)
+
+        x = self._batch(inputs)
+        return [overlay_png(xi, mi, self.cfg) for xi, mi in zip(x, self._timed(maps, x), strict=True)]
+
+    def top(self, probs: torch.Tensor, k: int) -> list[dict]:
+        """The `k` most probable labels of one row of probabilities, as [{"label", "score"}, ...]."""
+        ((labels, scores),) = top_labels(probs[None], self.names, k)
+        return [{"label": label, "score": score} for label, score in zip(labels, scores, strict=True)]
+
+    async def warm_up(self) -> None:
+        """One image of zeros through the classifier and the attention path; `ready` after it."""
+        x = torch.zeros(self.input_shape)
+        await self.call(self.classify, [x])
+        await self.call(self.overlays, [x])
+        self.ready = True
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
