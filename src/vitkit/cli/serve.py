@@ -21,46 +21,56 @@ def model_name(given: str | None, cfg_name: str | None, model: str) -> str:
     if given and safe != given:
         from .main import UsageError
 
-        raise UsageError(f"--name {given!r} holds characters a URL path segment cannot", f"e.g. --name {safe}")
+        raise UsageError(f"--name {given!r} holds characters a URL path segment cannot",
+                         f"e.g. --name {safe}")
     return safe
 
 
 def serve(
     model: str = typer.Argument(..., help="The model: a checkpoint folder or file, or a hub name (anything "
                                 "`vitkit.load` reads)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; the default answers only this "
-                             "machine. 0.0.0.0 answers every network this machine is on."),
-    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port to listen on (0: any free port)."),
-    max_batch_size: int = typer.Option(16, "--max-batch-size", min=1, help="Most images the model runs at once."),
+    host: str = typer.Option("127.0.0.1", "--host",
+                             help="Address to listen on; the default answers only this machine. 0.0.0.0 "
+                                  "answers every network this machine is on."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535,
+                             help="TCP port to listen on (0: any free port)."),
+    max_batch_size: int = typer.Option(16, "--max-batch-size", min=1,
+                                       help="Most images the model runs at once."),
     max_delay_ms: float = typer.Option(10.0, "--max-delay-ms", min=0.0,
-                                       help="Longest a batch waits for more images after its first arrived, in "
-                                            "milliseconds (0: run what is there)."),
-    queue_size: int = typer.Option(64, "--queue-size", min=1, help="Most images waiting for a batch; beyond it "
-                                   "requests are answered 503 with Retry-After at once."),
-    timeout_s: float = typer.Option(30.0, "--timeout-s", min=0.001, help="A request not answered within this "
-                                    "many seconds of its arrival is answered 504."),
+                                       help="Longest a batch waits for more images after its first arrived, "
+                                            "in milliseconds (0: run what is there)."),
+    queue_size: int = typer.Option(64, "--queue-size", min=1,
+                                   help="Most images waiting for a batch; beyond it requests are answered "
+                                        "503 with Retry-After at once."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", min=0.001,
+                                    help="A request not answered within this many seconds of its arrival is "
+                                         "answered 504."),
     token: str | None = typer.Option(None, "--token", envvar="VITKIT_SERVE_TOKEN", show_default=False,
                                      help="Require 'Authorization: Bearer TOKEN' (401 without it) on every "
                                           "endpoint but the page and the health probes. Also read from "
-                                          "VITKIT_SERVE_TOKEN, which other users cannot see in the process list."),
-    max_body_mb: float = typer.Option(10.0, "--max-body-mb", min=0.001, help="Largest request body, in MiB "
-                                      "(413 above it)."),
+                                          "VITKIT_SERVE_TOKEN, which other users cannot see in the process "
+                                          "list."),
+    max_body_mb: float = typer.Option(10.0, "--max-body-mb", min=0.001,
+                                      help="Largest request body, in MiB (413 above it)."),
     max_pixels: int | None = typer.Option(None, "--max-pixels", min=1, show_default=False,
                                           help="Most pixels a decoded image may have (413 above it, checked "
                                                "before decoding). Default: Pillow's 89,478,485."),
     name: str | None = typer.Option(None, "--name", show_default=False,
-                                    help="The model's name in /v2/models/NAME. Default: the model's own name, "
-                                         "else the file or folder name."),
+                                    help="The model's name in /v2/models/NAME. Default: the model's own "
+                                         "name, else the file or folder name."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    precision: str = typer.Option("fp32", "--precision", help="vitkit.optimize's precision: fp32 (the same "
-                                  "function), int8 (CPU) or bf16 (GPU, or a CPU with native bf16)."),
-    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads for the model (0: PyTorch's default, "
-                                "one per core). On a machine shared with other work, or with the clients, fewer "
-                                "threads can be faster: a parallel region waits for its slowest thread."),
-    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: critical, error, warning, "
-                                  "info, debug or trace."),
-    access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log a line for every request "
-                                    "(/metrics counts them either way)."),
+    precision: str = typer.Option("fp32", "--precision",
+                                  help="vitkit.optimize's precision: fp32 (the same function), int8 (CPU) or "
+                                       "bf16 (GPU, or a CPU with native bf16)."),
+    threads: int = typer.Option(0, "--threads", min=0,
+                                help="CPU threads for the model (0: PyTorch's default, one per core). On a "
+                                     "machine shared with other work, or with the clients, fewer threads can "
+                                     "be faster: a parallel region waits for its slowest thread."),
+    log_level: str = typer.Option("info", "--log-level",
+                                  help="uvicorn's log level: critical, error, warning, info, debug or "
+                                       "trace."),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log",
+                                    help="Log a line for every request (/metrics counts them either way)."),
 ) -> None:
     """Serve a model over HTTP: POST /predictions, the Open Inference Protocol (/v2/...), POST /attention,
     /metrics, and a page at / to try it in a browser.
