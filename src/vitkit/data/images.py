@@ -178,7 +178,8 @@ def decode_image(data: bytes, mode: str = "RGB", max_pixels: int = MAX_IMAGE_PIX
     return _decode(io.BytesIO(data), name, None, mode, max_pixels)
 
 
-def _decode(source: Path | io.BytesIO, name: str, path: Path | None, mode: str, max_pixels: int) -> Image.Image:
+def _decode(source: Path | io.BytesIO, name: str, path: Path | None, mode: str,
+            max_pixels: int) -> Image.Image:
     """Decode `source` (a file or bytes), converted to `mode`; every way it can fail as a BadImageError
     starting with `name`."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:
@@ -203,7 +204,8 @@ def _decode(source: Path | io.BytesIO, name: str, path: Path | None, mode: str, 
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
         raise BadImageError(f"{name}: refused as a decompression bomb ({e})", path, "too-many-pixels") from e
     except Image.UnidentifiedImageError as e:
-        raise BadImageError(f"{name}: not an image file (Pillow cannot identify it)", path, "not-an-image") from e
+        raise BadImageError(f"{name}: not an image file (Pillow cannot identify it)", path,
+                            "not-an-image") from e
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, MemoryError) as e:
         # Pillow reports truncated and corrupt data as OSError ("image file is truncated"), and some decoders
         # as SyntaxError, ValueError or struct/index errors.

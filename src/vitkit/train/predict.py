@@ -65,7 +65,8 @@ def classify(model: nn.Module, paths: Iterable[str | Path], cfg: ViTConfig | Non
     yield from classify_expanded(model, expand_paths(paths), cfg, top_k, class_names, batch_size, device)
 
 
-def label_names(model: nn.Module, cfg: ViTConfig | None = None, class_names: list[str] | None = None) -> list[str]:
+def label_names(model: nn.Module, cfg: ViTConfig | None = None,
+                class_names: list[str] | None = None) -> list[str]:
     """The name of each class the model predicts: `class_names`, else the model's own, else "0", "1", ...;
     a model without a classifier, or names that do not match its classes, is a ValueError."""
     cfg = cfg or model.cfg
@@ -87,10 +88,12 @@ def probabilities(model: nn.Module, x: torch.Tensor, device: torch.device | str 
 def top_labels(probs: torch.Tensor, names: list[str], k: int) -> list[tuple[list[str], list[float]]]:
     """Each row's `k` most probable labels with their probabilities, most probable first."""
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    return [([names[j] for j in i.tolist()], p.tolist()) for p, i in zip(top.values, top.indices, strict=True)]
+    return [([names[j] for j in i.tolist()], p.tolist())
+            for p, i in zip(top.values, top.indices, strict=True)]
 
 
-def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure]], cfg: ViTConfig | None = None,
+def classify_expanded(model: nn.Module, expanded: tuple[list[Path], list[Failure]],
+                      cfg: ViTConfig | None = None,
                       top_k: int = 5, class_names: list[str] | None = None, batch_size: int = 64,
                       device: torch.device | str = "cpu") -> Iterator[Prediction | Failure]:
     """`classify` of what `expand_paths` found (its files and the paths that do not exist), for a caller that
