@@ -148,13 +148,18 @@ def _candidates(B: int, T: int, heads: int, width: int, dropout: float, grad: bo
     return {how: call(how) for how in IMPLEMENTATIONS if how != "operator" or operator}
 
 
+def _forward_ad_on() -> bool:
+    """forward_ad_may_be_on, not asked while torch.compile traces (it reads process state dynamo would guard)."""
+    return not torch.compiler.is_compiling() and forward_ad_may_be_on()
+
+
 def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool) -> str:
     """How to attend over this projection output (B, T, 3C): the fastest of `IMPLEMENTATIONS` on this machine
     at this shape (vitkit.cpu.autotune) for fp32 tensors on the CPU; elsewhere, or with timing off, the fixed
     rule (the operator where it applies, else the explicit products in training on up to
     EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Forward-mode AD takes the explicit products (SDPA's CPU
     kernel and the operator have no forward derivative)."""
-    if forward_ad_may_be_on():
+    if _forward_ad_on():
         return "explicit"
     operator = qkv_attention_applies(qkv, dropout)
     default = "operator" if operator else ("explicit" if explicit_attention_is_faster(qkv, training)
@@ -190,7 +195,7 @@ class FastAttention(Attention):
                                                    self.training))), None
         # The weights asked for, or the last block's class-token queries: the explicit products or SDPA.
         q, k, v = self.project(x, queries)  # each (B, H, T or queries, Dh)
-        if return_attention or explicit_attention_is_faster(x, self.training) or forward_ad_may_be_on():
+        if return_attention or explicit_attention_is_faster(x, self.training) or _forward_ad_on():
             y, attn = explicit_attention(q, k, v, self.scale, dropout, self.training)
             attn = attn if return_attention else None
         else:
