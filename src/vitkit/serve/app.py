@@ -66,7 +66,8 @@ def error_response(request: Request, e: Exception) -> JSONResponse:
     if isinstance(e, RequestError):
         return JSONResponse({"error": e.message}, e.status, e.headers)
     if isinstance(e, HTTPException):  # Starlette's own: an unknown path (404), a wrong method (405)
-        what = {404: f"no endpoint {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        what = {404: f"no endpoint {request.url.path}",
+                405: f"{request.method} is not allowed on {request.url.path}"}
         return JSONResponse({"error": what.get(e.status_code, e.detail)}, e.status_code, e.headers)
     log.error("failed to answer %s %s", request.method, request.url.path, exc_info=e)
     return JSONResponse({"error": f"the server failed: {type(e).__name__}: {e}"}, 500)
@@ -74,7 +75,8 @@ def error_response(request: Request, e: Exception) -> JSONResponse:
 
 def _report_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("the model failed its first run; the server will not become ready", exc_info=task.exception())
+        log.error("the model failed its first run; the server will not become ready",
+                  exc_info=task.exception())
 
 
 class Service:
@@ -110,8 +112,8 @@ class Service:
             self.worker.close()
 
     async def answer(self, request: Request, handler: Callable[[Request], Awaitable[Response]]) -> Response:
-        """`handler`'s answer within the timeout counted from the request's arrival (504 after it), with a full
-        queue as 503 and Retry-After."""
+        """`handler`'s answer within the timeout counted from the request's arrival (504 after it), with a
+        full queue as 503 and Retry-After."""
         elapsed = time.monotonic() - request.scope.get(ARRIVED, time.monotonic())
         try:
             with anyio.fail_after(max(0.0, self.settings.timeout_s - elapsed)):
@@ -204,7 +206,8 @@ class Service:
         return HTMLResponse(self.page)
 
 
-def create_app(worker: ModelWorker, settings: ServeSettings | None = None, gate: Gate | None = None) -> Starlette:
+def create_app(worker: ModelWorker, settings: ServeSettings | None = None,
+               gate: Gate | None = None) -> Starlette:
     """The ASGI app serving `worker`'s model. `gate` is shared with the server that drains it on SIGTERM."""
     settings = settings or ServeSettings()
     gate = gate or Gate()
@@ -222,7 +225,8 @@ def create_app(worker: ModelWorker, settings: ServeSettings | None = None, gate:
         Route("/v2/models/{name}/infer", s.infer, methods=["POST"]),
         Route("/metrics", s.metrics_text, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=s.lifespan, exception_handlers={RequestError: error_response, HTTPException: error_response,
+    app = Starlette(routes=routes, lifespan=s.lifespan,
+                    exception_handlers={RequestError: error_response, HTTPException: error_response,
                                         Exception: error_response},
                     middleware=[Middleware(Guard, gate=gate, metrics=metrics, token=settings.token,
                                            max_body_bytes=settings.max_body_bytes)])

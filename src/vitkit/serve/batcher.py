@@ -4,8 +4,8 @@ A batch closes when it holds `max_batch_size` items or `max_delay` seconds after
 (not after the worker first saw it): an item that waited while the previous batch ran starts at once. One
 worker task runs the batches one after another through `run`, an async function (the server hands each batch
 to the one thread that owns the model). A full queue refuses at once (QueueFull). A caller that stops waiting
-(a timeout, a client that went away) cancels only its own item: a queued item is skipped, a running one's result
-is dropped, and neither its batch nor the next is disturbed.
+(a timeout, a client that went away) cancels only its own item: a queued item is skipped, a running one's
+result is dropped, and neither its batch nor the next is disturbed.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class Batcher(Generic[T, R]):
     """Collects submitted items into batches for `run(items) -> results` (one result per item, in order).
 
     `on_batch(size, waits)`, if given, is called as each batch starts, with the seconds each of its items
-    waited in the queue (for metrics). Create it, `start()` it inside the running event loop, and `close()` it.
+    waited in the queue (for metrics). Create it, `start()` it inside the running event loop, and `close()`
+    it.
     """
 
     def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[R]]], max_batch_size: int = 16,

@@ -37,7 +37,8 @@ def endpoint_label(path: str) -> str:
         return path
     parts = path.split("/")
     if len(parts) in (4, 5) and parts[1:3] == ["v2", "models"]:
-        return "/v2/models/{name}" + ("/" + parts[4] if len(parts) == 5 and parts[4] in ("infer", "ready") else "")
+        return "/v2/models/{name}" + ("/" + parts[4] if len(parts) == 5 and parts[4] in ("infer", "ready")
+                                      else "")
     return "other"
 
 
@@ -57,8 +58,8 @@ class Guard:
         if self.token is not None and path not in OPEN_PATHS:
             given = headers.get(b"authorization", b"")
             if not (given.startswith(b"Bearer ") and hmac.compare_digest(given[7:].strip(), self.token)):
-                return JSONResponse({"error": "missing or wrong token: send the header 'Authorization: Bearer "
-                                              "TOKEN' with the server's --token"}, 401,
+                return JSONResponse({"error": "missing or wrong token: send the header 'Authorization: "
+                                              "Bearer TOKEN' with the server's --token"}, 401,
                                     {"WWW-Authenticate": "Bearer"})
         length = headers.get(b"content-length")
         if length is not None:
@@ -111,5 +112,5 @@ class Guard:
 
 
 def too_large(size: int, cap: int, at_least: bool = False) -> str:
-    return (f"the body is {'at least ' if at_least else ''}{size:,} bytes, more than the server's limit of {cap:,} "
-            "(vitkit serve --max-body-mb)")
+    return (f"the body is {'at least ' if at_least else ''}{size:,} bytes, more than the server's limit of "
+            f"{cap:,} (vitkit serve --max-body-mb)")

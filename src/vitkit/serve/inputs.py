@@ -47,7 +47,8 @@ def tensor_input(data, shape, datatype: str, cfg: ViTConfig, name: str = "input"
     try:
         values = np.asarray(data, dtype=np.float32)
     except (ValueError, TypeError) as e:
-        raise RequestError(400, f"{name}: data is not an array of numbers ({e}); this model takes {want}") from None
+        raise RequestError(400, f"{name}: data is not an array of numbers ({e}); this model takes "
+                                f"{want}") from None
     if values.size != math.prod(shape):
         raise RequestError(400, f"{name}: {values.size} values for shape {shape} ({math.prod(shape)} values)")
     if not np.isfinite(values).all():

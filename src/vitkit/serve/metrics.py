@@ -24,7 +24,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter("vitkit_requests", "HTTP requests answered, by endpoint and status code.",
                                 ["endpoint", "status"], registry=r)
-        self.latency = Histogram("vitkit_request_latency_seconds", "Time from a request's arrival to its answer.",
+        self.latency = Histogram("vitkit_request_latency_seconds",
+                                 "Time from a request's arrival to its answer.",
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("vitkit_queue_time_seconds", "Time an image waited before its batch ran.",
                                     buckets=LATENCY_BUCKETS, registry=r)

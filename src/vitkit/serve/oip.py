@@ -80,24 +80,27 @@ def parse_request(raw: bytes, worker: ModelWorker) -> InferRequest:
     wanted = [o.get("name") if isinstance(o, dict) else o for o in _field(body, "outputs", list, [])]
     unknown = [o for o in wanted if o not in (PROBABILITIES, LABELS)]
     if unknown:
-        raise RequestError(400, f"unknown outputs {unknown}: this model gives {PROBABILITIES!r} and {LABELS!r}")
+        raise RequestError(400, f"unknown outputs {unknown}: this model gives {PROBABILITIES!r} and "
+                                f"{LABELS!r}")
     top_k = _field(body, "parameters", dict, {}).get("top_k", DEFAULT_TOP_K)
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise RequestError(400, f"parameters.top_k={top_k!r}: must be an integer of at least 1")
     request_id = body.get("id")
-    common = dict(id=None if request_id is None else str(request_id), outputs=wanted or [PROBABILITIES, LABELS],
-                  top_k=top_k)
+    common = dict(id=None if request_id is None else str(request_id),
+                  outputs=wanted or [PROBABILITIES, LABELS], top_k=top_k)
     if name == IMAGE:
         if datatype != "BYTES":
-            raise RequestError(400, f"input {IMAGE!r}: datatype {datatype!r}; it is BYTES (base64 image files)")
+            raise RequestError(400, f"input {IMAGE!r}: datatype {datatype!r}; it is BYTES (base64 image "
+                                    "files)")
         if not isinstance(data, list) or not data or shape != [len(data)]:
-            raise RequestError(400, f"input {IMAGE!r}: shape {shape!r} with data of {_count(data)}; send shape "
-                                    "[N] and a list of N base64 strings")
+            raise RequestError(400, f"input {IMAGE!r}: shape {shape!r} with data of {_count(data)}; send "
+                                    "shape [N] and a list of N base64 strings")
         return InferRequest(images=[_unbase64(d, i) for i, d in enumerate(data)], pixels=None, **common)
     if name == PIXELS:
-        return InferRequest(images=None, pixels=tensor_input(data, shape, datatype, worker.cfg, PIXELS), **common)
-    raise RequestError(400, f"unknown input {name!r}: this model takes {IMAGE!r} (BYTES) or {PIXELS!r} (FP32 of "
-                            f"shape [N, {', '.join(map(str, worker.input_shape))}])")
+        return InferRequest(images=None, pixels=tensor_input(data, shape, datatype, worker.cfg, PIXELS),
+                            **common)
+    raise RequestError(400, f"unknown input {name!r}: this model takes {IMAGE!r} (BYTES) or {PIXELS!r} "
+                            f"(FP32 of shape [N, {', '.join(map(str, worker.input_shape))}])")
 
 
 def _count(data) -> str:

@@ -19,7 +19,8 @@ from ..config import ViTConfig
 MIN_SIDE = 224
 # How much of the picture is the map's colour; the rest is the image, in grey so that the colours read.
 MAP_WEIGHT = 0.55
-COLORMAP = "inferno"  # dark where the model attends least, bright where it attends most, as in vitkit's figures
+# dark where the model attends least, bright where it attends most, as in vitkit's figures
+COLORMAP = "inferno"
 
 
 def overlay_png(x: torch.Tensor, rollout: torch.Tensor, cfg: ViTConfig) -> bytes:
