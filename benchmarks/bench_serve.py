@@ -3,7 +3,8 @@ model's offline throughput at batch 16 measured in the same run.
 
     flock /tmp/vitkit-cpu.lock .venv/bin/python benchmarks/bench_serve.py --demo runs/demo/best \\
         --json benchmarks/results/serve_CPU_DATE.json
-    .venv/bin/python benchmarks/bench_serve.py --table benchmarks/results/serve_CPU_DATE.json   # the docs' table
+    .venv/bin/python benchmarks/bench_serve.py --table benchmarks/results/serve_CPU_DATE.json
+        # the docs' table
 
 For each model (the `demo` checkpoint, and ViT-S/16 with random weights: its speed is the architecture's), it
 measures offline, in this process: the model alone (vitkit.optimize fp32, the server's path) on a batch of 16
@@ -72,7 +73,8 @@ def photo_224() -> bytes:
 
     im = Image.open(Path(sklearn.__file__).parent / "datasets" / "images" / "china.jpg").convert("RGB")
     side = min(im.size)
-    im = im.crop(((im.width - side) // 2, (im.height - side) // 2, (im.width + side) // 2, (im.height + side) // 2))
+    im = im.crop(((im.width - side) // 2, (im.height - side) // 2,
+                  (im.width + side) // 2, (im.height + side) // 2))
     out = io.BytesIO()
     im.resize((224, 224), Image.Resampling.BICUBIC).save(out, format="JPEG", quality=90)
     return out.getvalue()
@@ -80,7 +82,8 @@ def photo_224() -> bytes:
 
 # --- offline ----------------------------------------------------------------------------------------------
 def offline(model_path: str, image: bytes, batch: int = 16, seconds: float = 10.0) -> dict:
-    """Images per second at `batch`: the model alone on preprocessed inputs, and decode + preprocess + model."""
+    """Images per second at `batch`: the model alone on preprocessed inputs, and decode + preprocess +
+    model."""
     model = vitkit.load(model_path)
     net = optimize(model, precision="fp32")
     transform = build_eval_transform(model.cfg)
@@ -110,7 +113,7 @@ def offline(model_path: str, image: bytes, batch: int = 16, seconds: float = 10.
     return out
 
 
-# --- the server and its load -----------------------------------------------------------------------------------
+# --- the server and its load --------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,10 +128,12 @@ def get(url: str) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def start_server(model_path: str, max_batch_size: int, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start_server(model_path: str, max_batch_size: int,
+                 args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "vitkit.cli.main", "serve", model_path, "--port", str(port), "--name", "bench",
-           "--max-batch-size", str(max_batch_size), "--max-delay-ms", str(args.max_delay_ms),
+    cmd = [sys.executable, "-m", "vitkit.cli.main", "serve", model_path, "--port", str(port),
+           "--name", "bench", "--max-batch-size", str(max_batch_size),
+           "--max-delay-ms", str(args.max_delay_ms),
            "--queue-size", "256", "--log-level", "warning", "--threads", str(args.threads)]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
@@ -153,7 +158,8 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 async def load(port: int, image: bytes, requests: int, clients: int) -> dict:
     """`requests` POST /predictions from `clients` keep-alive connections; throughput and latencies."""
-    head = (f"POST /predictions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\n"
+    head = (f"POST /predictions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Content-Type: application/octet-stream\r\n"
             f"Content-Length: {len(image)}\r\n\r\n").encode()
     message = head + image
     left = requests
@@ -229,18 +235,20 @@ def markdown_table(result: dict) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, entry in result["models"].items():
         for r in entry["serve"]:
-            lines.append(f"| {name} | --max-batch-size {r['max_batch_size']} | {r['clients']} | {r['req_s']:.1f} | "
-                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | {r['mean_batch']:.2f} |")
+            lines.append(f"| {name} | --max-batch-size {r['max_batch_size']} | {r['clients']} | "
+                         f"{r['req_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | "
+                         f"{r['mean_batch']:.2f} |")
     lines.append("")
-    lines.append("| model | offline batch 16, model alone (img/s) | offline batch 16, decode + preprocess + model "
-                 "(img/s) | 16 clients / model alone | 16 clients / decode + model | 16 clients / "
+    lines.append("| model | offline batch 16, model alone (img/s) | offline batch 16, decode + preprocess + "
+                 "model (img/s) | 16 clients / model alone | 16 clients / decode + model | 16 clients / "
                  "--max-batch-size 1 |")
     lines.append("|---|---:|---:|---:|---:|---:|")
     for name, e in result["models"].items():
         off = e["offline_batch16"]
         unbatched = e.get("ratio_16_clients_to_max_batch_size_1")
         lines.append(f"| {name} | {off['model_img_s']:.1f} | {off['pipeline_img_s']:.1f} | "
-                     f"{e['ratio_16_clients_to_offline_model']:.2f}x | {e['ratio_16_clients_to_offline_pipeline']:.2f}x "
+                     f"{e['ratio_16_clients_to_offline_model']:.2f}x | "
+                     f"{e['ratio_16_clients_to_offline_pipeline']:.2f}x "
                      f"| {'-' if unbatched is None else f'{unbatched:.2f}x'} |")
     return "\n".join(lines)
 
@@ -252,8 +260,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000, help="Requests per cell.")
     parser.add_argument("--max-delay-ms", type=float, default=10.0, help="The server's --max-delay-ms.")
     parser.add_argument("--threads", type=int, default=1,
-                        help="PyTorch threads of the server and of the offline measurement alike (default 1: the "
-                             "load generator needs a core of its own on a 2-core machine).")
+                        help="PyTorch threads of the server and of the offline measurement alike (default 1: "
+                             "the load generator needs a core of its own on a 2-core machine).")
     parser.add_argument("--skip-vit-s", action="store_true", help="Only the demo model.")
     parser.add_argument("--json", type=Path, help="Write the results here.")
     args = parser.parse_args()
@@ -281,12 +289,14 @@ def main() -> None:
             print(name, json.dumps(entry), flush=True)
             entry["serve"] = [row for mbs in batch_sizes for row in serve_runs(path, image, mbs, args)]
             at16 = next(r for r in entry["serve"] if r["clients"] == 16 and r["max_batch_size"] == 16)
-            entry["ratio_16_clients_to_offline_model"] = round(at16["req_s"] / entry["offline_batch16"]["model_img_s"], 3)
+            entry["ratio_16_clients_to_offline_model"] = round(
+                at16["req_s"] / entry["offline_batch16"]["model_img_s"], 3)
             entry["ratio_16_clients_to_offline_pipeline"] = round(
                 at16["req_s"] / entry["offline_batch16"]["pipeline_img_s"], 3)
             unbatched = [r for r in entry["serve"] if r["clients"] == 16 and r["max_batch_size"] == 1]
             if unbatched:
-                entry["ratio_16_clients_to_max_batch_size_1"] = round(at16["req_s"] / unbatched[0]["req_s"], 3)
+                entry["ratio_16_clients_to_max_batch_size_1"] = round(
+                    at16["req_s"] / unbatched[0]["req_s"], 3)
             result["models"][name] = entry
     result["load_average_after"] = os.getloadavg()
     print(markdown_table(result))
