@@ -76,7 +76,8 @@ def test_predictions_are_those_of_vitkit_predict(client, model, tmp_path):
     path.write_bytes(photo())
     (expected,), _ = predict(model, [path], top_k=3)
     raw = client.post("/predictions?top_k=3", content=photo(), headers={"Content-Type": "image/jpeg"})
-    form = client.post("/predictions", params={"top_k": 3}, files={"file": ("china.jpg", photo(), "image/jpeg")})
+    form = client.post("/predictions", params={"top_k": 3},
+                       files={"file": ("china.jpg", photo(), "image/jpeg")})
     assert raw.status_code == form.status_code == 200
     assert raw.json() == form.json()
     assert [p["label"] for p in raw.json()] == expected.labels
@@ -101,8 +102,9 @@ def test_open_inference_protocol_metadata_and_inference(client, model):
     assert meta["parameters"]["labels"] == CLASSES
 
     images = [photo("china.jpg"), photo("flower.jpg")]
-    by_bytes = client.post("/v2/models/tiny/infer", json=infer_body("image", "BYTES", [2], [b64(i) for i in images],
-                                                                    id="r1", parameters={"top_k": 2}))
+    by_bytes = client.post("/v2/models/tiny/infer",
+                           json=infer_body("image", "BYTES", [2], [b64(i) for i in images],
+                                           id="r1", parameters={"top_k": 2}))
     assert by_bytes.status_code == 200, by_bytes.text
     out = {o["name"]: o for o in by_bytes.json()["outputs"]}
     assert by_bytes.json()["id"] == "r1"
@@ -186,7 +188,8 @@ CORRUPT_JPEG = photo()[:5000]  # cut off in the middle of its entropy-coded data
     (bomb_png(), {}, 413, "decompression bomb"),
     (bomb_png(10_000, 9_000), {}, 413, "decompression bomb"),
     (bytes(1_200_000), {}, 413, "more than the server's limit of 1,000,000"),
-], ids=["empty", "not-an-image", "truncated-png", "truncated-jpeg", "pixel-bomb", "pixel-bomb-below-pillows-own-limit", "over-byte-cap"])
+], ids=["empty", "not-an-image", "truncated-png", "truncated-jpeg", "pixel-bomb",
+        "pixel-bomb-below-pillows-own-limit", "over-byte-cap"])
 def test_bad_images_get_the_status_that_says_why(client, body, headers, status, message):
     r = client.post("/predictions", content=body, headers=headers)
     assert r.status_code == status, r.text
@@ -212,9 +215,10 @@ def test_the_pixel_cap_is_the_servers():
 
 
 @pytest.mark.parametrize("body, message", [
-    (infer_body("pixel_values", "FP32", [1, 3, 32, 31], [0.0] * 2976), "shape [1, 3, 32, 31]; this model takes FP32 "
-                                                                       "of shape [N, 3, 32, 32]"),
-    (infer_body("pixel_values", "FP64", [1, 3, 32, 32], [0.0] * 3072), "datatype 'FP64'; this model takes FP32"),
+    (infer_body("pixel_values", "FP32", [1, 3, 32, 31], [0.0] * 2976),
+     "shape [1, 3, 32, 31]; this model takes FP32 of shape [N, 3, 32, 32]"),
+    (infer_body("pixel_values", "FP64", [1, 3, 32, 32], [0.0] * 3072),
+     "datatype 'FP64'; this model takes FP32"),
     (infer_body("pixel_values", "FP32", [1, 3, 32, 32], [0.0] * 100), "100 values for shape [1, 3, 32, 32]"),
     (infer_body("pixel_values", "FP32", [1, 3, 32, 32], ["a"] * 3072), "not an array of numbers"),
     (infer_body("image", "BYTES", [1], ["@@not base64@@"]), "not valid base64"),
@@ -232,7 +236,8 @@ def test_wrong_inference_requests_get_400_naming_what_is_expected(client, body, 
 
 
 def test_other_wrong_requests(client):
-    assert client.post("/v2/models/tiny/infer", content=b"{nope").json()["error"].startswith("the body is not JSON")
+    assert client.post("/v2/models/tiny/infer",
+                       content=b"{nope").json()["error"].startswith("the body is not JSON")
     r = client.post("/v2/models/other/infer", json={})
     assert r.status_code == 404 and "serves 'tiny'" in r.json()["error"]
     r = client.post("/predictions?top_k=zero", content=png())
@@ -259,7 +264,7 @@ def test_the_token(model):
         assert c.get("/metrics", headers=ok).status_code == 200
 
 
-# --- a real server on loopback --------------------------------------------------------------------------------
+# --- a real server on loopback ------------------------------------------------------------------------------
 async def post_many(url: str, n: int, path: str = "/predictions", timeout: float = 10.0) -> list:
     async with httpx.AsyncClient(base_url=url, timeout=timeout) as c:
         return await asyncio.gather(*(c.post(path, content=png()) for _ in range(n)), return_exceptions=True)
@@ -335,13 +340,14 @@ def test_the_byte_cap_on_a_real_server(model):
         assert httpx.post(f"{url}/predictions", content=png()).status_code == 200
 
 
-# --- the command ------------------------------------------------------------------------------------------------
+# --- the command --------------------------------------------------------------------------------------------
 def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
     """A request waiting for batch-mates is in flight when SIGTERM comes: it is answered, a new request gets
     503, and the command exits 0."""
     vitkit.save(model, tmp_path / "tiny", class_names=CLASSES)
-    proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli.main", "serve", str(tmp_path / "tiny"), "--port", "0",
-                             "--max-delay-ms", "1500", "--max-batch-size", "64"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli.main", "serve", str(tmp_path / "tiny"),
+                             "--port", "0", "--max-delay-ms", "1500", "--max-batch-size", "64"],
+                            stderr=subprocess.PIPE, text=True)
     try:
         url = None
         for line in proc.stderr:
@@ -350,7 +356,8 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
                 url = match.group(1)
                 break
         assert url, "the server did not say where it listens"
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # the rest of its log, never blocking it
+        # the rest of its log, never blocking it
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
         wait_ready(lambda path: httpx.get(url + path))
         assert httpx.get(url + "/v2/models/tiny").json()["parameters"]["labels"] == CLASSES
 
