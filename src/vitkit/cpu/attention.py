@@ -149,7 +149,8 @@ def _candidates(B: int, T: int, heads: int, width: int, dropout: float, grad: bo
 
 
 def _forward_ad_on() -> bool:
-    """forward_ad_may_be_on, not asked while torch.compile traces (it reads process state dynamo would guard)."""
+    """forward_ad_may_be_on, not asked while torch.compile traces (it reads process state dynamo would
+    guard)."""
     return not torch.compiler.is_compiling() and forward_ad_may_be_on()
 
 
