@@ -74,7 +74,8 @@ def timm_to_npz_arrays(model, big_vision: bool = False, scan: bool = False,
         for name, w, bias in zip(("query", "key", "value"), qkv_w, qkv_b, strict=True):
             a[b + f"MultiHeadDotProductAttention_{mha}/{name}/kernel"] = _np(w.T.reshape(D, H, D // H))
             a[b + f"MultiHeadDotProductAttention_{mha}/{name}/bias"] = _np(bias.reshape(H, D // H))
-        a[b + f"MultiHeadDotProductAttention_{mha}/out/kernel"] = _np(sd[p + "attn.proj.weight"].T.reshape(H, D // H, D))
+        a[b + f"MultiHeadDotProductAttention_{mha}/out/kernel"] = _np(
+            sd[p + "attn.proj.weight"].T.reshape(H, D // H, D))
         a[b + f"MultiHeadDotProductAttention_{mha}/out/bias"] = _np(sd[p + "attn.proj.bias"])
         a[b + f"LayerNorm_{ln2}/scale"] = _np(sd[p + "norm2.weight"])
         a[b + f"LayerNorm_{ln2}/bias"] = _np(sd[p + "norm2.bias"])

@@ -261,8 +261,8 @@ def test_files_and_folders_get_the_mode_of_an_ordinary_file(tmp_path):
         model(torch.randn(1, 3, 16, 16)).sum().backward()
         optimizer.step()
         state = save_train_state(tmp_path / "run", 1, model, optimizer, {}, None, model.state_dict())
-        data = TensorImageDataset(torch.zeros(4, 3, 16, 16, dtype=torch.uint8), torch.zeros(4, dtype=torch.long),
-                                  ["a", "b"])
+        data = TensorImageDataset(torch.zeros(4, 3, 16, 16, dtype=torch.uint8),
+                                  torch.zeros(4, dtype=torch.long), ["a", "b"])
         extract_features(model.eval(), data, cache=tmp_path / "features.safetensors", progress=False,
                          transform=lambda x: x.float())
     finally:

@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_config(**kw):
-    args = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=32,
-                patch_size=8, layer_norm_eps=1e-12)
+    args = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                image_size=32, patch_size=8, layer_norm_eps=1e-12)
     args.update(kw)
     return transformers.ViTConfig(**args)
 
@@ -35,13 +35,15 @@ def test_image_classification_folder(tmp_path):
         ours = vitkit.load(tmp_path / "hf")
         assert_same(ours(x), ref(x).logits, "HF ViTForImageClassification vs transformers")
     assert ours.class_names == ["tench", "goldfish", "shark"]
-    assert (ours.cfg.num_heads, ours.cfg.ln_eps, ours.cfg.interpolation, ours.cfg.crop_pct) == (4, 1e-12, "bilinear", 1.0)
+    assert ((ours.cfg.num_heads, ours.cfg.ln_eps, ours.cfg.interpolation, ours.cfg.crop_pct)
+            == (4, 1e-12, "bilinear", 1.0))
 
 
 def test_vit_model_with_pooler_tanh_gelu_and_bin_weights(tmp_path):
     """ViTModel: the pooler is the pre-logits layer, the output is pooler_output; pytorch_model.bin weights;
     a non-square image given in config.json."""
-    ref = randomize_(transformers.ViTModel(hf_config(hidden_act="gelu_pytorch_tanh", image_size=[32, 48]))).eval()
+    ref = randomize_(transformers.ViTModel(hf_config(hidden_act="gelu_pytorch_tanh",
+                                                     image_size=[32, 48]))).eval()
     ref.save_pretrained(tmp_path / "hf")
     from safetensors.torch import load_file
 
@@ -63,15 +65,16 @@ def test_in_memory_names_of_transformers_5(tmp_path):
     torch.save(ref.state_dict(), tmp_path / "sd.pth")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        # No config.json: HF's default eps 1e-12; heads from the caller (64 / 4 are not the 64-wide convention).
+        # No config.json: HF's default eps 1e-12; heads from the caller (64 / 4 are not the 64-wide
+        # convention).
         ours = vitkit.load(tmp_path / "sd.pth", num_heads=4)
         assert ours.cfg.ln_eps == 1e-12
         assert_same(ours(x), ref(x).logits, "HF state dict without config vs transformers")
 
 
 def test_write_hf_round_trip_and_transformers_reads_it(tmp_path):
-    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=2, num_heads=4,
-                                          mlp_dim=96, num_classes=3)).eval()
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=2,
+                                          num_heads=4, mlp_dim=96, num_classes=3)).eval()
     with pytest.warns(UserWarning, match="no centre crop"):  # a square input: the same pixels here
         folder = write(ours, tmp_path / "out", to="hf", class_names=["a", "b", "c"])
     back = vitkit.load(folder)
@@ -105,12 +108,13 @@ def test_write_hf_warns_of_what_transformers_will_do_differently(tmp_path):
         warnings.simplefilter("error")
         folder = write(pooled.eval(), tmp_path / "pooled", to="hf")
     with torch.no_grad():
-        assert_same(pooled(x), transformers.ViTModel.from_pretrained(folder).eval()(x).pooler_output, "pooler")
+        assert_same(pooled(x), transformers.ViTModel.from_pretrained(folder).eval()(x).pooler_output,
+                    "pooler")
 
 
 def test_write_hf_refuses_what_transformers_cannot_hold(tmp_path):
-    gap = vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=96,
-                              pool="gap")
+    gap = vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
+                              mlp_dim=96, pool="gap")
     with pytest.raises(ValueError, match="classifies from the class token"):
         write(gap, tmp_path / "x", to="hf")
 
@@ -148,13 +152,15 @@ def test_preprocessing_is_vit_image_processors_squash(tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["vitkit_config"] = {"crop_pct": 0.9}
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    assert (vitkit.load(tmp_path / "hf").cfg.crop_mode, vitkit.load(tmp_path / "hf").cfg.crop_pct) == ("center", 0.9)
+    assert ((vitkit.load(tmp_path / "hf").cfg.crop_mode, vitkit.load(tmp_path / "hf").cfg.crop_pct)
+            == ("center", 0.9))
 
 
 def test_transformers_fields_win_over_a_stale_vitkit_config(tmp_path):
     """transformers keeps vitkit_config when it re-saves a config someone changed: what transformers computes
     with (hidden_act, layer_norm_eps, the preprocessor's mean and std) wins; vitkit_config keeps the crop."""
-    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1,
+                                          num_heads=4,
                                           mlp_dim=96, num_classes=3, gelu="tanh", crop_pct=0.9)).eval()
     with pytest.warns(UserWarning, match="no centre crop"):
         folder = write(ours, tmp_path / "out", to="hf")
@@ -177,8 +183,8 @@ def test_transformers_fields_win_over_a_stale_vitkit_config(tmp_path):
 
 
 def test_a_pooler_narrower_than_the_model_round_trips(tmp_path):
-    """ViTModel's pooler_output_size may differ from hidden_size: read as the pre-logits width, and written back
-    as pooler_output_size, so that transformers and vitkit read the same function."""
+    """ViTModel's pooler_output_size may differ from hidden_size: read as the pre-logits width, and written
+    back as pooler_output_size, so that transformers and vitkit read the same function."""
     ref = randomize_(transformers.ViTModel(hf_config(pooler_output_size=40))).eval()
     ref.save_pretrained(tmp_path / "hf")
     ours = vitkit.load(tmp_path / "hf")

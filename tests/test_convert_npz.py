@@ -56,7 +56,8 @@ def test_vision_transformer_layout(tmp_path):
         ours = vitkit.load(path)
         assert_same(ours(x), check(x), "npz vision_transformer vs timm _load_weights")
     cfg = ours.cfg
-    assert (cfg.num_heads, cfg.gelu, cfg.ln_eps, cfg.mean, cfg.image_size) == (4, "tanh", 1e-6, (0.5,) * 3, (32, 32))
+    assert ((cfg.num_heads, cfg.gelu, cfg.ln_eps, cfg.mean, cfg.image_size)
+            == (4, "tanh", 1e-6, (0.5,) * 3, (32, 32)))
     assert ours.class_names is None  # 10 classes: no names to give
 
 
@@ -114,17 +115,20 @@ def test_big_vision_gap_model(tmp_path):
 
 
 def test_big_vision_sincos_has_no_table(tmp_path):
-    """No table to count the grid from: 224 px is assumed, and said, naming image_size=, which gives the model."""
+    """No table to count the grid from: 224 px is assumed, and said, naming image_size=, which gives the
+    model."""
     ref = tiny_timm(class_token=False, global_pool="avg", fc_norm=False)
     with torch.no_grad():
-        ref.pos_embed.copy_(sincos_2d((SIZE // 8, SIZE // 8), 64)[None])  # the fixed table at the trained size
+        # the fixed table at the trained size
+        ref.pos_embed.copy_(sincos_2d((SIZE // 8, SIZE // 8), 64)[None])
     arrays = timm_to_npz_arrays(ref, big_vision=True)
     del arrays["params/pos_embedding"]
     path = save_npz(tmp_path / "sincos.npz", arrays)
     model, notes = load_noting(path)
     assert (model.cfg.pos_embed, model.cfg.image_size) == ("sincos-2d", (224, 224))
-    assert_noted(notes, r"sincos\.npz holds no config that gives its image size: assumed 224x224 images \(a 28x28 "
-                        r"grid of 8-pixel patches\) for its fixed sincos-2d position embedding.*pass image_size=")
+    assert_noted(notes,
+                 r"sincos\.npz holds no config that gives its image size: assumed 224x224 images \(a 28x28 "
+                 r"grid of 8-pixel patches\) for its fixed sincos-2d position embedding.*pass image_size=")
     model, notes = load_noting(path, image_size=SIZE)
     assert not [n for n in notes if "image size" in n], notes
     assert_same_logits(model, ref, (SIZE, SIZE))
@@ -162,7 +166,8 @@ def test_hybrid_npz(tmp_path, layers):
         # The ResNet computes as the Flax code that trained such files: timm's model with its constants put
         # to the paper code's (w - mean) / (std + 1e-5) and GroupNorm eps 1e-6 ...
         assert ours.cfg.hybrid_norm == "flax"
-        assert_same(ours(x), with_flax_constants(check)(x), f"npz hybrid {layers} vs timm with Flax's constants")
+        assert_same(ours(x), with_flax_constants(check)(x),
+                    f"npz hybrid {layers} vs timm with Flax's constants")
         # ... and with timm's constants as timm's own loader: the two differ by ~1e-3 relative.
         as_timm = vitkit.create_model(ours.cfg.replace(hybrid_norm="timm")).eval()
         as_timm.load_state_dict(ours.state_dict())

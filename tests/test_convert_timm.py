@@ -29,8 +29,8 @@ def timm_folder(folder, model: TimmViT, architecture: str, model_args: dict, **e
     folder.mkdir()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
     h, w = model.patch_embed.img_size
-    config = {"architecture": architecture, "num_classes": model.num_classes, "num_features": model.num_features,
-              "global_pool": model.global_pool, "model_args": model_args,
+    config = {"architecture": architecture, "num_classes": model.num_classes,
+              "num_features": model.num_features, "global_pool": model.global_pool, "model_args": model_args,
               "pretrained_cfg": {"tag": "test", "input_size": [3, h, w], "interpolation": "bicubic",
                                  "crop_pct": 0.9, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
                                  "num_classes": model.num_classes}}
@@ -52,7 +52,8 @@ def test_state_dict_files(tmp_path, suffix):
     with torch.no_grad():
         ours = vitkit.load(path)
         assert_same(ours(x), ref(x), f"timm {suffix} state dict vs timm")
-    assert (ours.cfg.num_heads, ours.cfg.image_size, ours.cfg.ln_eps, ours.cfg.gelu) == (2, (32, 32), 1e-6, "exact")
+    assert ((ours.cfg.num_heads, ours.cfg.image_size, ours.cfg.ln_eps, ours.cfg.gelu)
+            == (2, (32, 32), 1e-6, "exact"))
     assert ours.cfg.mean == (0.5, 0.5, 0.5)  # timm's ViTs (Google's weights): pixels in [-1, 1]
 
 
@@ -71,7 +72,8 @@ def test_hub_folder_non_square_with_heads_and_labels(tmp_path):
     """config.json gives what shapes cannot: 4 heads of 32, a 32x48 image, the preprocessing, label names."""
     ref = tiny_timm(img_size=(32, 48), num_heads=4, num_classes=3)
     folder = timm_folder(tmp_path / "t", ref, "vit_base_patch16_224",
-                         {"img_size": [32, 48], "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 4},
+                         {"img_size": [32, 48], "patch_size": 8, "embed_dim": 128, "depth": 2,
+                          "num_heads": 4},
                          label_names=["cat", "dog", "cow"])
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
@@ -95,8 +97,8 @@ def test_gap_without_fc_norm_and_no_embed_class(tmp_path):
 
 
 def test_hybrid_state_dict(tmp_path):
-    ref = randomize_(timm.create_model("vit_small_r26_s32_224", img_size=64, embed_dim=64, depth=1, num_heads=1,
-                                       num_classes=4)).eval()
+    ref = randomize_(timm.create_model("vit_small_r26_s32_224", img_size=64, embed_dim=64, depth=1,
+                                       num_heads=1, num_classes=4)).eval()
     save_file(ref.state_dict(), str(tmp_path / "r26.safetensors"))
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -112,7 +114,8 @@ def test_what_vitkit_cannot_represent_is_listed(tmp_path):
     with pytest.raises(CheckpointError) as err:
         vitkit.load(tmp_path / "m.safetensors")
     message = str(err.value)
-    assert "unexpected keys" in message and "'fc_norm.weight'" in message and "'blocks.0.ls1.gamma'" in message
+    assert ("unexpected keys" in message and "'fc_norm.weight'" in message
+            and "'blocks.0.ls1.gamma'" in message)
 
 
 def test_misfit_tensors_are_all_named(tmp_path):
@@ -148,11 +151,11 @@ def test_write_timm_round_trip_and_timm_reads_it(tmp_path):
 
 
 def test_timms_fields_win_over_a_stale_vitkit_config(tmp_path):
-    """Someone edits a vitkit-written timm folder's config.json: the fields timm computes with (model_args' heads
-    and activation, pretrained_cfg's mean, std and crop) win over the vitkit_config entry left as it was, which
-    still gives what timm cannot say (LayerNorm eps)."""
-    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
-                                          mlp_dim=96, num_classes=3, gelu="tanh", ln_eps=1e-12))
+    """Someone edits a vitkit-written timm folder's config.json: the fields timm computes with (model_args'
+    heads and activation, pretrained_cfg's mean, std and crop) win over the vitkit_config entry left as it
+    was, which still gives what timm cannot say (LayerNorm eps)."""
+    ours = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1,
+                                          num_heads=4, mlp_dim=96, num_classes=3, gelu="tanh", ln_eps=1e-12))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the note that timm computes with eps 1e-6
         folder = write(ours.eval(), tmp_path / "out", to="timm")
@@ -197,8 +200,9 @@ def test_write_timm_refuses_a_larger_layer_norm_eps_and_notes_a_smaller_one(tmp_
     """timm's LayerNorm eps is 1e-6 whatever model_args say: a larger one would change what timm computes;
     a smaller one (Hugging Face's 1e-12) changes it by float noise and is written with a warning."""
     kwargs = dict(image_size=32, patch_size=8, dim=64, depth=1, num_heads=4, mlp_dim=96, num_classes=3)
-    with pytest.raises(ValueError, match=r"timm: timm's VisionTransformer normalises with LayerNorm eps 1e-06, "
-                                         r"this model with 1e-05"):
+    with pytest.raises(ValueError,
+                       match=r"timm: timm's VisionTransformer normalises with LayerNorm eps 1e-06, "
+                             r"this model with 1e-05"):
         write(vitkit.create_model("ViT-S/16", ln_eps=1e-5, **kwargs), tmp_path / "big", to="timm")
     assert not (tmp_path / "big").exists()
     with pytest.warns(UserWarning, match="timm normalises with LayerNorm eps 1e-06, this model with 1e-12"):
@@ -212,7 +216,8 @@ def test_no_embed_class_with_a_non_square_size_from_config(tmp_path):
     """With a size in config.json, a table of one row per patch means the class token has no position."""
     ref = tiny_timm(img_size=(32, 48), no_embed_class=True)
     folder = timm_folder(tmp_path / "t", ref, "vit_base_patch16_224",
-                         {"img_size": [32, 48], "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 2})
+                         {"img_size": [32, 48], "patch_size": 8, "embed_dim": 128, "depth": 2,
+                          "num_heads": 2})
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
         assert_same(vitkit.load(folder)(x), ref(x), "timm no_embed_class, non-square, vs timm")
@@ -221,7 +226,8 @@ def test_no_embed_class_with_a_non_square_size_from_config(tmp_path):
 def test_write_timm_refuses_a_pre_logits_layer(tmp_path):
     """timm has no pre-logits layer: its checkpoint filter drops pre_logits.fc.*, so timm would compute
     another function. Refused, like --to hf, and nothing is written."""
-    for num_classes in (3, 0):  # a classifier behind the pre-logits, or the pre-logits output itself (ViTModel)
+    for num_classes in (3, 0):
+        # a classifier behind the pre-logits, or the pre-logits output itself (ViTModel)
         model = vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
                                     mlp_dim=96, num_classes=num_classes, representation_size=64)
         with pytest.raises(ValueError, match=r"cannot write this model for timm: .*no pre-logits layer"):
@@ -253,19 +259,20 @@ def test_crop_mode_is_read_and_written(tmp_path):
     theirs = timm.data.create_transform(**data_cfg)(image)
     # one uint8 level apart at most (bicubic on a tensor vs PIL's); centre-cropping instead differs by ~1
     torch.testing.assert_close(build_eval_transform(ours.cfg)(image), theirs, rtol=0, atol=2 / 255 + 1e-6)
-    centre = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1, num_heads=4,
-                                            mlp_dim=96, num_classes=3, crop_pct=0.9))
+    centre = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=1,
+                                            num_heads=4, mlp_dim=96, num_classes=3, crop_pct=0.9))
     out = write(centre, tmp_path / "centre", to="timm")
     assert json.loads((out / "config.json").read_text())["pretrained_cfg"]["crop_mode"] == "center"
 
 
-# --- what a bare timm state dict leaves open: assumed with a warning naming the argument ------------------------
+# --- what a bare timm state dict leaves open: assumed with a warning naming the argument --------------------
 
 
 
 @pytest.mark.parametrize("dim, heads, assumed", [
     (64, 4, r"assumed 1 head of 64 \(the 64-wide convention\)"),
-    (192, 6, r"assumed 3 heads of 64 as ViT-Ti of width 192 and MLP 768 \(Table 1\)"),  # a vit_tiny with 6 heads
+    # a vit_tiny with 6 heads
+    (192, 6, r"assumed 3 heads of 64 as ViT-Ti of width 192 and MLP 768 \(Table 1\)"),
 ])
 def test_a_bare_timm_file_says_which_heads_it_assumed(tmp_path, dim, heads, assumed):
     ref = tiny_timm(embed_dim=dim, num_heads=heads, depth=1)
@@ -285,7 +292,8 @@ def test_a_bare_timm_file_of_gap_with_the_class_token_says_it_assumed_token_pool
     torch.save(ref.state_dict(), tmp_path / "gap.pth")
     model, notes = load_noting(tmp_path / "gap.pth")
     assert model.cfg.pool == "token"
-    assert_noted(notes, r"gap\.pth holds no config that gives its pooling: assumed pool='token' .*pass pool='gap'")
+    assert_noted(notes,
+                 r"gap\.pth holds no config that gives its pooling: assumed pool='token' .*pass pool='gap'")
     model, notes = load_noting(tmp_path / "gap.pth", pool="gap")
     assert model.cfg.pool == "gap" and not [n for n in notes if "gives its pooling" in n], notes
     assert_same_logits(model, ref, (32, 32))
@@ -297,16 +305,17 @@ def test_a_bare_timm_file_says_it_assumed_a_square_grid(tmp_path):
     save_file(ref.state_dict(), str(tmp_path / "wide.safetensors"))
     model, notes = load_noting(tmp_path / "wide.safetensors")
     assert model.cfg.image_size == (64, 64)
-    assert_noted(notes, r"wide\.safetensors holds no config that gives its image size: assumed a square 8x8 grid "
-                        r"of 8-pixel patches \(64x64 images\) for its 64 position rows; pass image_size=\(H, W\)")
+    assert_noted(notes,
+                 r"wide\.safetensors holds no config that gives its image size: assumed a square 8x8 grid "
+                 r"of 8-pixel patches \(64x64 images\) for its 64 position rows; pass image_size=\(H, W\)")
     model, notes = load_noting(tmp_path / "wide.safetensors", image_size=(32, 128))
     assert model.cfg.image_size == (32, 128) and not [n for n in notes if "gives its image size" in n], notes
     assert_same_logits(model, ref, (32, 128))
 
 
 def test_a_timm_file_with_its_config_says_nothing(tmp_path):
-    """timm's own writer (save_for_hf, as push_to_hf_hub) records heads, size and pooling: nothing assumed, for
-    the folder and for its weights file; nor when model_args lack global_pool but config.json's top level
+    """timm's own writer (save_for_hf, as push_to_hf_hub) records heads, size and pooling: nothing assumed,
+    for the folder and for its weights file; nor when model_args lack global_pool but config.json's top level
     (which timm always writes) has it."""
     from timm.models._hub import save_for_hf
 
@@ -342,10 +351,11 @@ def test_writing_a_flax_hybrid_for_timm_notes_timms_constants(tmp_path):
 
 
 def test_a_hub_folder_without_model_args_takes_its_heads_from_timms_builder(tmp_path):
-    """The hub serves timm's folders without model_args: vit_base_patch16_gap_224 is 768 wide with 16 heads of 48
-    (not ViT-B's 12, nor 64-wide ones), which timm's builder of the architecture says, built on the meta device."""
-    ref = randomize_(timm.create_model("vit_base_patch16_gap_224", img_size=32, patch_size=8, depth=1, mlp_ratio=1.0,
-                                       num_classes=3)).eval()
+    """The hub serves timm's folders without model_args: vit_base_patch16_gap_224 is 768 wide with 16 heads of
+    48 (not ViT-B's 12, nor 64-wide ones), which timm's builder of the architecture says, built on the meta
+    device."""
+    ref = randomize_(timm.create_model("vit_base_patch16_gap_224", img_size=32, patch_size=8, depth=1,
+                                       mlp_ratio=1.0, num_classes=3)).eval()
     assert ref.blocks[0].attn.num_heads == 16
     folder = timm_folder(tmp_path / "t", ref, "vit_base_patch16_gap_224", {})
     config = json.loads((tmp_path / "t" / "config.json").read_text())
@@ -371,9 +381,10 @@ def test_a_bare_timm_file_says_it_guessed_the_class_tokens_position_row(tmp_path
     save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
     model, notes = load_noting(tmp_path / "w.safetensors")
     assert model.cfg.image_size == (56, 56)
-    assert_noted(notes, r"w\.safetensors holds no config that gives its class token's position row: assumed none "
-                        r"\(timm's no_embed_class=True\): its 49 position rows a 7x7 grid of patches, not 48 patches "
-                        r"and the class token's row; pass image_size=\(H, W\)")
+    assert_noted(notes,
+                 r"w\.safetensors holds no config that gives its class token's position row: assumed none "
+                 r"\(timm's no_embed_class=True\): its 49 position rows a 7x7 grid of patches, not 48 "
+                 r"patches and the class token's row; pass image_size=\(H, W\)")
     model, notes = load_noting(tmp_path / "w.safetensors", image_size=(48, 64))
     assert not [n for n in notes if "position row" in n], notes
     assert_same_logits(model, ref, (48, 64))
@@ -383,16 +394,18 @@ def test_a_non_square_no_embed_class_table_is_counted_right(tmp_path):
     """A 6x10 grid without the class token's row: 60 rows, which the error counts both ways."""
     ref = tiny_timm(img_size=(48, 80), embed_dim=64, num_heads=1, depth=1, no_embed_class=True)
     save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
-    with pytest.raises(CheckpointError, match=r"w\.safetensors: the position table has 60 rows, not a square grid "
-                                              r"of patches with the class token's row \(59 patches\) or without it "
-                                              r"\(60, timm's no_embed_class\); give the image size"):
+    with pytest.raises(CheckpointError,
+                       match=r"w\.safetensors: the position table has 60 rows, not a square grid "
+                             r"of patches with the class token's row \(59 patches\) or without it "
+                             r"\(60, timm's no_embed_class\); give the image size"):
         vitkit.load(tmp_path / "w.safetensors")
     model, _ = load_noting(tmp_path / "w.safetensors", image_size=(48, 80))
     assert_same_logits(model, ref, (48, 80))
 
 
 def test_a_model_without_position_embedding_is_written_for_timm(tmp_path):
-    """timm's pos_embed='none': read from timm, written back, and timm builds the same function from the folder."""
+    """timm's pos_embed='none': read from timm, written back, and timm builds the same function from the
+    folder."""
     ref = tiny_timm(pos_embed="none", depth=1)
     save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
     ours, _ = load_noting(tmp_path / "w.safetensors", image_size=32)
@@ -401,7 +414,8 @@ def test_a_model_without_position_embedding_is_written_for_timm(tmp_path):
     folder = write(ours, tmp_path / "out", to="timm")
     config = json.loads((folder / "config.json").read_text())
     assert config["model_args"]["pos_embed"] == "none"
-    theirs = timm.create_model(config["architecture"], num_classes=config["num_classes"], **config["model_args"])
+    theirs = timm.create_model(config["architecture"], num_classes=config["num_classes"],
+                               **config["model_args"])
     theirs.load_state_dict(load_file(str(folder / "model.safetensors")))
     assert_same_logits(theirs.eval(), ref, (32, 32))
     assert vitkit.load(folder).cfg == ours.cfg
@@ -412,7 +426,8 @@ def test_a_transformers_timm_wrapper_folder(tmp_path):
     architecture and model_args (here without num_heads, which timm's builder then gives) in config.json."""
     transformers = pytest.importorskip("transformers")
     config = transformers.TimmWrapperConfig(architecture="vit_base_patch16_gap_224", num_labels=3,
-                                            model_args={"depth": 1, "img_size": 32, "patch_size": 8, "mlp_ratio": 1.0})
+                                            model_args={"depth": 1, "img_size": 32, "patch_size": 8,
+                                                        "mlp_ratio": 1.0})
     ref = randomize_(transformers.TimmWrapperForImageClassification(config)).eval()
     ref.save_pretrained(tmp_path / "w")
     assert json.loads((tmp_path / "w" / "config.json").read_text())["model_type"] == "timm_wrapper"

@@ -28,18 +28,20 @@ def test_state_dict_equals_torchvision(tmp_path):
         ours = vitkit.load(tmp_path / "vit_tiny-0123abcd.pth")
         assert_same(ours(x), ref(x), "torchvision state dict vs torchvision")
     cfg = ours.cfg
-    assert (cfg.mean, cfg.std, cfg.interpolation, cfg.crop_pct) == (IMAGENET_MEAN, IMAGENET_STD, "bilinear", 0.875)
+    assert ((cfg.mean, cfg.std, cfg.interpolation, cfg.crop_pct)
+            == (IMAGENET_MEAN, IMAGENET_STD, "bilinear", 0.875))
     assert ours.class_names[:2] == ["tench", "goldfish"] and len(ours.class_names) == 1000
 
 
 def test_pre_logits_and_the_vit_name_gives_heads(tmp_path):
-    """torchvision's representation layer is vitkit's pre_logits; a `vit_b_*` name gives ViT-B's 12 heads (said,
-    as this model is not ViT-B's width)."""
+    """torchvision's representation layer is vitkit's pre_logits; a `vit_b_*` name gives ViT-B's 12 heads
+    (said, as this model is not ViT-B's width)."""
     ref = tiny_tv(hidden_dim=96, num_heads=12, representation_size=48, num_classes=7)
     torch.save(ref.state_dict(), tmp_path / "vit_b_16-c867db91.pth")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad(), pytest.warns(UserWarning, match=r"assumed 12 heads, as ViT-B/16 \(which the name "
-                                                          r"vit_b_16 names\) has, though its width is 96, not 768"):
+                                                          r"vit_b_16 names\) has, though its width is 96, "
+                                                          r"not 768"):
         ours = vitkit.load(tmp_path / "vit_b_16-c867db91.pth")
         assert (ours.cfg.num_heads, ours.cfg.representation_size) == (12, 48)
         assert_same(ours(x), ref(x), "torchvision with pre_logits vs torchvision")
@@ -63,8 +65,9 @@ def test_a_torchvision_file_says_which_heads_it_assumed_and_nothing_else(tmp_pat
     model, notes = load_noting(tmp_path / "w.pth")
     assert model.cfg.num_heads == 1
     assert len(notes) == 1 and notes[0].startswith(
-        f"{tmp_path / 'w.pth'} holds no config that gives its number of heads: assumed 1 head of 64 (the 64-wide "
-        "convention); pass num_heads= if the model has another count; on the command line, `vitkit convert")
+        f"{tmp_path / 'w.pth'} holds no config that gives its number of heads: assumed 1 head of 64 (the "
+        "64-wide convention); pass num_heads= if the model has another count; on the command line, `vitkit "
+        "convert")
     model, notes = load_noting(tmp_path / "w.pth", num_heads=4)
     assert model.cfg.num_heads == 4 and notes == []
     x = torch.randn(2, 3, 32, 32)
@@ -73,8 +76,8 @@ def test_a_torchvision_file_says_which_heads_it_assumed_and_nothing_else(tmp_pat
 
 
 def test_swag_weights_get_swags_preprocessing(tmp_path):
-    """torchvision's SWAG weights (384, 512, 518 px) are evaluated with a bicubic resize to the full size and no
-    crop, not the 224 recipe's resize to 256 and crop; vitkit's transform then equals torchvision's."""
+    """torchvision's SWAG weights (384, 512, 518 px) are evaluated with a bicubic resize to the full size and
+    no crop, not the 224 recipe's resize to 256 and crop; vitkit's transform then equals torchvision's."""
     import numpy as np
     from PIL import Image
     from torchvision.models import ViT_B_16_Weights
@@ -97,8 +100,9 @@ def test_swag_weights_get_swags_preprocessing(tmp_path):
 def test_heads_a_name_gives_that_do_not_divide_the_width_are_an_error_that_says_so(tmp_path):
     ref = tiny_tv(hidden_dim=64, num_heads=4, num_layers=1, num_classes=5)
     torch.save(ref.state_dict(), tmp_path / "vit_b_16-c867db91.pth")
-    with pytest.raises(CheckpointError, match=r"vit_b_16-c867db91\.pth: its width 64 is not divisible by 12, the "
-                                              r"heads of ViT-B/16, which its name \(vit_b_16\) names; pass num_heads="):
+    with pytest.raises(CheckpointError,
+                       match=r"vit_b_16-c867db91\.pth: its width 64 is not divisible by 12, the "
+                             r"heads of ViT-B/16, which its name \(vit_b_16\) names; pass num_heads="):
         vitkit.load(tmp_path / "vit_b_16-c867db91.pth")
     model, _ = load_noting(tmp_path / "vit_b_16-c867db91.pth", num_heads=4)
     with torch.no_grad():

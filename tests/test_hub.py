@@ -82,8 +82,8 @@ def test_timm_name_from_the_cache(offline_cache):
 
 def test_hf_hub_name_from_the_cache(offline_cache):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=96,
-                                 image_size=32, patch_size=16, num_labels=3)
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=96, image_size=32, patch_size=16, num_labels=3)
     ref = randomize_(transformers.ViTForImageClassification(cfg)).eval()
     ref.save_pretrained(cache_snapshot(offline_cache, "google/vit-fake-patch16-32"))
     model = vitkit.load("hf-hub:google/vit-fake-patch16-32")
@@ -186,8 +186,8 @@ def test_a_cached_model_loads_without_network(no_network):
     assert asked == ["config.json"]
     # a transformers repo with only pytorch_model.bin, its preprocessor_config.json recorded as absent
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=96,
-                                 image_size=32, patch_size=16, num_labels=3)
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=96, image_size=32, patch_size=16, num_labels=3)
     hf = randomize_(transformers.ViTForImageClassification(cfg)).eval()
     snapshot = cache_snapshot(cache, "google/vit-bin-only")
     hf.save_pretrained(snapshot)
@@ -200,7 +200,8 @@ def test_a_cached_model_loads_without_network(no_network):
     (no_exist / "preprocessor_config.json").touch()
     asked.clear()
     with torch.no_grad():
-        torch.testing.assert_close(vitkit.load("hf-hub:google/vit-bin-only")(x), hf(x).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(vitkit.load("hf-hub:google/vit-bin-only")(x), hf(x).logits, rtol=0,
+                                   atol=1e-5)
     assert asked == ["config.json"]
     # not recorded as absent: asked of the hub, unreachable, so absent
     (no_exist / "preprocessor_config.json").unlink()
@@ -213,9 +214,10 @@ def test_without_network_a_required_file_is_still_a_clear_error(no_network):
     cache, _ = no_network
     snapshot = cache_snapshot(cache, "timm/vit_small_patch16_224.augreg_in21k")
     (snapshot / "config.json").write_text(json.dumps({"architecture": "vit_small_patch16_224"}))
-    with pytest.raises(CheckpointError, match=r"cannot download model.safetensors or pytorch_model.bin from the hub "
-                                              r"repository timm/vit_small_patch16_224.augreg_in21k and it is not in "
-                                              r"the cache .* \(no network\?\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"cannot download model.safetensors or pytorch_model.bin from the hub "
+                             r"repository timm/vit_small_patch16_224.augreg_in21k and it is not in "
+                             r"the cache .* \(no network\?\)"):
         vitkit.load("vit_small_patch16_224.augreg_in21k")
     with pytest.raises(CheckpointError, match=r"hf-hub:org/absent: cannot download config.json from the hub "
                                               r"repository org/absent"):
@@ -224,19 +226,21 @@ def test_without_network_a_required_file_is_still_a_clear_error(no_network):
 
 def test_a_sharded_hub_repo_from_the_cache(offline_cache):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=96,
-                                 image_size=32, patch_size=16, num_labels=3)
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=96, image_size=32, patch_size=16, num_labels=3)
     ref = randomize_(transformers.ViTForImageClassification(cfg)).eval()
     snapshot = cache_snapshot(offline_cache, "google/vit-sharded")
     ref.save_pretrained(snapshot, max_shard_size="50KB")
     assert (snapshot / "model.safetensors.index.json").is_file()
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(vitkit.load("hf-hub:google/vit-sharded")(x), ref(x).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(vitkit.load("hf-hub:google/vit-sharded")(x), ref(x).logits, rtol=0,
+                                   atol=1e-5)
     shard = sorted(snapshot.glob("model-*.safetensors"))[-1]
     shard.unlink()
-    with pytest.raises(CheckpointError, match=rf"{shard.name} \(a shard model.safetensors.index.json lists\) of "
-                                              r"google/vit-sharded is not in the Hugging Face cache"):
+    with pytest.raises(CheckpointError,
+                       match=rf"{shard.name} \(a shard model.safetensors.index.json lists\) of "
+                             r"google/vit-sharded is not in the Hugging Face cache"):
         vitkit.load("hf-hub:google/vit-sharded")
 
 
@@ -246,8 +250,9 @@ def test_a_missing_local_name_says_there_is_no_such_file(offline_cache, tmp_path
     from vitkit.cli.main import main
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CheckpointError, match=r"^checkpoint: no such file or folder, and as a hub name: timm knows "
-                                              r"no pretrained weights on the hub under this name$"):
+    with pytest.raises(CheckpointError,
+                       match=r"^checkpoint: no such file or folder, and as a hub name: timm knows "
+                             r"no pretrained weights on the hub under this name$"):
         vitkit.load("checkpoint")
 
     def no_hub(name):
@@ -262,7 +267,8 @@ def test_a_missing_local_name_says_there_is_no_such_file(offline_cache, tmp_path
     with pytest.raises(SystemExit) as exit_info:
         main(["info", "model.safetensor"])
     err = capsys.readouterr().err
-    assert exit_info.value.code != 0 and err.startswith("error: model.safetensor: no such file or folder\n"), err
+    assert (exit_info.value.code != 0
+            and err.startswith("error: model.safetensor: no such file or folder\n")), err
 
 
 def test_a_hub_host_that_does_not_resolve_reads_the_cache_alone(monkeypatch, tmp_path):
