@@ -1,4 +1,5 @@
-"""`vitkit analyze ...`, `vitkit fewshot` and `vitkit probe` end to end on a tiny checkpoint and image folder."""
+"""`vitkit analyze ...`, `vitkit fewshot` and `vitkit probe` end to end on a tiny checkpoint and image
+folder."""
 
 import json
 
@@ -55,7 +56,8 @@ def test_attention_filters_posemb_write_figures(setup, tmp_path):
     ckpt, img = setup / "ckpt", setup / "data" / "test" / "striped" / "0.png"
     assert run("analyze", "attention", ckpt, img, setup / "data" / "test" / "plain" / "1.png",
                "--out", tmp_path / "a.png") == 0
-    assert run("analyze", "attention", ckpt, img, "--layer", "-1", "--head", "1", "--out", tmp_path / "b.png") == 0
+    assert run("analyze", "attention", ckpt, img, "--layer", "-1", "--head", "1", "--out",
+               tmp_path / "b.png") == 0
     assert run("analyze", "attention", ckpt, "-d", setup / "data", "--indices", "0,5", "--out",
                tmp_path / "c.png") == 0
     assert run("analyze", "filters", ckpt, "--out", tmp_path / "f.png") == 0
@@ -156,7 +158,8 @@ def _colour_folder(root, splits):
         for name in names:
             (root / split / name).mkdir(parents=True)
             for i in range(3):
-                Image.new("RGB", (16, 16), tuple(v + 2 * i for v in colours[name])).save(root / split / name / f"{i}.png")
+                Image.new("RGB", (16, 16), tuple(v + 2 * i for v in colours[name])).save(
+                    root / split / name / f"{i}.png")
     return root
 
 
@@ -176,7 +179,8 @@ def test_fewshot_and_probe_number_the_test_classes_as_the_training_ones(colour_c
     data = _colour_folder(tmp_path / "d", {"train": ["a", "b", "c"], "test": ["a", "c"]})
     assert run("probe", colour_ckpt, "-d", data, "--C", "10", "--json", tmp_path / "p.json") == 0
     assert json.loads((tmp_path / "p.json").read_text())["accuracy"] == 1.0
-    assert run("fewshot", colour_ckpt, "-d", data, "--shots", "2", "--seeds", "1", "--json", tmp_path / "f.json") == 0
+    assert run("fewshot", colour_ckpt, "-d", data, "--shots", "2", "--seeds", "1", "--json",
+               tmp_path / "f.json") == 0
     assert json.loads((tmp_path / "f.json").read_text())["results"][0]["accuracy"] == 1.0
 
 

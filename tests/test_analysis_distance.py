@@ -49,7 +49,8 @@ def test_a_known_case_and_the_distance_table():
 
 
 def test_all_layers_of_a_model():
-    model = create_model("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=3, num_heads=2, mlp_dim=64).eval()
+    model = create_model("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=3, num_heads=2,
+                         mlp_dim=64).eval()
     with torch.no_grad():
         _, attns = model.forward_features(torch.randn(4, 3, 32, 32), return_attention=True)
     dist = mean_attention_distance(attns, model.cfg.grid_size, model.cfg.patch_size, 1)

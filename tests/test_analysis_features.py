@@ -48,8 +48,10 @@ def test_cache_is_reused_only_for_the_same_model_and_data(tmp_path, monkeypatch)
     feat.extract_features(model, data, cache=cache, data_key="toy:train", batch_size=4, progress=False)
     assert len(calls) == 1  # other data: recomputed
     with torch.no_grad():
-        model.blocks[0].mlp.fc2.bias.normal_()  # (a uniform shift of every channel the final LayerNorm would undo)
-    changed = feat.extract_features(model, data, cache=cache, data_key="toy:train", batch_size=4, progress=False)
+        # (a uniform shift of every channel the final LayerNorm would undo)
+        model.blocks[0].mlp.fc2.bias.normal_()
+    changed = feat.extract_features(model, data, cache=cache, data_key="toy:train", batch_size=4,
+                                    progress=False)
     assert len(calls) == 2  # other weights: recomputed
     assert not torch.allclose(changed.features, first.features)
     cache.write_bytes(b"not a safetensors file")
@@ -111,8 +113,8 @@ def test_a_cache_of_a_folder_whose_files_changed_is_recomputed(tmp_path):
         (tmp_path / "data" / name).mkdir(parents=True)
         Image.new("RGB", (16, 16), colour).save(tmp_path / "data" / name / "x.png")
     model, cache = _model(), tmp_path / "f.safetensors"
-    first = feat.extract_features(model, resolve(str(tmp_path / "data"), "test"), cache=cache, data_key="d:test",
-                                  progress=False)
+    first = feat.extract_features(model, resolve(str(tmp_path / "data"), "test"), cache=cache,
+                                  data_key="d:test", progress=False)
     a, b = tmp_path / "data" / "a" / "x.png", tmp_path / "data" / "b" / "x.png"
     os.replace(a, tmp_path / "t.png")
     os.replace(b, a)

@@ -88,8 +88,8 @@ def test_precomputed_draws_on_a_subset_give_the_same_result():
     assert len(needed) <= 2 * 3 * 10 < len(train_y)
     row = {int(i): j for j, i in enumerate(needed)}
     local = {k: np.array([row[int(i)] for i in v]) for k, v in draws.items()}
-    sub = fewshot_eval(train_x[needed], train_y[needed], test_x, test_y, shots=(1, 3), num_classes=10, seeds=2,
-                       l2_reg=1.0, draws=local)
+    sub = fewshot_eval(train_x[needed], train_y[needed], test_x, test_y, shots=(1, 3), num_classes=10,
+                       seeds=2, l2_reg=1.0, draws=local)
     assert [r.accuracies for r in sub] == [r.accuracies for r in full]
     assert 0.2 < full[0].mean < 1.0
 

@@ -30,7 +30,8 @@ def test_every_plot_saves_a_small_png(tmp_path):
         "attention": figures.plot_attention([np.random.rand(16, 16, 3), np.random.rand(16, 16)],
                                             [torch.rand(4), torch.rand(2, 2)], (2, 2), suptitle="t"),
         "filters": figures.plot_filters(filter_principal_components(torch.randn(40, 3, 4, 4, generator=g))),
-        "filters_grey": figures.plot_filters(filter_principal_components(torch.randn(40, 1, 4, 4, generator=g))),
+        "filters_grey": figures.plot_filters(
+            filter_principal_components(torch.randn(40, 1, 4, 4, generator=g))),
         "posemb": figures.plot_position_similarity(torch.rand(12, 3, 4) * 2 - 1),
         "distance": figures.plot_attention_distance(torch.rand(4, 3) * 50, reference=40.0),
         "fewshot": figures.plot_fewshot({"model": [(1, 50.0, 2.0), (5, 70.0, 1.0)]}),

@@ -19,7 +19,8 @@ def test_self_similarity_is_one_on_the_diagonal_and_symmetric():
     assert sim[7, 1, 2] == pytest.approx(1.0)
     # Independent check of one entry.
     a, b = table[0, 1 + 3], table[0, 1 + 11]
-    assert flat[3, 11].item() == pytest.approx(torch.nn.functional.cosine_similarity(a, b, dim=0).item(), abs=1e-6)
+    assert (flat[3, 11].item()
+            == pytest.approx(torch.nn.functional.cosine_similarity(a, b, dim=0).item(), abs=1e-6))
 
 
 def test_orthonormal_table_gives_the_identity():

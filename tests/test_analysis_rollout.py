@@ -104,7 +104,8 @@ def test_on_a_model_layer_attention_picks_the_right_rows(pool):
 
 
 def test_a_gap_model_with_a_class_token_is_read_from_its_patch_rows():
-    # timm's global_pool="avg" keeps the class token: the representation is still the mean of the patch tokens.
+    # timm's global_pool="avg" keeps the class token: the representation is still the mean of the patch
+    # tokens.
     cfg = ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3,
                     pool="gap", class_token=True)
     model = create_model(cfg).eval()

@@ -161,7 +161,9 @@ def test_cifar_download_bad_md5_and_unsafe_archive(isolated, http_server):
     write_cifar100(isolated / "src" / "cifar-100-binary")
     make_archive(isolated / "src" / "cifar-100-binary", served / "cifar-100-binary.tar.gz")
     target = isolated / "target"
-    with pytest.raises(DownloadError, match=r"cifar-100-binary\.tar\.gz downloaded from .* has MD5 [0-9a-f]{32}, expected f{32}"):
+    with pytest.raises(DownloadError,
+                       match=r"cifar-100-binary\.tar\.gz downloaded from .* has MD5 [0-9a-f]{32}, expected "
+                             r"f{32}"):
         load_cifar("cifar100", data_dir=target, download=True, base_url=url, md5="f" * 32)
     assert not any(target.iterdir())
     # An archive with a member that would land outside the target folder is refused.
@@ -197,11 +199,13 @@ def test_cifar_download_with_a_corrupt_deflate_stream_names_the_archive(isolated
     served, url = http_server
     src = isolated / "src" / "cifar-10-batches-bin"
     src.mkdir(parents=True)
-    (src / "test_batch.bin").write_bytes(np.random.default_rng(0).integers(0, 256, 3073 * 20, np.uint8).tobytes())
+    (src / "test_batch.bin").write_bytes(
+        np.random.default_rng(0).integers(0, 256, 3073 * 20, np.uint8).tobytes())
     md5 = corrupt_deflate_archive(src, served / "cifar-10-binary.tar.gz")
     with pytest.raises(zlib.error), tarfile.open(served / "cifar-10-binary.tar.gz") as tar:  # the premise
         tar.extractall(isolated / "scratch", filter="data")
     target = isolated / "target"
-    with pytest.raises(DownloadError, match=r"cifar-10-binary\.tar\.gz: cannot unpack \(.*invalid block type"):
+    with pytest.raises(DownloadError,
+                       match=r"cifar-10-binary\.tar\.gz: cannot unpack \(.*invalid block type"):
         load_cifar("cifar10", "test", data_dir=target, download=True, base_url=url, md5=md5)
     assert not any(target.iterdir())

@@ -24,7 +24,8 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
 
 
-def write_fashion_mnist(folder: Path, n_train: int = 12, n_test: int = 5, gz: bool = True, seed: int = 0) -> dict:
+def write_fashion_mnist(folder: Path, n_train: int = 12, n_test: int = 5, gz: bool = True,
+                        seed: int = 0) -> dict:
     """Tiny Fashion-MNIST-format files; returns the arrays written and each file's MD5."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -171,11 +172,13 @@ def test_data_dir_lacking_a_file_warns_of_the_fall_back(isolated, recwarn):
     with pytest.warns(UserWarning) as caught:
         assert len(resolve("fashion-mnist", "train", data_dir=given, download=False)) == 3
     message = str(caught[0].message)
-    assert "Fashion-MNIST (train)" in message and f"{given / 'fashion-mnist'} lacks train-labels-idx1-ubyte" in message
+    assert ("Fashion-MNIST (train)" in message
+            and f"{given / 'fashion-mnist'} lacks train-labels-idx1-ubyte" in message)
     assert "train-images" not in message and message.endswith(f"using {system} instead")
     # A data_dir that exists but holds none of the files: said too.
     (given / "fashion-mnist" / "train-images-idx3-ubyte.gz").unlink()
-    with pytest.warns(UserWarning, match=r"given \(nor its fashion-mnist.* sub-folders\) has none of its files"):
+    with pytest.warns(UserWarning,
+                      match=r"given \(nor its fashion-mnist.* sub-folders\) has none of its files"):
         resolve("fashion-mnist", "train", data_dir=given, download=False)
     # No warning where the data_dir has them all, or no data_dir is given.
     recwarn.clear()
@@ -200,7 +203,8 @@ def test_download_over_http_checks_md5_and_loads(isolated, http_server):
     assert len(ds) == 7
     assert torch.equal(ds.images[:, 0], torch.from_numpy(written["arrays"]["train"][0]))
     got = sorted(p.name for p in (target / "fashion-mnist").iterdir())
-    assert got == ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"]  # only the split asked, no temp files
+    # only the split asked, no temp files
+    assert got == ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"]
     for name in got:
         assert (target / "fashion-mnist" / name).read_bytes() == (served / name).read_bytes()
     # Found on disk the second time: with the server's files gone, it still loads.
@@ -226,7 +230,8 @@ def test_download_with_wrong_md5_fails_and_leaves_nothing(isolated, http_server)
     md5s = dict(written["md5"])
     md5s["train-images-idx3-ubyte.gz"] = "0" * 32
     target = isolated / "downloads"
-    with pytest.raises(DownloadError, match=r"train-images-idx3-ubyte\.gz .*has MD5 [0-9a-f]{32}, expected 0{32}"):
+    with pytest.raises(DownloadError,
+                       match=r"train-images-idx3-ubyte\.gz .*has MD5 [0-9a-f]{32}, expected 0{32}"):
         load_fashion_mnist("train", data_dir=target, download=True, base_url=url, md5s=md5s)
     assert list((target / "fashion-mnist").iterdir()) == []  # neither the bad file nor a temporary one
 
@@ -234,7 +239,8 @@ def test_download_with_wrong_md5_fails_and_leaves_nothing(isolated, http_server)
 def test_download_missing_file_names_the_url(isolated, http_server):
     served, url = http_server
     with pytest.raises(DownloadError, match=r"127\.0\.0\.1.*train-images-idx3-ubyte\.gz failed"):
-        load_fashion_mnist("train", data_dir=isolated / "d", download=True, base_url=url, md5s=fashion_mnist.FASHION_MNIST_MD5)
+        load_fashion_mnist("train", data_dir=isolated / "d", download=True, base_url=url,
+                           md5s=fashion_mnist.FASHION_MNIST_MD5)
 
 
 def test_published_md5s_are_the_readme_ones():
@@ -250,7 +256,8 @@ def test_real_fashion_mnist(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # no cached copy: the Debian files themselves
     monkeypatch.delenv("VITKIT_DATA", raising=False)
     assert find_fashion_mnist("train")[0].parent == DEBIAN
-    train, test = resolve("fashion-mnist", "train", download=False), resolve("fashion-mnist", "test", download=False)
+    train, test = (resolve("fashion-mnist", "train", download=False),
+                   resolve("fashion-mnist", "test", download=False))
     assert train.images.shape == (60000, 1, 28, 28) and test.images.shape == (10000, 1, 28, 28)
     assert train.classes[:2] == ["T-shirt/top", "Trouser"] and train.classes[-1] == "Ankle boot"
     # The dataset is balanced: 6,000 training and 1,000 test images per class.

@@ -1,5 +1,6 @@
-"""Which files of a folder are images and which sub-folders are classes: one rule (`image_files`) for image-folder
-datasets and `vitkit predict`; class folders that are not classes; which split a folder served."""
+"""Which files of a folder are images and which sub-folders are classes: one rule (`image_files`) for
+image-folder datasets and `vitkit predict`; class folders that are not classes; which split a folder
+served."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def test_predict_finds_the_images_a_dataset_finds(tmp_path):
 
 
 def test_predict_on_a_cluttered_folder_reports_no_errors(tmp_path):
-    cfg = vitkit.ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, dim=16, depth=1, num_heads=2,
-                           mlp_dim=32, name="tiny")
+    cfg = vitkit.ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, dim=16, depth=1,
+                           num_heads=2, mlp_dim=32, name="tiny")
     model = vitkit.create_model(cfg).eval()
     images = cluttered(tmp_path / "imgs", tmp_path / "elsewhere")
     predictions, failures = predict(model, [tmp_path / "imgs"], top_k=2)
@@ -85,7 +86,8 @@ def test_a_class_folder_without_images_is_refused_naming_it(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "README.txt").write_text("not an image")
     png(tmp_path / "hidden_only" / ".x.png")
-    with pytest.raises(ValueError, match=r"no image files .* in class folders empty_cls/, hidden_only/, notes/"):
+    with pytest.raises(ValueError,
+                       match=r"no image files .* in class folders empty_cls/, hidden_only/, notes/"):
         ImageFolderDataset(tmp_path)
     with pytest.raises(ValueError, match=r"in class folders empty_cls/"):
         resolve(tmp_path, "test")

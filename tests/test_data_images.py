@@ -39,7 +39,8 @@ def test_every_pillow_mode_converts(mode):
 
 
 @pytest.mark.parametrize(("mode", "fmt"), [("1", "PNG"), ("L", "PNG"), ("LA", "PNG"), ("P", "PNG"),
-                                           ("RGBA", "PNG"), ("CMYK", "JPEG"), ("CMYK", "TIFF"), ("I;16", "PNG"),
+                                           ("RGBA", "PNG"), ("CMYK", "JPEG"), ("CMYK", "TIFF"),
+                                           ("I;16", "PNG"),
                                            ("I", "TIFF"), ("F", "TIFF"), ("YCbCr", "TIFF"), ("RGB", "WEBP"),
                                            ("L", "GIF"), ("RGB", "BMP")])
 def test_saved_files_of_each_mode_open(tmp_path, mode, fmt):
@@ -75,7 +76,8 @@ def test_transparency_goes_over_white_and_palette_colours_kept(tmp_path):
     pal.putpixel((0, 0), 1)
     pal.save(tmp_path / "pal.png")
     assert open_image(tmp_path / "pal.png").getpixel((0, 0)) == (200, 100, 50)
-    assert open_image(tmp_path / "pal.png", "L").getpixel((0, 0)) == round(0.299 * 200 + 0.587 * 100 + 0.114 * 50)
+    assert (open_image(tmp_path / "pal.png", "L").getpixel((0, 0))
+            == round(0.299 * 200 + 0.587 * 100 + 0.114 * 50))
 
 
 # --- bad files --------------------------------------------------------------------------------------------
@@ -121,7 +123,8 @@ def test_bad_files_raise_bad_image_error_naming_the_file(tmp_path):
 def test_broken_symbolic_link_is_a_bad_image_naming_it(tmp_path):
     link = tmp_path / "broken.png"
     link.symlink_to(tmp_path / "no-such-target.png")
-    with pytest.raises(BadImageError, match=r"broken\.png: broken symbolic link \(to .*no-such-target\.png") as info:
+    with pytest.raises(BadImageError,
+                       match=r"broken\.png: broken symbolic link \(to .*no-such-target\.png") as info:
         open_image(link)
     assert info.value.path == link
     loop = tmp_path / "loop.png"
@@ -194,7 +197,8 @@ def test_image_folder_skips_and_counts_bad_files(tmp_path):
     assert ds.num_skipped == 6 and {p.name for p in ds.skipped} == bad_names
     # A bad file's place is taken by the next good one: the cat folder sorts b_* before c*.
     names = [p.name for p, _ in ds.samples]
-    assert np.array_equal(np.asarray(items[names.index("b_empty.png")][0]), np.asarray(ds[names.index("c0.png")][0]))
+    assert np.array_equal(np.asarray(items[names.index("b_empty.png")][0]),
+                          np.asarray(ds[names.index("c0.png")][0]))
     assert ds.num_skipped == 6  # found once, counted once
 
 
@@ -280,7 +284,8 @@ def test_read_gives_each_item_itself_or_none(tmp_path):
 
 
 def test_with_classes_matches_labels_by_name(tmp_path):
-    """A val folder lacking one of the training classes keeps each class's index; an unknown class is refused."""
+    """A val folder lacking one of the training classes keeps each class's index; an unknown class is
+    refused."""
     from vitkit.data import TensorImageDataset
     from vitkit.data.views import LabelMapped, with_classes
 
@@ -295,7 +300,8 @@ def test_with_classes_matches_labels_by_name(tmp_path):
     assert with_classes(val, ["a", "c"]) is val
     with pytest.raises(ValueError, match=r"the val split has classes that the training split lacks: c \("):
         with_classes(val, ["a", "b"], "the val split", "the training split")
-    memory = TensorImageDataset(torch.zeros(3, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, 1]), ["a", "c"])
+    memory = TensorImageDataset(torch.zeros(3, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, 1]),
+                                ["a", "c"])
     assert with_classes(memory, ["c", "b", "a"]).targets.tolist() == [2, 0, 0]
     other = torch.utils.data.Subset(memory, [0, 1])
     other.classes = ["a", "c"]
@@ -321,7 +327,8 @@ def test_a_16_bit_pgm_is_16_bit_however_dark(tmp_path, value):
     (tmp_path / "x.pgm").write_bytes(b"P5\n4 4\n65535\n" + a.astype(">u2").tobytes())
     Image.fromarray(a).save(tmp_path / "x.png")
     pgm, png = open_image(tmp_path / "x.pgm", "L"), open_image(tmp_path / "x.png", "L")
-    assert np.array_equal(np.asarray(pgm), np.asarray(png)) and int(np.asarray(pgm)[0, 0]) == round(value / 257)
+    assert (np.array_equal(np.asarray(pgm), np.asarray(png))
+            and int(np.asarray(pgm)[0, 0]) == round(value / 257))
     eight = tmp_path / "y.pgm"
     eight.write_bytes(b"P5\n4 4\n255\n" + bytes([200] * 16))
     assert int(np.asarray(open_image(eight, "L"))[0, 0]) == 200

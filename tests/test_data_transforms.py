@@ -72,15 +72,18 @@ def test_eval_transform_tiny_images_are_just_resized():
     cfg = tiny_cfg((32, 32), 3)
     image = batch(1, 1, 28, 28)[0]
     out = build_eval_transform(cfg)(image)
-    ref = TF.resize(image, [32, 32], interpolation=InterpolationMode.BICUBIC, antialias=True).expand(3, -1, -1)
+    ref = TF.resize(image, [32, 32], interpolation=InterpolationMode.BICUBIC,
+                    antialias=True).expand(3, -1, -1)
     torch.testing.assert_close(out, (ref.float() / 255 - 0.5) / 0.5)
 
 
 def test_eval_transform_resize_then_centre_crop_matches_v2_reference():
     cfg = tiny_cfg((32, 32), 3, crop_pct=0.875)
     image = batch(1, 3, 100, 80)[0]
-    ref = v2.Compose([v2.Resize(math.floor(32 / 0.875), interpolation=InterpolationMode.BICUBIC, antialias=True),
-                      v2.CenterCrop(32), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)])
+    ref = v2.Compose([v2.Resize(math.floor(32 / 0.875), interpolation=InterpolationMode.BICUBIC,
+                                antialias=True),
+                      v2.CenterCrop(32), v2.ToDtype(torch.float32, scale=True),
+                      v2.Normalize([0.5] * 3, [0.5] * 3)])
     torch.testing.assert_close(build_eval_transform(cfg)(image), ref(image))
 
 
@@ -134,7 +137,8 @@ def test_eval_transform_colour_to_grey_normalised_with_config():
     out = build_eval_transform(cfg)(pil)
     assert out.shape == (1, 28, 28)
     # torchvision's grey weights sum to 0.9999, so white may come out as 254: one grey level of tolerance.
-    torch.testing.assert_close(out, torch.full((1, 28, 28), (1.0 - 0.25) / 0.5), atol=1.01 / 255 / 0.5, rtol=0)
+    torch.testing.assert_close(out, torch.full((1, 28, 28), (1.0 - 0.25) / 0.5), atol=1.01 / 255 / 0.5,
+                               rtol=0)
 
 
 def test_batch_transform_mixup_cutmix():
@@ -176,7 +180,8 @@ def test_pad_crop_is_a_per_image_translation_keeping_content():
     assert out.shape == x.shape and out.dtype == torch.uint8
     shifts = set()
     for o, i in zip(out, x, strict=True):
-        found = [(dy, dx) for dy in range(-pad, pad + 1) for dx in range(-pad, pad + 1) if torch.equal(o, _shift(i, dy, dx))]
+        found = [(dy, dx) for dy in range(-pad, pad + 1) for dx in range(-pad, pad + 1)
+                 if torch.equal(o, _shift(i, dy, dx))]
         assert len(found) == 1
         shifts.add(found[0])
     assert len(shifts) > 10  # the offsets differ between images
@@ -225,9 +230,10 @@ def test_randaugment_batch_per_image_and_deterministic():
     assert torch.equal(randaugment_batch(x, 0, 9, gen()), x)
 
 
-TORCHVISION_RA_NAMES = {"identity": "Identity", "shear_x": "ShearX", "shear_y": "ShearY", "translate_x": "TranslateX",
-                        "translate_y": "TranslateY", "rotate": "Rotate", "brightness": "Brightness", "color": "Color",
-                        "contrast": "Contrast", "sharpness": "Sharpness", "posterize": "Posterize",
+TORCHVISION_RA_NAMES = {"identity": "Identity", "shear_x": "ShearX", "shear_y": "ShearY",
+                        "translate_x": "TranslateX", "translate_y": "TranslateY", "rotate": "Rotate",
+                        "brightness": "Brightness", "color": "Color", "contrast": "Contrast",
+                        "sharpness": "Sharpness", "posterize": "Posterize",
                         "solarize": "Solarize", "autocontrast": "AutoContrast", "equalize": "Equalize"}
 
 
@@ -277,13 +283,14 @@ def test_normalize_batch_matches_eval_transform():
     # Resized to 32x32 with 3 channels, bilinear: v2 rounds its resize to uint8, the batch path does not.
     bigger = tiny_cfg((32, 32), 3, interpolation="bilinear")
     ev = build_eval_transform(bigger)
-    torch.testing.assert_close(normalize_batch(x, bigger), torch.stack([ev(i) for i in x]), atol=1.01 / 255 / 0.5,
-                               rtol=0)
+    torch.testing.assert_close(normalize_batch(x, bigger), torch.stack([ev(i) for i in x]),
+                               atol=1.01 / 255 / 0.5, rtol=0)
     # Bicubic: torchvision resizes uint8 with PIL's kernel (a=-0.5) and floats with torch's (a=-0.75); the
     # batch path works in float, so its reference is torchvision's float resize.
     bicubic = tiny_cfg((32, 32), 3)
     ref = TF.resize(x.float() / 255, [32, 32], interpolation=InterpolationMode.BICUBIC, antialias=True)
-    torch.testing.assert_close(normalize_batch(x, bicubic), (ref.clamp(0, 1).expand(-1, 3, -1, -1) - 0.5) / 0.5)
+    torch.testing.assert_close(normalize_batch(x, bicubic),
+                               (ref.clamp(0, 1).expand(-1, 3, -1, -1) - 0.5) / 0.5)
     # Colour to grey with the luma weights PIL uses.
     colour = batch(2, 3, 8, 8)
     grey = normalize_batch(colour, tiny_cfg((8, 8), 1, mean=(0.0,), std=(1.0,)))
