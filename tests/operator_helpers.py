@@ -1,6 +1,6 @@
 """Shared by the tests of vitkit's compiled operators: whether a test of an operator must run here (and fail
-if the operator did not build), which operators a call runs (by the profiler), and a model's training step with
-the operators against the same step without them (VITKIT_KERNELS=0)."""
+if the operator did not build), which operators a call runs (by the profiler), and a model's training step
+with the operators against the same step without them (VITKIT_KERNELS=0)."""
 
 import functools
 import shutil
@@ -17,8 +17,8 @@ def compiler_present() -> bool:
 
 
 def operator_skip_reason() -> str | None:
-    """Why vitkit's compiled operators cannot be built here (the environment turns them off, or there is no C++
-    compiler), or None: then they must build, and a test of one that is unavailable fails."""
+    """Why vitkit's compiled operators cannot be built here (the environment turns them off, or there is no
+    C++ compiler), or None: then they must build, and a test of one that is unavailable fails."""
     from vitkit.cpu.build import DISABLE_ENV, kernels_enabled
 
     if not kernels_enabled():
@@ -29,19 +29,20 @@ def operator_skip_reason() -> str | None:
 
 
 def require_operator(available: Callable[[], bool], name: str) -> None:
-    """Skip the calling test where vitkit's operators cannot be built here (`operator_skip_reason`); elsewhere fail
-    it unless `available()` (which builds the operator on its first call) says the operator `name` is there."""
+    """Skip the calling test where vitkit's operators cannot be built here (`operator_skip_reason`); elsewhere
+    fail it unless `available()` (which builds the operator on its first call) says the operator `name` is
+    there."""
     reason = operator_skip_reason()
     if reason is not None:
         pytest.skip(reason)
     if not available():
-        pytest.fail(f"vitkit's {name} operator is unavailable although a C++ compiler is on PATH: its build failed "
-                    "(the RuntimeWarning above says why)")
+        pytest.fail(f"vitkit's {name} operator is unavailable although a C++ compiler is on PATH: its build "
+                    "failed (the RuntimeWarning above says why)")
 
 
 def needs_operator(available: Callable[[], bool], name: str):
-    """A decorator for a test of the operator `name`: the test first calls `require_operator` (skipped where the
-    operators cannot be built here, failed where they should have been and were not), then runs."""
+    """A decorator for a test of the operator `name`: the test first calls `require_operator` (skipped where
+    the operators cannot be built here, failed where they should have been and were not), then runs."""
 
     def decorate(test):
         @functools.wraps(test)  # pytest reads the test's own parameters (fixtures, parametrize) through this
@@ -63,9 +64,11 @@ def operators_called(fn, prefix: str) -> set[str]:
     return {e.key for e in prof.key_averages() if e.key.startswith(prefix)}
 
 
-def training_step_equals_the_fallback(model, x: torch.Tensor, y: torch.Tensor, monkeypatch, prefix: str) -> set[str]:
+def training_step_equals_the_fallback(model, x: torch.Tensor, y: torch.Tensor, monkeypatch,
+                                      prefix: str) -> set[str]:
     """One training step of `model` with vitkit's operators and one with them turned off: the loss and every
-    gradient agree, and the second step calls none of the `prefix` operators. Returns those the first called."""
+    gradient agree, and the second step calls none of the `prefix` operators. Returns those the first
+    called."""
 
     def step():
         model.zero_grad(set_to_none=True)

@@ -1,4 +1,5 @@
-"""vitkit.accelerate: the CPU kernels swapped into a plain model keep its parameters, function and gradients."""
+"""vitkit.accelerate: the CPU kernels swapped into a plain model keep its parameters, function and
+gradients."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ VARIANTS = {
 def _model(overrides: dict, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     model = vitkit.create_model("ViT-Ti/16", **overrides)
-    with torch.no_grad():  # the classifier starts at zero: give it weights so that its gradients are not trivial
+    with torch.no_grad():
+        # the classifier starts at zero: give it weights so that its gradients are not trivial
         for p in model.head.parameters():
             p.normal_(std=0.1)
     return model
@@ -58,7 +60,8 @@ def test_same_logits_and_gradients_as_the_plain_model(variant, training):
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
     assert got_grads.keys() == want_grads.keys()
     assert len(got_grads) == len(list(model.parameters()))  # every parameter has a gradient
-    for name, want in want_grads.items():  # to 1e-5 of each gradient's scale: float rounding, another summation order
+    for name, want in want_grads.items():
+        # to 1e-5 of each gradient's scale: float rounding, another summation order
         error = (got_grads[name] - want).abs().max().item()
         assert error <= 1e-5 * max(1.0, want.abs().max().item()), f"{name}: {error:.2e}"
 
@@ -72,7 +75,8 @@ def test_modules_are_swapped_in_place_with_the_same_parameters():
     assert all(type(m) is FastAttention for m in model.modules() if isinstance(m, Attention))
     after = dict(model.named_parameters())
     assert after.keys() == before.keys()
-    assert all(after[n] is before[n] for n in before)  # the very same Parameter objects: optimizers keep working
+    # the very same Parameter objects: optimizers keep working
+    assert all(after[n] is before[n] for n in before)
     new_state = model.state_dict()
     assert new_state.keys() == state.keys()
     for k in state:

@@ -35,12 +35,13 @@ print(json.dumps({"before": before, "after": after, "took": took}))
 
 
 def test_large_blocks_are_reused_after_retain_freed_memory():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
+                         timeout=120)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["took"] is True
     pages = 24 * 2**20 // 4096
-    # glibc's default: every 24 MB block is mmapped afresh and faulted in (with 4 KiB pages: 6,144 faults each;
-    # fewer where the kernel hands out huge pages, but still some for every block).
+    # glibc's default: every 24 MB block is mmapped afresh and faulted in (with 4 KiB pages: 6,144 faults
+    # each; fewer where the kernel hands out huge pages, but still some for every block).
     assert r["before"] >= 8
     # After: the 8 blocks come from the heap; at most one of them is faulted in again (seen twice in a row on
     # a 2-core machine while another test run started next to it: 6,144 faults against 43,033 before).

@@ -1,5 +1,5 @@
-"""vitkit.cpu.autotune: the fastest candidate is chosen once per shape, kept on disk, and never a slower one than
-PyTorch's own; the tuned layers compute what the plain ones do whatever the choice."""
+"""vitkit.cpu.autotune: the fastest candidate is chosen once per shape, kept on disk, and never a slower one
+than PyTorch's own; the tuned layers compute what the plain ones do whatever the choice."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def test_an_unreadable_cache_is_said_and_written_anew(cache):
 def test_processes_tuning_at_once_merge_their_choices(cache):
     """Two processes deciding different keys at the same time both find theirs in the file afterwards."""
     script = ("import sys; from vitkit.cpu import autotune\n"
-              "for i in range(20): autotune.choose('op', (sys.argv[1], i), lambda: {'a': lambda: None, 'b': lambda: None}, 'a')\n")
+              "for i in range(20): autotune.choose('op', (sys.argv[1], i), lambda: {'a': lambda: None, 'b': "
+              "lambda: None}, 'a')\n")
     procs = [subprocess.Popen([sys.executable, "-c", script, name]) for name in ("p", "q")]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     choices = json.loads(autotune.cache_path().read_text())["choices"]
@@ -126,7 +127,8 @@ def test_every_attention_implementation_computes_the_same_function():
 
 
 def test_the_tuned_choices_are_ones_the_candidates_name(cache):
-    x, w, b = torch.randn(40, 16, requires_grad=True), torch.randn(24, 16, requires_grad=True), torch.randn(24)
+    x, w, b = (torch.randn(40, 16, requires_grad=True), torch.randn(24, 16, requires_grad=True),
+               torch.randn(24))
     assert training_engine_for(x, w, b) in ("mkl", "onednn")
     assert inference_engine_for(x.detach(), w.detach(), b) in ("mkl", "onednn")
     assert implementation(torch.randn(2, 9, 48, requires_grad=True), 4, 0.0, True) in IMPLEMENTATIONS

@@ -81,7 +81,8 @@ def test_sgemm_and_measurement_arithmetic():
 
 
 def test_harness_end_to_end_on_a_tiny_config(tmp_path):
-    config = bench.BenchConfig(models=(TINY,), batch_sizes=(1, 2), repeats=2, warmup=1, sgemm_size=128, threads=1)
+    config = bench.BenchConfig(models=(TINY,), batch_sizes=(1, 2), repeats=2, warmup=1, sgemm_size=128,
+                               threads=1)
     before = torch.get_num_threads()
     seen = []
     report = bench.run(config, on_progress=lambda done, total: seen.append((done, total)))
@@ -127,7 +128,8 @@ def test_harness_end_to_end_on_a_tiny_config(tmp_path):
 def test_cpu_description_names_the_features_and_reads_older_reports():
     info = {"cpu": "Some Xeon", "cpu_capability": "AVX512", "vnni": False, "native_bf16": True, "threads": 2}
     assert bench.describe_cpu(info) == "Some Xeon (AVX512, VNNI no, bf16 yes)"
-    older = {"cpu": "Some Xeon", "cpu_capability": "AVX2", "threads": 2}  # a report from before they were kept
+    # a report from before they were kept
+    older = {"cpu": "Some Xeon", "cpu_capability": "AVX2", "threads": 2}
     assert bench.describe_cpu(older) == "Some Xeon (AVX2)"
 
 
@@ -175,8 +177,9 @@ def test_cli_bench_quick_keeps_what_the_command_line_chooses(monkeypatch, capsys
 
     def fake_run(config, on_progress=None):  # note the configuration, then measure a tiny one instead
         configs.append(config)
-        return real_run(dataclasses.replace(config, models=("ViT-Ti/16",), batch_sizes=(1,), contenders=("vitkit",),
-                                            repeats=1, warmup=0, threads=1, sgemm_size=64))
+        return real_run(dataclasses.replace(config, models=("ViT-Ti/16",), batch_sizes=(1,),
+                                            contenders=("vitkit",), repeats=1, warmup=0, threads=1,
+                                            sgemm_size=64))
 
     monkeypatch.setattr(bench, "run", fake_run)
     for argv in (["--quick"], ["--quick", "-m", "ViT-B/32", "-r", "5"], ["-b", "4", "--warmup", "0"], []):
@@ -185,7 +188,8 @@ def test_cli_bench_quick_keeps_what_the_command_line_chooses(monkeypatch, capsys
         assert e.value.code == 0, capsys.readouterr()
     got = [(c.models, c.batch_sizes, c.repeats, c.warmup) for c in configs]
     assert got == [
-        (tuple(QUICK_RUN["models"]), tuple(QUICK_RUN["batch_sizes"]), QUICK_RUN["repeats"], QUICK_RUN["warmup"]),
+        (tuple(QUICK_RUN["models"]), tuple(QUICK_RUN["batch_sizes"]), QUICK_RUN["repeats"],
+         QUICK_RUN["warmup"]),
         (("ViT-B/32",), tuple(QUICK_RUN["batch_sizes"]), 5, QUICK_RUN["warmup"]),
         (tuple(FULL_RUN["models"]), (4,), FULL_RUN["repeats"], 0),
         (tuple(FULL_RUN["models"]), tuple(FULL_RUN["batch_sizes"]), FULL_RUN["repeats"], FULL_RUN["warmup"]),
@@ -210,12 +214,14 @@ def test_gpu_benchmark_runs_its_contenders_on_the_cpu(tmp_path):
         else {"vitkit-fp32", "timm-fp32"}
     assert set(inference["images_per_s"]) == expected
     assert set(training["images_per_s"]) == {"vitkit", "timm"}
-    assert inference["vs_reference"][inference["reference"]] == 1.0 and training["vs_reference"]["timm"] == 1.0
+    assert (inference["vs_reference"][inference["reference"]] == 1.0
+            and training["vs_reference"]["timm"] == 1.0)
     assert all(len(t) == 2 and min(t) > 0 for t in inference["seconds"].values())
     only = bench_gpu.main(["--device", "cpu", "--tiny", "--no-compile", "--repeats", "1", "--warmup", "0",
                            "--batch", "2", "--train-batch", "2", "--only", "training", "--profile", "3"])
     assert "inference" not in only and set(only["training"]["images_per_s"]) == {"vitkit", "timm"}
-    profiles = only["training"]["profile"]  # one profiled step per contender: totals and the busiest operators
+    # one profiled step per contender: totals and the busiest operators
+    profiles = only["training"]["profile"]
     assert set(profiles) == {"vitkit", "timm"}
     assert all(p["wall_ms"] > 0 and p["host_ops_ms"] > 0 for p in profiles.values())
     for p in profiles.values():  # the 3 busiest operators, whichever they are (AdamW's step, a linear, ...)
@@ -233,8 +239,8 @@ def test_gpu_benchmark_compiles_the_training_steps_in_the_mode_asked(monkeypatch
     bench_gpu = load_benchmark("bench_gpu")
     modes = []
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
-    report = bench_gpu.main(["--device", "cpu", "--tiny", "--repeats", "1", "--warmup", "0", "--train-batch", "2",
-                             "--only", "training", "--train-compile-mode", "reduce-overhead"])
+    report = bench_gpu.main(["--device", "cpu", "--tiny", "--repeats", "1", "--warmup", "0", "--train-batch",
+                             "2", "--only", "training", "--train-compile-mode", "reduce-overhead"])
     assert modes == ["reduce-overhead", "reduce-overhead"]
     training = report["training"]
     assert training["compile_mode"] == "reduce-overhead"
@@ -269,14 +275,16 @@ def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
     script checks that both compute the same tail)."""
     few_rows, threads = load_benchmark("bench_few_rows"), torch.get_num_threads()
     out = tmp_path / "few.json"
-    report = few_rows.main(["-m", "ViT-Ti/32", "-b", "1", "-r", "2", "--model-repeats", "1", "--json", str(out)])
+    report = few_rows.main(["-m", "ViT-Ti/32", "-b", "1", "-r", "2", "--model-repeats", "1", "--json",
+                            str(out)])
     assert json.loads(out.read_text())["models"][0]["model"] == report["models"][0]["model"]
     entry = report["models"][0]
     shapes = {(row["in"], row["out"]) for row in entry["layers"]}
     assert shapes == {(192, 192), (192, 768), (768, 192), (192, 1000)}  # query/proj, fc1, fc2, classifier
     assert {row["rows"] for row in entry["layers"]} == set(few_rows.ROWS)
     assert all(row[k] > 0 for row in entry["layers"] for k in ("mkl", "onednn", "onednn_packed"))
-    assert [p["part"] for p in entry["parts"]] == [f"{entry['model']} batch 1 {part}" for part in ("tail", "model")]
+    assert ([p["part"] for p in entry["parts"]]
+            == [f"{entry['model']} batch 1 {part}" for part in ("tail", "model")])
     assert all(p["ratio"] > 0 and p["few_rows_ms"] > 0 and p["onednn_ms"] > 0 for p in entry["parts"])
     assert "paired ratio" in capsys.readouterr().out
     assert torch.get_num_threads() == threads
@@ -287,8 +295,9 @@ def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
 
 @pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN linear or packing")
 def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch):
-    """benchmarks/bench_inference_engine.py runs for real on a small preset: the accelerated model once per engine
-    at each batch (the engine each forward runs under recorded), and with --layers each layer shape on both."""
+    """benchmarks/bench_inference_engine.py runs for real on a small preset: the accelerated model once per
+    engine at each batch (the engine each forward runs under recorded), and with --layers each layer shape on
+    both."""
     import vitkit.cpu.linear as linear_module
 
     script, threads = load_benchmark("bench_inference_engine"), torch.get_num_threads()
@@ -296,13 +305,15 @@ def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch
     real = linear_module._onednn_linear
     monkeypatch.setattr(linear_module, "_onednn_linear", lambda *a: seen.append("onednn") or real(*a))
     out = tmp_path / "engine.json"
-    report = script.main(["-m", "ViT-Ti/32", "-b", "1", "-b", "16", "--repeats", "2", "--layers", "--json", str(out)])
+    report = script.main(["-m", "ViT-Ti/32", "-b", "1", "-b", "16", "--repeats", "2", "--layers", "--json",
+                          str(out)])
     assert json.loads(out.read_text())["models"] == report["models"]
     rows = [(r["batch"], r["rows"]) for r in report["models"]]
     assert rows == [(1, 50), (16, 800)]  # 49 patches and the class token per image
     for r in report["models"]:
         assert r["auto_engine"] == linear_module.inference_engine(r["rows"])
-        assert all(r[f"ms_{e}"] > 0 for e in script.ENGINES) and r["mkl_speedup"] > 0 and r["auto_speedup"] > 0
+        assert (all(r[f"ms_{e}"] > 0 for e in script.ENGINES) and r["mkl_speedup"] > 0
+                and r["auto_speedup"] > 0)
     assert seen  # the "onednn" rounds ran oneDNN's kernel
     cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
     model, x = vitkit.accelerate(vitkit.create_model(cfg)).eval(), torch.randn(2, 3, 32, 32)
@@ -312,7 +323,8 @@ def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch
             script.on_engine(model, x, engine)()
             assert bool(seen) is calls_onednn, engine
     shapes = {(r["rows"], r["in"], r["out"]) for r in report["layers"]}
-    assert shapes == {(n, a, b) for n in (50, 800) for a, b in ((192, 576), (192, 192), (192, 768), (768, 192))}
+    assert shapes == {(n, a, b) for n in (50, 800)
+                      for a, b in ((192, 576), (192, 192), (192, 768), (768, 192))}
     assert all(r["ms_onednn"] > 0 and r["ms_mkl"] > 0 for r in report["layers"])
     assert "oneDNN's" in capsys.readouterr().out
     assert torch.get_num_threads() == threads
@@ -322,15 +334,17 @@ def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch
 
 
 def test_training_benchmark_steps_with_the_trainers_optimizer():
-    """benchmarks/bench_training.py gives both contenders the optimizer of vitkit's trainer (fused AdamW, weight
-    decay on the weights only) by default, torch's default AdamW with --optimizer torch-default, and says which."""
+    """benchmarks/bench_training.py gives both contenders the optimizer of vitkit's trainer (fused AdamW,
+    weight decay on the weights only) by default, torch's default AdamW with --optimizer torch-default, and
+    says which."""
     bench_training = load_benchmark("bench_training")
     cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
     for model in (vitkit.create_model(cfg), bench_training.build_timm(cfg)):
         trainer = bench_training.step_optimizer(model, "trainer")
         assert isinstance(trainer, torch.optim.AdamW) and trainer.defaults["fused"]
         decays = {g["weight_decay"]: len(g["params"]) for g in trainer.param_groups}
-        assert decays[0.05] > 0 and decays[0.0] > 0  # biases, norms, class token, position embedding undecayed
+        # biases, norms, class token, position embedding undecayed
+        assert decays[0.05] > 0 and decays[0.0] > 0
         default = bench_training.step_optimizer(model, "torch-default")
         assert not default.defaults["fused"] and [g["weight_decay"] for g in default.param_groups] == [0.05]
     with pytest.raises(ValueError, match="'sgd'"):

@@ -15,7 +15,8 @@ timm = pytest.importorskip("timm")
 
 
 def randomize_(module: torch.nn.Module) -> None:
-    """Random values in every parameter, GroupNorm/LayerNorm affines included, so nothing is trivially 1 or 0."""
+    """Random values in every parameter, GroupNorm/LayerNorm affines included, so nothing is trivially 1 or
+    0."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -123,7 +124,8 @@ def test_each_bottleneck_starts_as_its_shortcut_as_timm_and_the_official_code():
     assert len(ours_norms) == len(ref_norms) > 0
     zeros = {k for k, v in ours_norms.items() if not v.any()}
     assert zeros == {k for k in ours_norms if ".norm3." in k} != set()
-    assert sorted(bool(v.any()) for v in ours_norms.values()) == sorted(bool(v.any()) for v in ref_norms.values())
+    assert (sorted(bool(v.any()) for v in ours_norms.values())
+            == sorted(bool(v.any()) for v in ref_norms.values()))
     assert all(torch.equal(v, torch.ones_like(v)) for k, v in ours_norms.items() if k not in zeros)
 
 

@@ -1,8 +1,8 @@
 """vitkit.cpu.build and its int8 block operator: built from source here, and computing the int8 block exactly
 as the operator-by-operator path does, with the activations quantised per thread's share of the tokens.
 
-Where a C++ compiler is on PATH (and VITKIT_KERNELS is not 0) the operator must build: a test that needs it fails
-if it did not (`needs_operator`, tests/operator_helpers.py)."""
+Where a C++ compiler is on PATH (and VITKIT_KERNELS is not 0) the operator must build: a test that needs it
+fails if it did not (`needs_operator`, tests/operator_helpers.py)."""
 
 import pytest
 import torch
@@ -55,7 +55,8 @@ def reference_block(block: FusedBlock, x: torch.Tensor, parts: int) -> torch.Ten
     out = []
     for a, b in shares:
         x2 = block.attn.proj(y[a:b]) + rows[a:b]
-        out.append(block.mlp.fc2(F.gelu(block.mlp.fc1(block.norm2(x2)), approximate=block.mlp.act.approximate)) + x2)
+        out.append(block.mlp.fc2(F.gelu(block.mlp.fc1(block.norm2(x2)),
+                                        approximate=block.mlp.act.approximate)) + x2)
     return torch.cat(out).view(B, T, D)
 
 

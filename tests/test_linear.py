@@ -1,5 +1,5 @@
-"""vitkit.cpu.linear.FastLinear, the linear layer of an accelerated model: nn.Linear through oneDNN on the CPU;
-the same function and gradients as F.linear."""
+"""vitkit.cpu.linear.FastLinear, the linear layer of an accelerated model: nn.Linear through oneDNN on the
+CPU; the same function and gradients as F.linear."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from vitkit.cpu.linear import (
     use_onednn,
 )
 
-needs_onednn = pytest.mark.skipif(not vitkit.cpu.private.onednn_linear_available(), reason="this torch build has no oneDNN linear kernel")
+needs_onednn = pytest.mark.skipif(not vitkit.cpu.private.onednn_linear_available(),
+                                  reason="this torch build has no oneDNN linear kernel")
 
 
 def grads(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor, reference: bool):
@@ -50,7 +51,8 @@ def engine(request):
 
 @needs_onednn
 @pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
-@pytest.mark.parametrize("shape,features,bias", [((6, 197, 64), (64, 192), True), ((300, 96), (96, 48), False),
+@pytest.mark.parametrize("shape,features,bias", [((6, 197, 64), (64, 192), True),
+                                                 ((300, 96), (96, 48), False),
                                                  ((3, 17, 128), (128, 512), True)])
 def test_forward_and_gradients_equal_f_linear(shape, features, bias, engine):
     torch.manual_seed(0)
@@ -71,8 +73,8 @@ def test_forward_and_gradients_equal_f_linear(shape, features, bias, engine):
 @needs_onednn
 @pytest.mark.parametrize("engine", TRAINING_ENGINES, indirect=True)
 def test_a_second_derivative_equals_f_linears(engine):
-    """create_graph=True (a gradient penalty): on oneDNN the gradients come from PyTorch's products, differentiable
-    again (oneDNN's kernel has no derivative: its terms were silently zero)."""
+    """create_graph=True (a gradient penalty): on oneDNN the gradients come from PyTorch's products,
+    differentiable again (oneDNN's kernel has no derivative: its terms were silently zero)."""
     torch.manual_seed(1)
     layer = FastLinear(8, 6)
     x = torch.randn(5, 8, requires_grad=True)
@@ -101,7 +103,8 @@ def test_the_training_engine_computes_products_that_need_a_gradient(engine):
     torch.testing.assert_close(out, y.detach(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("vendor,expected", [("GenuineIntel", "mkl"), ("AuthenticAMD", "onednn"), ("", "onednn")])
+@pytest.mark.parametrize("vendor,expected", [("GenuineIntel", "mkl"), ("AuthenticAMD", "onednn"),
+                                             ("", "onednn")])
 def test_training_engine_by_vendor_and_environment(monkeypatch, vendor, expected):
     monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
     monkeypatch.delenv(TRAINING_ENGINE_ENV, raising=False)
@@ -180,7 +183,8 @@ def test_a_drop_in_for_nn_linear():
     assert sorted(layer.state_dict()) == ["bias", "weight"]
 
 
-@pytest.mark.parametrize("shape,expected", [((5, 32), 5), ((2, 3, 32), 6), ((1, 1, 32), 1), ((32,), 1), ((0, 32), 0)])
+@pytest.mark.parametrize("shape,expected", [((5, 32), 5), ((2, 3, 32), 6), ((1, 1, 32), 1), ((32,), 1),
+                                            ((0, 32), 0)])
 def test_rows_counts_every_dimension_but_the_last(shape, expected):
     assert rows(torch.empty(shape)) == expected
 
@@ -217,7 +221,8 @@ def test_the_inference_engine_by_rows_and_vendor(monkeypatch, vendor):
             assert {n: inference_engine(n) for n in expected} == expected
         assert inference_engine(16 * 197) == "onednn"
     assert {n: inference_engine(n) for n in expected} == expected
-    with pytest.raises(ValueError, match="inference engine='cuda'.*auto, onednn, mkl"), forced_inference_engine("cuda"):
+    with pytest.raises(ValueError,
+                       match="inference engine='cuda'.*auto, onednn, mkl"), forced_inference_engine("cuda"):
         pass
 
 
@@ -268,7 +273,8 @@ def test_f_linear_under_tracing_torch_func_and_forward_ad(engine):
     assert "aten::linear" in kinds and not any(k.startswith(("mkldnn::", "prim::PythonOp")) for k in kinds)
     assert torch.equal(traced(x), ref)  # F.linear itself
     # per-sample weight gradients of sum((x_i W^T + b)^2): 2 (x_i W^T + b)^T x_i
-    per_sample = vmap(grad(lambda wt, xi: (functional_call(layer, {"weight": wt, "bias": b}, (xi,)) ** 2).sum()),
+    per_sample = vmap(grad(lambda wt, xi: (functional_call(layer, {"weight": wt, "bias": b},
+                                                           (xi,)) ** 2).sum()),
                       in_dims=(None, 0))(w, x)
     torch.testing.assert_close(per_sample, 2 * ref.transpose(1, 2) @ x, rtol=1e-5, atol=1e-5)
     for context in (torch.enable_grad(), torch.no_grad()):  # the training and the inference products

@@ -187,9 +187,9 @@ def test_count_flops_equals_torch_flop_counter(name, overrides):
 
 @pytest.mark.parametrize("engine", ["plain", *TRAINING_ENGINES])
 def test_the_shortcut_in_float32_plain_and_accelerated(engine):
-    """In float32 (the plain model's PyTorch operators, or an accelerated model's linear layers on each training
-    engine, the last block's query rows a slice of its q;k;v weight) the shortcut's logits and gradients match
-    the full computation's."""
+    """In float32 (the plain model's PyTorch operators, or an accelerated model's linear layers on each
+    training engine, the last block's query rows a slice of its q;k;v weight) the shortcut's logits and
+    gradients match the full computation's."""
     torch.manual_seed(0)
     model = randomise_head(VisionTransformer(tiny(qkv_bias=True))).train()
     if engine != "plain":
@@ -231,7 +231,8 @@ def test_forward_updates_only_the_class_token_in_the_last_block(overrides):
             meta(torch.empty(1, 3, *model.cfg.image_size))
     cfg = model.cfg
     T, D = cfg.num_tokens, cfg.dim
-    saved = 0 if cfg.pool == "gap" else 2 * ((T - 1) * (2 * D * D + 2 * D * cfg.mlp_dim) + 2 * (T - 1) * T * D)
+    saved = 0 if cfg.pool == "gap" else 2 * ((T - 1) * (2 * D * D + 2 * D * cfg.mlp_dim)
+                                             + 2 * (T - 1) * T * D)
     assert counter.get_total_flops() == count_flops(cfg) - saved
 
 
@@ -293,8 +294,9 @@ def test_fused_and_explicit_attention_agree(overrides):
 
 
 def test_training_through_sdpa_and_through_the_explicit_fallback_agree(monkeypatch):
-    """The plain model attends through F.scaled_dot_product_attention, and through the explicit softmax where SDPA
-    raises NotImplementedError (its CPU kernel under forward-mode AD): both give the same loss and gradients."""
+    """The plain model attends through F.scaled_dot_product_attention, and through the explicit softmax where
+    SDPA raises NotImplementedError (its CPU kernel under forward-mode AD): both give the same loss and
+    gradients."""
     torch.manual_seed(0)
     model = VisionTransformer(tiny()).train()
     for p in model.parameters():  # away from the zero-initialised head, so every gradient is non-zero,

@@ -1,10 +1,10 @@
-"""The model under torch.jit.trace, the legacy ONNX exporter, torch.func's transforms and forward-mode AD, plain
-and accelerated (vitkit.accelerate, on both training engines of `vitkit.cpu.linear`): the plain model is PyTorch's
-own operators throughout (its attention falls back to the explicit softmax where SDPA's CPU kernel has no forward
-derivative), and an accelerated model's layers run PyTorch's operators there too
-(`vitkit.cpu.private.plain_ops_required`) instead of oneDNN's linear and vitkit's compiled operators. So the traced
-graph holds standard operators only, and per-sample gradients, jacrev and jvp work and equal ordinary autograd
-(through the fast paths) or finite differences."""
+"""The model under torch.jit.trace, the legacy ONNX exporter, torch.func's transforms and forward-mode AD,
+plain and accelerated (vitkit.accelerate, on both training engines of `vitkit.cpu.linear`): the plain model is
+PyTorch's own operators throughout (its attention falls back to the explicit softmax where SDPA's CPU kernel
+has no forward derivative), and an accelerated model's layers run PyTorch's operators there too
+(`vitkit.cpu.private.plain_ops_required`) instead of oneDNN's linear and vitkit's compiled operators. So the
+traced graph holds standard operators only, and per-sample gradients, jacrev and jvp work and equal ordinary
+autograd (through the fast paths) or finite differences."""
 
 import copy
 import io
@@ -24,8 +24,8 @@ FLAVOURS = ("plain", *TRAINING_ENGINES)
 
 @pytest.fixture
 def engine(request):
-    """The model's flavour `request.param`: "plain" (the model as create_model builds it), or accelerated with the
-    training products on that engine, whatever this CPU's default."""
+    """The model's flavour `request.param`: "plain" (the model as create_model builds it), or accelerated with
+    the training products on that engine, whatever this CPU's default."""
     if request.param == "plain":
         yield request.param
         return
@@ -38,8 +38,8 @@ def tiny_model(mode: str = "eval", engine: str = "plain") -> vitkit.VisionTransf
     linear and vitkit's attention operator both apply; accelerated unless `engine` is "plain". No dropout, so
     training mode is deterministic."""
     torch.manual_seed(0)
-    cfg = vitkit.get_config("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64,
-                            num_classes=5)
+    cfg = vitkit.get_config("ViT-Ti/16", image_size=32, patch_size=8, dim=32, depth=2, num_heads=2,
+                            mlp_dim=64, num_classes=5)
     model = vitkit.create_model(cfg)
     with torch.no_grad():  # the classifier starts at zero: give the logits something to depend on
         model.head.weight.normal_(std=0.5)
@@ -124,7 +124,8 @@ def test_jacrev_equals_the_jacobian_by_backward_passes(engine, mode):
     assert jacobian[0, :, 1].abs().max() == 0 and jacobian[0, :, 0].abs().max() > 0  # images stay apart
 
 
-def forward_ad_tangent(model, x: torch.Tensor, v: torch.Tensor, api: str) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_ad_tangent(model, x: torch.Tensor, v: torch.Tensor,
+                       api: str) -> tuple[torch.Tensor, torch.Tensor]:
     if api == "torch.func.jvp":
         return jvp(model, (x,), (v,))
     with fwAD.dual_level():

@@ -1,5 +1,5 @@
-"""vitkit.optimize: the fast paths compute the model's function (fp32 to 1e-4, int8 to >= 99 % top-1 agreement),
-leave the original alone and refuse what they cannot do."""
+"""vitkit.optimize: the fast paths compute the model's function (fp32 to 1e-4, int8 to >= 99 % top-1
+agreement), leave the original alone and refuse what they cannot do."""
 
 
 import copy
@@ -94,7 +94,8 @@ def test_attending_through_the_projections_equals_projecting_every_token(queries
     ref = F.scaled_dot_product_attention(q[:, :, :queries], k, v)
     w = qkv.weight.detach()
     out = attend_through_projections(q[:, :, :queries], h, w[D:2 * D].reshape(H, D // H, D),
-                                     w[2 * D:].reshape(H, D // H, D), qkv.bias.detach()[2 * D:].reshape(H, 1, D // H),
+                                     w[2 * D:].reshape(H, D // H, D),
+                                     qkv.bias.detach()[2 * D:].reshape(H, 1, D // H),
                                      (D // H) ** -0.5)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
@@ -134,7 +135,8 @@ def test_fp32_fuses_the_blocks_and_the_patch_projection():
     fast = optimize(model, "fp32")
     assert all(isinstance(b, FusedBlock) and not b.training for b in fast.blocks)
     assert [b.query is not None for b in fast.blocks] == [False, True]  # only the last one takes few queries
-    assert all(b.query is None for b in optimize(tiny_model(pool="gap"), "fp32").blocks)  # no shortcut with GAP
+    # no shortcut with GAP
+    assert all(b.query is None for b in optimize(tiny_model(pool="gap"), "fp32").blocks)
     assert isinstance(fast.patch_embed, LinearPatchEmbed) and isinstance(fast.patch_embed.proj, PackedLinear)
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
@@ -192,7 +194,8 @@ def trained_tiny_model(steps: int = 40):
     every input, or, with a head centred on its features, separates inputs by margins that any rounding
     flips. Agreement is only meaningful for a model that has learned something.
     """
-    cfg = vitkit.ViTConfig(image_size=16, patch_size=4, dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
+    cfg = vitkit.ViTConfig(image_size=16, patch_size=4, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                           num_classes=4)
     templates = torch.randn(4, 3, 16, 16)
 
     def sample(n: int):
@@ -327,8 +330,9 @@ def test_an_optimized_model_gives_no_state_dict_that_lacks_its_weights(precision
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_an_optimized_model_refuses_another_dtype_or_device_at_once(precision):
-    """Its packed layers stay fp32 on the CPU whatever .to() does to the rest: a converted model failed only when
-    called. A conversion to anything else is refused at once; one to what it is (fp32, the CPU) is harmless."""
+    """Its packed layers stay fp32 on the CPU whatever .to() does to the rest: a converted model failed only
+    when called. A conversion to anything else is refused at once; one to what it is (fp32, the CPU) is
+    harmless."""
     fast = optimize(tiny_model(), precision)
     if not any(isinstance(m, (PackedLinear, DynamicInt8Linear)) for m in fast.modules()):
         pytest.skip("no packed layers on this machine: a plain model converts as any")
@@ -398,9 +402,9 @@ def test_no_gradient_reaches_the_input_and_backward_says_so(precision):
 @pytest.mark.parametrize("activation", ["none", "gelu"])
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_packed_linear_runs_on_the_engine_it_names_with_the_same_result(activation, n, tuning, monkeypatch):
-    """Up to MKL_MAX_ROWS rows PackedLinear multiplies through MKL (F.linear on its plain weight); above, through
-    the faster of MKL and the packed oneDNN product (timed once), or oneDNN with tuning off. Either way it
-    computes the layer's function, and the profiler shows the engine it names."""
+    """Up to MKL_MAX_ROWS rows PackedLinear multiplies through MKL (F.linear on its plain weight); above,
+    through the faster of MKL and the packed oneDNN product (timed once), or oneDNN with tuning off. Either
+    way it computes the layer's function, and the profiler shows the engine it names."""
     monkeypatch.setenv("VITKIT_AUTOTUNE", "1" if tuning == "on" else "0")
     torch.manual_seed(0)
     linear = nn.Linear(48, 40)
@@ -457,7 +461,8 @@ def test_bf16_attention_is_close_to_fp32_attention(queries):
     B, T, H, D = 3, 17, 4, 64
     qkv = torch.randn(B, T, 3 * D)
     q, k, v = vitkit.model.split_heads(qkv, H)
-    ref = vitkit.model.merge_heads(F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
+    ref = vitkit.model.merge_heads(
+        F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
     out = bf16_attention(qkv, H, (D // H) ** -0.5, queries)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert ((out - ref).norm() / ref.norm()).item() < 2e-2  # bf16's 8-bit mantissa, not 1e-4

@@ -126,7 +126,8 @@ def test_resampling_matches_timm_by_default_and_without_antialias(old, new, pref
     theirs = resample_abs_pos_embed(table, list(new), list(old), num_prefix_tokens=prefix, interpolation=mode)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)  # timm's defaults: antialias=True
     plain = resample_pos_embed(table, old, new, num_prefix_tokens=prefix, mode=mode, antialias=False)
-    torch.testing.assert_close(plain, resample_abs_pos_embed(table, list(new), list(old), num_prefix_tokens=prefix,
+    torch.testing.assert_close(plain, resample_abs_pos_embed(table, list(new), list(old),
+                                                             num_prefix_tokens=prefix,
                                                              interpolation=mode, antialias=False),
                                rtol=1e-5, atol=1e-5)
     if mode == "bicubic":  # another kernel (a = -0.5 against -0.75), upsampling too
@@ -160,13 +161,14 @@ def test_bilinear_corners_is_the_papers_scipy_zoom(old, new):
     assert zoomed.shape[:2] == new
     torch.testing.assert_close(ours[0], table[0])
     torch.testing.assert_close(ours[1:], torch.from_numpy(zoomed.reshape(-1, 16)), rtol=1e-5, atol=1e-5)
-    aligned = resample_pos_embed(table, old, new, num_prefix_tokens=1, mode="bilinear")  # pixel areas: differs
+    # pixel areas: differs
+    aligned = resample_pos_embed(table, old, new, num_prefix_tokens=1, mode="bilinear")
     assert (aligned - ours).abs().max() > 1e-2
 
 
 def test_learned_2d_halves_are_resampled_along_their_axis_in_the_mode_asked():
-    """Each half of a learned-2d table is a 1D table: resampled in the given mode along its axis (it used to be
-    linear whatever the mode)."""
+    """Each half of a learned-2d table is a 1D table: resampled in the given mode along its axis (it used to
+    be linear whatever the mode)."""
     old = ViTConfig(image_size=(32, 48), patch_size=8, dim=16, depth=1, num_heads=2, mlp_dim=32,
                     pos_embed="learned-2d")
     new = old.replace(image_size=(56, 40))
@@ -187,7 +189,8 @@ def test_resampling_matches_interpolating_each_channel_as_an_image():
     out = resample_pos_embed(table, (gh, gw), (6, 7), mode="bicubic")
     for k in range(D):
         image = table[1:, k].reshape(1, 1, gh, gw)
-        expected = F.interpolate(image, size=(6, 7), mode="bicubic", align_corners=False, antialias=True).reshape(-1)
+        expected = F.interpolate(image, size=(6, 7), mode="bicubic", align_corners=False,
+                                 antialias=True).reshape(-1)
         torch.testing.assert_close(out[1:, k], expected)
 
 
@@ -195,7 +198,8 @@ def test_a_square_grid_may_be_one_int():
     table = torch.randn(1 + 16, 8)
     torch.testing.assert_close(resample_pos_embed(table, 4, 6), resample_pos_embed(table, (4, 4), (6, 6)))
     for bad in ("4x4", "4", 4.7, (4.0, 4), (4, 4, 1), True):
-        with pytest.raises(ValueError, match=r"old_grid=.* must be an int or a \(rows, columns\) pair of ints"):
+        with pytest.raises(ValueError,
+                           match=r"old_grid=.* must be an int or a \(rows, columns\) pair of ints"):
             resample_pos_embed(table, bad, 6)
 
 
@@ -224,8 +228,9 @@ def test_learned_2d_halves_are_resampled_along_their_own_axis():
     state = VisionTransformer(old).state_dict()
     out = resample_state_dict(state, old, new)
     assert out["pos_embed_row"].shape == (1, 8, 16) and out["pos_embed_col"].shape == (1, 2, 16)
+    # 4 rows to 8, in the default mode
     row = F.interpolate(state["pos_embed_row"].transpose(1, 2)[..., None].contiguous(), size=(8, 1),
-                        mode="bicubic", antialias=True)[..., 0].transpose(1, 2)  # 4 rows to 8, in the default mode
+                        mode="bicubic", antialias=True)[..., 0].transpose(1, 2)
     torch.testing.assert_close(out["pos_embed_row"], row)
     assert torch.equal(out["pos_embed_cls"], state["pos_embed_cls"])
     VisionTransformer(new).load_state_dict(out)  # fits the new grid exactly

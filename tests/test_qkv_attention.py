@@ -1,7 +1,7 @@
 """vitkit.cpu.attention and its compiled operators: the attention and its gradient against the explicit
 softmax(q k^T * scale) v in float64, in the shapes that exercise the query blocks and the vector tails; an
-accelerated model (vitkit.accelerate) and optimize's blocks on it, the plain model never; the fallbacks where it
-does not apply.
+accelerated model (vitkit.accelerate) and optimize's blocks on it, the plain model never; the fallbacks where
+it does not apply.
 
 Where a C++ compiler is on PATH (and VITKIT_KERNELS is not 0) the operators must build: a test that needs them
 fails if they did not (`needs_operator`, tests/operator_helpers.py)."""
@@ -105,8 +105,8 @@ def test_the_softmax_is_kept_when_no_larger_than_the_mlp_activation():
 
 @needs_attention_operator
 def test_large_and_spread_logits_are_as_exact_as_pytorchs_fp32():
-    """Scores up to ~700 and rows whose smallest terms underflow: the softmax subtracts each row's maximum, and
-    the error against float64 is no larger than that of PyTorch's own fp32 explicit attention."""
+    """Scores up to ~700 and rows whose smallest terms underflow: the softmax subtracts each row's maximum,
+    and the error against float64 is no larger than that of PyTorch's own fp32 explicit attention."""
     torch.manual_seed(1)
     qkv = (torch.randn(2, 40, 3 * 2 * 16) * 6).requires_grad_()
     out = qkv_attention(qkv, 2, 1.0)
@@ -151,7 +151,8 @@ def test_without_gradient_it_is_the_forward_operator_alone():
     with torch.inference_mode():
         plain = qkv_attention(qkv, 4, 0.25)
     assert not plain.requires_grad
-    torch.testing.assert_close(plain, qkv_attention(qkv.clone().requires_grad_(), 4, 0.25).detach(), rtol=0, atol=0)
+    torch.testing.assert_close(plain, qkv_attention(qkv.clone().requires_grad_(), 4, 0.25).detach(), rtol=0,
+                               atol=0)
 
 
 @needs_attention_operator
@@ -180,7 +181,8 @@ def test_an_accelerated_model_trains_and_infers_through_it_and_equals_the_fallba
     model = vitkit.accelerate(tiny_vit()).train()
     assert all(type(block.attn) is FastAttention for block in model.blocks)
     x = torch.randn(2, 3, 32, 32)
-    called = training_step_equals_the_fallback(model, x, torch.tensor([1, 3]), monkeypatch, "vitkit::attention")
+    called = training_step_equals_the_fallback(model, x, torch.tensor([1, 3]), monkeypatch,
+                                               "vitkit::attention")
     assert called == {"vitkit::attention_forward", "vitkit::attention_backward"}
     model.eval()
     with torch.inference_mode():
@@ -192,9 +194,9 @@ def test_an_accelerated_model_trains_and_infers_through_it_and_equals_the_fallba
 
 @needs_attention_operator
 def test_the_plain_model_never_calls_vitkits_operators_and_optimize_does(monkeypatch):
-    """The model itself is plain PyTorch: no vitkit operator in its training step or its inference, until it is
-    accelerated or optimized (optimize's fused blocks take the attention operator, with timing off, whether or
-    not the model was accelerated first)."""
+    """The model itself is plain PyTorch: no vitkit operator in its training step or its inference, until it
+    is accelerated or optimized (optimize's fused blocks take the attention operator, with timing off, whether
+    or not the model was accelerated first)."""
     monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
     model = tiny_vit().train()
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 3])
@@ -208,13 +210,14 @@ def test_the_plain_model_never_calls_vitkits_operators_and_optimize_does(monkeyp
 
 
 def test_without_the_operator_short_sequences_train_through_the_explicit_attention(monkeypatch):
-    """An accelerated model training on the CPU without vitkit's attention operator, timing off (the fixed rule):
-    short sequences take the explicit attention (faster there), long ones PyTorch's fused kernel; both give the
-    same loss and gradients, those of the plain model."""
+    """An accelerated model training on the CPU without vitkit's attention operator, timing off (the fixed
+    rule): short sequences take the explicit attention (faster there), long ones PyTorch's fused kernel; both
+    give the same loss and gradients, those of the plain model."""
     monkeypatch.setenv("VITKIT_KERNELS", "0")
     monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
     torch.manual_seed(0)
-    cfg = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10)
+    cfg = vitkit.ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, num_heads=4, mlp_dim=64,
+                           num_classes=10)
     model = vitkit.create_model(cfg).train()
     for p in model.parameters():  # away from the zero-initialised head, so every gradient is non-zero,
         p.data.normal_(0, 0.3)  # and with peaked attention, so that the softmax matters
@@ -230,13 +233,15 @@ def test_without_the_operator_short_sequences_train_through_the_explicit_attenti
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     def sdpa_calls():
-        return operators_called(lambda: F.cross_entropy(model(x), y).backward(), "aten::scaled_dot_product_attention")
+        return operators_called(lambda: F.cross_entropy(model(x), y).backward(),
+                                "aten::scaled_dot_product_attention")
 
     plain_loss, plain_grads = loss_and_grads()
     vitkit.accelerate(model)
     assert not sdpa_calls()  # every block on the explicit products
     explicit_loss, explicit_grads = loss_and_grads()
-    monkeypatch.setattr(attention_module, "EXPLICIT_ATTENTION_MAX_TOKENS", 0)  # every sequence takes the kernel
+    # every sequence takes the kernel
+    monkeypatch.setattr(attention_module, "EXPLICIT_ATTENTION_MAX_TOKENS", 0)
     assert sdpa_calls()
     fused_loss, fused_grads = loss_and_grads()
     for loss in (explicit_loss, fused_loss):
@@ -257,8 +262,8 @@ def test_the_operator_refuses_bad_input_with_a_clear_error():
 
 @needs_attention_operator
 def test_a_second_derivative_equals_pytorchs():
-    """create_graph=True (a gradient penalty): the gradient comes from PyTorch's operators, differentiable again;
-    it equals the explicit formula's second derivative."""
+    """create_graph=True (a gradient penalty): the gradient comes from PyTorch's operators, differentiable
+    again; it equals the explicit formula's second derivative."""
     torch.manual_seed(6)
     qkv = torch.randn(2, 7, 3 * 32, dtype=torch.float32, requires_grad=True)
     ref_qkv = qkv.detach().double().requires_grad_()
@@ -270,8 +275,8 @@ def test_a_second_derivative_equals_pytorchs():
 
 @needs_attention_operator
 def test_sgemm_products_turns_the_tiles_off_in_the_model_path():
-    """Inside `sgemm_products()` the autograd function and the inference call pass tiles=False to the operators,
-    forward and backward; outside, the tiles (where they apply)."""
+    """Inside `sgemm_products()` the autograd function and the inference call pass tiles=False to the
+    operators, forward and backward; outside, the tiles (where they apply)."""
     torch.manual_seed(4)
     qkv = torch.randn(2, 50, 3 * 128)
     grad = torch.randn(2, 50, 128)

@@ -17,8 +17,8 @@ from vitkit.transfer import prepare_finetune
 def pretrained(tmp_path, fmt: str) -> str:
     """A small 'pre-trained' model (32 px, 10 classes, with the pre-logits layer but as timm, which has none),
     saved as `fmt`."""
-    model = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=2, num_heads=2,
-                                           mlp_dim=128, num_classes=10,
+    model = randomize_(vitkit.create_model("ViT-S/16", image_size=32, patch_size=8, dim=64, depth=2,
+                                           num_heads=2, mlp_dim=128, num_classes=10,
                                            representation_size=None if fmt == "timm" else 64)).eval()
     if fmt == "npz":
         timm = pytest.importorskip("timm")
@@ -50,7 +50,8 @@ def test_finetune_at_a_larger_non_square_size(tmp_path, fmt):
     source = vitkit.load(path)
     model = prepare_finetune(path, num_classes=4, image_size=(48, 64))
     cfg = model.cfg
-    assert (cfg.image_size, cfg.grid_size, cfg.num_classes, cfg.representation_size) == ((48, 64), (6, 8), 4, None)
+    assert ((cfg.image_size, cfg.grid_size, cfg.num_classes, cfg.representation_size)
+            == ((48, 64), (6, 8), 4, None))
     assert cfg.gelu == source.cfg.gelu and cfg.mean == source.cfg.mean  # the source's own maths carry over
     expected = resample_pos_embed(source.pos_embed.detach(), (4, 4), (6, 8), num_prefix_tokens=1)
     torch.testing.assert_close(model.pos_embed.detach(), expected)
