@@ -59,10 +59,12 @@ def test_every_command_has_help(capsys, command):
 
 
 @pytest.mark.parametrize(("argv", "sentence"), [
-    (["train", "--help"], "With --nproc N, or under torchrun --nproc_per_node N -m vitkit.cli.main train ..., the "
-                          "same command runs data-parallel (gloo on CPUs, nccl on GPUs)."),
-    (["analyze", "attention", "--help"], "By default, attention rollout: the heads' mean plus the identity (the "
-                                         "residual path), rows re-normalised, multiplied through all layers."),
+    (["train", "--help"],
+     "With --nproc N, or under torchrun --nproc_per_node N -m vitkit.cli.main train ..., the "
+     "same command runs data-parallel (gloo on CPUs, nccl on GPUs)."),
+    (["analyze", "attention", "--help"],
+     "By default, attention rollout: the heads' mean plus the identity (the "
+     "residual path), rows re-normalised, multiplied through all layers."),
 ])
 def test_help_paragraphs_are_reflowed_not_broken_where_the_source_breaks(capsys, monkeypatch, argv, sentence):
     """Docstrings wrap at 120 columns in the source; on a wide terminal each paragraph is one line."""
@@ -84,7 +86,8 @@ def test_the_installed_console_script_runs():
     script = Path(sys.executable).parent / "vitkit"
     try:
         importlib.metadata.distribution("vitkit")
-    except importlib.metadata.PackageNotFoundError:  # e.g. a GPU machine running the tests with PYTHONPATH=src
+    except importlib.metadata.PackageNotFoundError:
+        # e.g. a GPU machine running the tests with PYTHONPATH=src
         pytest.skip("vitkit is imported from a source tree, not installed: there is no console script")
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -63,8 +63,8 @@ def test_train_draws_its_bar_only_on_a_terminal_unless_told(data, tmp_path, caps
 def test_eval_draws_its_bar_only_on_a_terminal_unless_told(data, tmp_path, capsys, monkeypatch):
     assert cli(*train_args(data, tmp_path / "run", "--no-progress")) == 0
     capsys.readouterr()
-    args = ["eval", tmp_path / "run" / "last", "--data", "fashion-mnist", "--data-dir", data, "--batch-size", "8",
-            "--no-fast", "--device", "cpu", "--out", tmp_path / "eval"]
+    args = ["eval", tmp_path / "run" / "last", "--data", "fashion-mnist", "--data-dir", data, "--batch-size",
+            "8", "--no-fast", "--device", "cpu", "--out", tmp_path / "eval"]
     assert cli(*args) == 0
     captured = capsys.readouterr()
     assert "\r" not in captured.err and "top-1" in captured.out

@@ -58,6 +58,7 @@ def test_the_package_names_are_the_modules_objects():
     from vitkit.train.evaluate import evaluate
 
     assert vitkit.create_model is create_model
-    assert vitkit.accelerate is accelerate and vitkit.cpu.accelerate is accelerate  # the function, not its module
+    # the function, not its module
+    assert vitkit.accelerate is accelerate and vitkit.cpu.accelerate is accelerate
     assert vitkit.train.evaluate is evaluate and not isinstance(vitkit.train.evaluate, types.ModuleType)
     assert "create_model" in dir(vitkit)

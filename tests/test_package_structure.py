@@ -2,8 +2,8 @@
 
 Every import statement counts, at module level or inside a function, absolute (`vitkit.x`) or relative
 (`from . import x`, `from ..x import y`): an import moved into a function only to break a cycle still ties the
-two modules together. A name a package exports lazily (lazy_loader's `submod_attrs`) counts as an import of the
-module that defines it."""
+two modules together. A name a package exports lazily (lazy_loader's `submod_attrs`) counts as an import of
+the module that defines it."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def package_modules() -> dict[str, Path]:
 
 
 def lazy_exports(modules: dict[str, Path]) -> dict[tuple[str, str], str]:
-    """(package, name) -> the module a package's `lazy_loader.attach(..., submod_attrs={...})` loads it from."""
+    """(package, name) -> the module a package's `lazy_loader.attach(..., submod_attrs={...})` loads it
+    from."""
     out = {}
     for package, path in modules.items():
         if path.name != "__init__.py":

@@ -20,8 +20,8 @@ from vitkit.train.distributed import pick_device
 
 # SGD, no augmentation or drop-path: the two runs then differ only by float summation order (with Adam the
 # key bias, whose gradient is float noise around 0, would be amplified to full-size steps).
-COMMON = ["device=cpu", "augment.crop=none", "augment.hflip=0", "model.drop_path=0", "threads=1", "optim.name=sgd",
-          "optim.lr=0.05", "batch_size=32", "steps=4", "eval_every=2", "ckpt_every=4"]
+COMMON = ["device=cpu", "augment.crop=none", "augment.hflip=0", "model.drop_path=0", "threads=1",
+          "optim.name=sgd", "optim.lr=0.05", "batch_size=32", "steps=4", "eval_every=2", "ckpt_every=4"]
 
 
 def _free_port() -> int:
@@ -87,7 +87,8 @@ def test_the_unreadable_files_every_process_skipped_are_listed(tmp_path):
 
 
 def test_vitkit_train_nproc_starts_torchrun(tmp_path):
-    """`vitkit train --nproc 2` runs the recipe as two DDP processes; a failing run gives a failing exit code."""
+    """`vitkit train --nproc 2` runs the recipe as two DDP processes; a failing run gives a failing exit
+    code."""
     from typer.testing import CliRunner
 
     from vitkit.cli.main import app
@@ -100,7 +101,8 @@ def test_vitkit_train_nproc_starts_torchrun(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "result.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 2 and summary["count"] == 32
-    again = CliRunner().invoke(app, args)  # the folder holds a run and --resume is not given: the processes fail
+    # the folder holds a run and --resume is not given: the processes fail
+    again = CliRunner().invoke(app, args)
     assert again.exit_code != 0
 
 
@@ -114,7 +116,8 @@ def test_each_process_needs_its_own_gpu(monkeypatch):
     one_gpu(monkeypatch)
     assert pick_device("auto", 0) == torch.device("cuda", 0) == pick_device("cuda", 0)
     assert pick_device("cpu", 1) == torch.device("cpu")
-    for name in ("auto", "cuda"):  # found on a 1-GPU machine: two processes failed with "invalid device ordinal"
+    for name in ("auto", "cuda"):
+        # found on a 1-GPU machine: two processes failed with "invalid device ordinal"
         with pytest.raises(ValueError, match=r"LOCAL_RANK=1 needs GPU cuda:1, but this machine has 1"):
             pick_device(name, 1)
 
@@ -165,7 +168,8 @@ def test_nproc_refuses_a_batch_the_processes_cannot_share_before_starting_them(t
         main(["train", "demo-tiny", "--out", str(tmp_path / "run"), "--nproc", "2", "--set", "batch_size=33"])
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.count("error:") == 1
-    assert "batch_size=33 must be a multiple of the number of processes (2)\n" in err and "Traceback" not in err
+    assert ("batch_size=33 must be a multiple of the number of processes (2)\n" in err
+            and "Traceback" not in err)
     assert not (tmp_path / "run").exists()
 
 
@@ -179,6 +183,7 @@ def test_processes_that_see_different_run_folders_are_refused_together(tmp_path)
     """Two machines whose --out is not on a shared filesystem would each start from what their own disk holds
     (a resume from step 4 on one, from 0 on the other): every process stops with the reason instead."""
     data = write_fake_fashion_mnist(tmp_path / "data", n_train=256, n_test=64)
-    with pytest.raises(Exception, match="--out must be a folder on a filesystem that every machine of the run"):
+    with pytest.raises(Exception,
+                       match="--out must be a folder on a filesystem that every machine of the run"):
         mp.spawn(_worker_with_its_own_folder, args=(2, _free_port(), COMMON + fake_data_overrides(data),
                                                     str(tmp_path / "run")), nprocs=2, join=True)

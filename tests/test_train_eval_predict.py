@@ -43,7 +43,8 @@ def test_metrics_equal_a_manual_computation():
         assert r.confusion[c].sum() == (y == c).sum()
         assert r.confusion[c, c] == ((pred == c) & (y == c)).sum()
         if (y == c).any():
-            assert r.per_class[c] == pytest.approx(((pred == c) & (y == c)).sum().item() / (y == c).sum().item())
+            assert r.per_class[c] == pytest.approx(((pred == c) & (y == c)).sum().item()
+                                                   / (y == c).sum().item())
     assert r.to_dict()["per_class"]["Trouser"] == r.per_class[1]
 
 
@@ -95,7 +96,8 @@ def test_classify_yields_each_batch_as_it_is_done(tmp_path, monkeypatch):
     first, second = next(results), next(results)
     assert [first.path, second.path] == paths[:2] and len(opened) == 2
     rest = list(results)
-    assert [type(r).__name__ for r in rest] == ["Failure", "Prediction", "Prediction", "Prediction", "Prediction"]
+    assert ([type(r).__name__ for r in rest]
+            == ["Failure", "Prediction", "Prediction", "Prediction", "Prediction"])
     assert rest[0].path.name == "img2b.png" and [r.path for r in rest[1:]] == paths[2:]
 
 
@@ -125,7 +127,8 @@ def test_cli_eval_and_predict(tmp_path):
     assert metrics["count"] == 20 and 0 <= metrics["top1"] <= metrics["top5"] <= 1
     assert (tmp_path / "ev" / "confusion.png").is_file() and "top-1" in r.stdout
     # The fast path (vitkit.optimize, the default) and the plain model agree.
-    plain = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev2", "--no-fast")
+    plain = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev2",
+                    "--no-fast")
     assert plain.returncode == 0, plain.stderr
     plain_metrics = json.loads((tmp_path / "ev2" / "metrics.json").read_text())
     assert (plain_metrics["top1"], plain_metrics["top5"]) == (metrics["top1"], metrics["top5"])
@@ -148,9 +151,9 @@ def test_cli_eval_and_predict(tmp_path):
 
 
 def test_cli_eval_and_predict_options(tmp_path, capsys):
-    """--device is parsed (a name torch lacks is one error line), --workers read the folder, the default output
-    folder of another split is its own, predict --json reports a bad file as JSON, and a model of 5 classes or
-    fewer reports no top-5 (every label is among the top 5)."""
+    """--device is parsed (a name torch lacks is one error line), --workers read the folder, the default
+    output folder of another split is its own, predict --json reports a bad file as JSON, and a model of 5
+    classes or fewer reports no top-5 (every label is among the top 5)."""
     from vitkit.cli.main import main
 
     def cli(*args) -> int:
@@ -229,7 +232,8 @@ def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name
     write_pngs(tmp_path / "data" / "d", 1, seed=62)
     bad = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
-    assert bad.stderr.startswith(f"error: {tmp_path / 'data'} has classes that {tmp_path / 'ckpt'} lacks: d (")
+    assert bad.stderr.startswith(f"error: {tmp_path / 'data'} has classes that {tmp_path / 'ckpt'} "
+                                 "lacks: d (")
 
 
 def test_match_classes_of_eval():

@@ -44,8 +44,8 @@ def test_a_few_steps_on_one_batch_drive_the_loss_down(tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-# Three steps that two ways of computing them must agree on to float rounding. SGD, not Adam: the key bias gets a
-# gradient of exactly 0 in theory (softmax ignores a constant per row), i.e. float noise, which Adam's
+# Three steps that two ways of computing them must agree on to float rounding. SGD, not Adam: the key bias
+# gets a gradient of exactly 0 in theory (softmax ignores a constant per row), i.e. float noise, which Adam's
 # normalisation blows up to full-size steps in either run. On the CPU: on a GPU the recipes train under bf16
 # autocast, whose rounding differs between the two ways.
 COMPARABLE_STEPS = ["device=cpu", "batch_size=32", "steps=3", "optim.warmup_epochs=0", "ckpt_every=100",
@@ -75,12 +75,14 @@ def test_compiled_training_computes_the_same_run(tmp_path):
 
     data = synthetic_dataset(64, seed=4)
     common = [*COMPARABLE_STEPS, "precision=fp32"]
-    eager = train(plain("demo-tiny", *common), tmp_path / "eager", train_set=data, val_set=data, progress=False)
+    eager = train(plain("demo-tiny", *common), tmp_path / "eager", train_set=data, val_set=data,
+                  progress=False)
     counters.clear()
     compiled = train(plain("demo-tiny", *common, "compile=true"), tmp_path / "compiled", train_set=data,
                      val_set=data, progress=False)
     assert counters["stats"]["unique_graphs"] >= 1  # the model really went through dynamo
-    # The checkpoint holds the model's own names, not the compiled wrapper's; inductor only reorders float sums.
+    # The checkpoint holds the model's own names, not the compiled wrapper's; inductor only reorders float
+    # sums.
     assert_same_weights(eager.last_dir, compiled.last_dir)
     assert compiled.final.loss == pytest.approx(eager.final.loss, rel=1e-4)
 
@@ -95,7 +97,8 @@ def test_batches_split_the_global_batch_among_processes():
     assert torch.equal(torch.cat(two), one[0])
     with pytest.raises(ValueError, match="multiple of processes"):
         make_plan(16, 3, world=2, rank=0)
-    with pytest.raises(ValueError, match=r"batch_size=33 must be a multiple of the number of processes \(2\)$"):
+    with pytest.raises(ValueError,
+                       match=r"batch_size=33 must be a multiple of the number of processes \(2\)$"):
         make_plan(33, 0, world=2, rank=0)  # no micro_batch was asked for: the message names none
 
 
@@ -159,8 +162,9 @@ def test_a_loss_that_turns_nan_before_any_checkpoint_says_to_start_again(tmp_pat
     base = synthetic_dataset(64, seed=4)
     data = PoisonedAt(base, [int(epoch_order(64, seed=0, epoch=0)[0])])  # in the first batch
     cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=100", "eval_every=100")
-    with pytest.raises(TrainingDiverged, match=r"at step 1 .*no checkpoint was written yet. Start again with a "
-                                               r"lower optim.lr .*the same --out will do") as e:
+    with pytest.raises(TrainingDiverged,
+                       match=r"at step 1 .*no checkpoint was written yet. Start again with a "
+                             r"lower optim.lr .*the same --out will do") as e:
         train(cfg, tmp_path / "run", train_set=data, progress=False)
     assert "--resume" not in str(e.value)
 
@@ -204,7 +208,8 @@ def test_finetune_resamples_the_position_table_as_the_recipe_says_and_starts_the
         model = build_model(cfg, num_classes=5)
         expected = resample_pos_embed(source.pos_embed.detach(), (3, 3), (5, 5), mode=mode)
         torch.testing.assert_close(model.pos_embed.detach(), expected)
-        assert torch.equal(model.head.bias.detach(), torch.full((5,), -3.0)) and model.head.weight.abs().sum() == 0
+        assert (torch.equal(model.head.bias.detach(), torch.full((5,), -3.0))
+                and model.head.weight.abs().sum() == 0)
     scratch = build_model(get_recipe("demo", ["optim.head_bias=-10"]), num_classes=4)
     assert torch.equal(scratch.head.bias.detach(), torch.full((4,), -10.0))
 
@@ -221,7 +226,8 @@ def test_a_run_saved_before_newer_settings_resumes_with_their_defaults(tmp_path)
     assert config_differences(old, json.loads(cfg.to_json())) != []
     assert config_differences(saved_config(tmp_path / "config.json"), json.loads(cfg.to_json())) == []
     (tmp_path / "config.json").write_text(json.dumps({**old, "removed_setting": 1}))
-    assert "removed_setting" in saved_config(tmp_path / "config.json")  # kept as written: the refusal names it
+    # kept as written: the refusal names it
+    assert "removed_setting" in saved_config(tmp_path / "config.json")
 
 
 def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_images(tmp_path):
@@ -238,7 +244,8 @@ def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_
     with pytest.raises(SystemExit):  # the command line shows warnings as one line each
         main(["--help"])
     assert warnings.formatwarning is warning_line
-    assert warning_line(UserWarning("x has no train/"), UserWarning, "loop.py", 1) == "warning: x has no train/\n"
+    assert (warning_line(UserWarning("x has no train/"), UserWarning, "loop.py", 1)
+            == "warning: x has no train/\n")
     (tmp_path / "split" / "train").mkdir(parents=True)
     (tmp_path / "flat").rename(tmp_path / "split" / "train" / "x")  # train/ without test/: refused as before
     cfg = get_recipe("demo-tiny", [f"data.name={tmp_path / 'split'}"])
@@ -248,14 +255,15 @@ def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_
 
 def test_a_run_gives_the_process_its_threads_and_determinism_back(tmp_path):
     threads = torch.get_num_threads()
-    cfg = get_recipe("demo-tiny", [f"threads={threads + 1}", "deterministic=true", "steps=1", "data.val_split=",
-                                   "batch_size=8"])
+    cfg = get_recipe("demo-tiny", [f"threads={threads + 1}", "deterministic=true", "steps=1",
+                                   "data.val_split=", "batch_size=8"])
     train(cfg, tmp_path / "run", train_set=synthetic_dataset(8, seed=1), progress=False)
     assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
 
 
 def test_image_folder_with_a_bad_file(tmp_path):
-    """Folders go through per-image transforms; a bad file stops the run naming it, or is skipped and counted."""
+    """Folders go through per-image transforms; a bad file stops the run naming it, or is skipped and
+    counted."""
     images, labels = synthetic_images(40, seed=6)
     for i, (img, c) in enumerate(zip(images, labels.tolist(), strict=True)):
         folder = tmp_path / "data" / f"class{c}"
@@ -267,7 +275,8 @@ def test_image_folder_with_a_bad_file(tmp_path):
             "threads=1", "model.in_chans=1"]
     with pytest.raises(ValueError, match="zz-broken.png"):
         train(get_recipe("demo-tiny", sets), tmp_path / "run1", progress=False)
-    r = train(get_recipe("demo-tiny", [*sets, "data.skip_bad_images=true"]), tmp_path / "run2", progress=False)
+    r = train(get_recipe("demo-tiny", [*sets, "data.skip_bad_images=true"]), tmp_path / "run2",
+              progress=False)
     summary = json.loads((r.run_dir / "result.json").read_text())
     assert summary["skipped_images"] == [str(bad)]
 
@@ -284,8 +293,8 @@ def test_tiny_twins_train(tmp_path, name):
 
 
 def test_full_token_epochs_turn_patch_dropout_off_for_the_last_steps(tmp_path, monkeypatch):
-    """fashion-mnist-tiny keeps 3 of 4 patch tokens (+ the class token) in training; with full_token_epochs the
-    last steps see all 5 tokens, and evaluation always does."""
+    """fashion-mnist-tiny keeps 3 of 4 patch tokens (+ the class token) in training; with full_token_epochs
+    the last steps see all 5 tokens, and evaluation always does."""
 
     seen: list[tuple[bool, int]] = []
     build = loop.build_model
@@ -298,7 +307,8 @@ def test_full_token_epochs_turn_patch_dropout_off_for_the_last_steps(tmp_path, m
     monkeypatch.setattr(loop, "build_model", build_and_watch)
     data = synthetic_dataset(64, seed=4, size=8)
     # 64 images in batches of 32: 2 steps per epoch; 8 steps, the last 1.5 epochs (3 steps) with every token.
-    cfg = get_recipe("fashion-mnist-tiny", ["model.image_size=8", "model.patch_size=4", "model.patch_dropout=0.25",
+    cfg = get_recipe("fashion-mnist-tiny", ["model.image_size=8", "model.patch_size=4",
+                                            "model.patch_dropout=0.25",
                                             "batch_size=32", "steps=8", "full_token_epochs=1.5", "threads=1",
                                             "eval_every=100", "ckpt_every=100"])
     train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
@@ -355,7 +365,8 @@ def test_val_folder_labels_follow_the_training_classes_by_name(tmp_path):
     cfg = plain("demo-tiny", f"data.name={tmp_path / 'data'}", "data.val_split=val", "model.in_chans=1")
     _, val, classes = prepare.load_data(cfg)
     assert classes == ["a", "b", "c"] and prepare.evaluated_split(cfg) == "val"
-    assert prepare.evaluated_split(plain("demo-tiny", "data.val_split=val")) == "test"  # Fashion-MNIST's val is test
+    # Fashion-MNIST's val is test
+    assert prepare.evaluated_split(plain("demo-tiny", "data.val_split=val")) == "test"
     assert val.classes == classes and [val[i][1] for i in range(len(val))] == [0, 0, 2, 2]
     write_class_folders(tmp_path / "data" / "val", ["d"])
     with pytest.raises(ValueError, match=r"the val split has classes that the training split lacks: d \("):

@@ -38,8 +38,8 @@ def test_sigmoid_loss_is_big_visions_sigmoid_xent(smoothing):
     t = F.one_hot(labels, 5).double() * (1 - smoothing) + smoothing / 5
     torch.testing.assert_close(loss.double(), sigmoid_xent(logits, t), rtol=1e-5, atol=1e-6)
     soft = torch.softmax(torch.randn(6, 5, generator=g), -1)  # MixUp/CutMix targets are taken as they are
-    torch.testing.assert_close(classification_loss("sigmoid")(logits, soft).double(), sigmoid_xent(logits, soft),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(classification_loss("sigmoid")(logits, soft).double(),
+                               sigmoid_xent(logits, soft), rtol=1e-5, atol=1e-6)
 
 
 def test_softmax_loss_is_torchs_cross_entropy_in_fp32():
@@ -59,8 +59,8 @@ def test_targets_and_unknown_loss():
 
 
 def test_a_sigmoid_run_trains_from_a_minus_ten_bias(tmp_path):
-    """The pre-training loss in the loop: the first loss is what the -10 bias predicts (about K * 1e-4 + 10 per
-    image when the zero-initialised classifier leaves the logits at the bias), and training lowers it."""
+    """The pre-training loss in the loop: the first loss is what the -10 bias predicts (about K * 1e-4 + 10
+    per image when the zero-initialised classifier leaves the logits at the bias), and training lowers it."""
     data = synthetic_dataset(64, seed=3, size=16)
     cfg = get_recipe("demo-tiny", ["optim.loss=sigmoid", "optim.head_bias=-10", "threads=1", "steps=12",
                                    "optim.lr=0.01", "optim.warmup_steps=0", "optim.label_smoothing=0",
@@ -70,7 +70,8 @@ def test_a_sigmoid_run_trains_from_a_minus_ten_bias(tmp_path):
         rows = list(csv.DictReader(f))
     losses = [float(r["loss"]) for r in rows if r["split"] == "train"]
     k = len(data.classes)
-    assert losses[0] == pytest.approx((k - 1) * math.log1p(math.exp(-10)) + math.log1p(math.exp(10)), rel=1e-3)
+    assert (losses[0]
+            == pytest.approx((k - 1) * math.log1p(math.exp(-10)) + math.log1p(math.exp(10)), rel=1e-3))
     assert losses[-1] < losses[0] - 1
     # The validation loss is the same quantity as the training loss: the sigmoid loss of the last weights.
     last = vitkit.load(tmp_path / "run" / "last")

@@ -10,7 +10,8 @@ from vitkit.train.ema import EMA
 from vitkit.train.optim import build_optimizer, cosine_decay, lr_at, param_groups
 from vitkit.train.settings import OptimConfig
 
-TINY = ViTConfig(image_size=16, patch_size=4, in_chans=1, num_classes=3, dim=16, depth=2, num_heads=2, mlp_dim=32)
+TINY = ViTConfig(image_size=16, patch_size=4, in_chans=1, num_classes=3, dim=16, depth=2, num_heads=2,
+                 mlp_dim=32)
 
 
 def test_warmup_is_linear_from_the_first_step():
@@ -45,7 +46,8 @@ def test_weight_decay_only_on_matrices(cfg):
     skipped = {names[id(p)] for p in no_decay["params"]}
     assert decayed | skipped == set(names.values()) and not decayed & skipped
     assert all(n.endswith("weight") and "norm" not in n for n in decayed)
-    expected_skipped = {n for n, p in model.named_parameters() if p.ndim < 2 or n.startswith(("pos_embed", "cls_token"))}
+    expected_skipped = {n for n, p in model.named_parameters()
+                        if p.ndim < 2 or n.startswith(("pos_embed", "cls_token"))}
     assert skipped == expected_skipped
     assert "blocks.0.attn.qkv.weight" in decayed and "patch_embed.proj.weight" in decayed
     assert "blocks.0.attn.qkv.bias" in skipped and "norm.weight" in skipped
@@ -96,7 +98,8 @@ def test_ema_checkpoint_round_trip():
 
 
 def test_adamw_is_fused_on_the_cpu_and_steps_as_the_reference_loop():
-    """The fused kernel is what runs on the CPU, and it computes torch's for-loop AdamW (decay groups included)."""
+    """The fused kernel is what runs on the CPU, and it computes torch's for-loop AdamW (decay groups
+    included)."""
     torch.manual_seed(0)
     model = create_model(TINY)
     reference = create_model(TINY)

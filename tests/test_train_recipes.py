@@ -34,15 +34,19 @@ def test_tiny_twins_are_tiny(name):
 def test_paper_recipes_follow_the_paper():
     p = get_recipe("pretrain")
     # Table 3's ImageNet-21k row, and the sigmoid loss with a -10 head bias the authors trained it with
-    assert (p.optim.name, p.optim.betas, p.optim.weight_decay, p.batch_size) == ("adamw", (0.9, 0.999), 0.03, 4096)
+    assert ((p.optim.name, p.optim.betas, p.optim.weight_decay, p.batch_size)
+            == ("adamw", (0.9, 0.999), 0.03, 4096))
     assert (p.optim.lr, p.optim.schedule, p.optim.warmup_steps, p.epochs) == (1e-3, "linear", 10_000, 90)
-    assert (p.model.dropout, p.model.representation_size, p.optim.loss, p.optim.head_bias) == (0.1, 768, "sigmoid", -10)
+    assert ((p.model.dropout, p.model.representation_size, p.optim.loss, p.optim.head_bias)
+            == (0.1, 768, "sigmoid", -10))
     assert p.micro_batch < p.batch_size  # gradient accumulation
     f = get_recipe("finetune")
-    assert (f.optim.name, f.optim.momentum, f.optim.weight_decay, f.optim.clip_grad_norm) == ("sgd", 0.9, 0.0, 1.0)
+    assert ((f.optim.name, f.optim.momentum, f.optim.weight_decay, f.optim.clip_grad_norm)
+            == ("sgd", 0.9, 0.0, 1.0))
     assert (f.batch_size, f.optim.schedule, f.optim.warmup_steps) == (512, "cosine", 500)
     # vit_jax: inception crops of 5-100 % of the image, the position table zoomed bilinearly corner to corner
-    assert (f.augment.crop_scale, f.posemb_interpolation, f.optim.loss) == ((0.05, 1.0), "bilinear-corners", "softmax")
+    assert ((f.augment.crop_scale, f.posemb_interpolation, f.optim.loss)
+            == ((0.05, 1.0), "bilinear-corners", "softmax"))
 
 
 def test_overrides_parse_each_type():
@@ -139,8 +143,9 @@ def test_finetune_uses_every_model_setting_and_refuses_those_the_weights_fix(tmp
     model = build_model(cfg, num_classes=3)
     assert (model.cfg.mean, model.cfg.std, model.cfg.pool, model.cfg.depth) == ((0.5,), (0.25,), "gap", 1)
     assert model.cfg == cfg.model.replace(num_classes=3)
-    with pytest.raises(ValueError, match=r"--set model.depth=6, model.dim=64: fine-tuning from init=.* keeps its "
-                                         r"architecture, whose weights fix .*depth"):
+    with pytest.raises(ValueError,
+                       match=r"--set model.depth=6, model.dim=64: fine-tuning from init=.* keeps its "
+                             r"architecture, whose weights fix .*depth"):
         get_recipe("finetune", [f"init={tmp_path / 'src'}", "model.depth=6", "model.dim=64", "lr=0.1"])
 
 

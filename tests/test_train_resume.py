@@ -31,7 +31,8 @@ def command(data, out, *extra):
 
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     data = write_fake_fashion_mnist(tmp_path / "data", n_train=256, n_test=64)
-    train(get_recipe("fashion-mnist-tiny", overrides(data)), tmp_path / "ref", progress=False)  # uninterrupted
+    # uninterrupted
+    train(get_recipe("fashion-mnist-tiny", overrides(data)), tmp_path / "ref", progress=False)
 
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -41,11 +42,13 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before it could be killed: {err.decode()[-2000:]}"
+    assert proc.returncode == -signal.SIGKILL, \
+        f"the run ended before it could be killed: {err.decode()[-2000:]}"
     done = list_checkpoints(out)
     assert done and int(done[-1].name.split("-")[1]) < STEPS
 
-    resumed = subprocess.run(command(data, out, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(command(data, out, "--resume"), env=env, capture_output=True, text=True,
+                             timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stdout + resumed.stderr
     final = list_checkpoints(out)[-1]
@@ -65,7 +68,8 @@ def test_resume_of_a_finished_run_and_of_a_different_config(tmp_path):
     before = (tmp_path / "run" / "result.json").read_text()
     again = train(cfg, tmp_path / "run", resume=True, progress=False)  # a finished run: nothing to do
     assert again.steps == 4 and (tmp_path / "run" / "result.json").read_text() == before
-    changed = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4", "optim.weight_decay=0.3"])
+    changed = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4",
+                                                                   "optim.weight_decay=0.3"])
     import pytest
 
     with pytest.raises(ValueError, match="config differs .* optim.weight_decay"):
@@ -97,8 +101,10 @@ def test_resuming_a_run_killed_before_its_final_outputs_writes_them(tmp_path):
            "--no-progress", *(a for s in sets for a in ("--set", s))]
     done = subprocess.run(cli, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "already complete (4 of 4 steps); writing its missing last, result.json, confusion.png" in done.stdout
-    assert f"test top-1 {100 * first.final.top1:.2f} %" in done.stdout and f"last model: {run / 'last'}" in done.stdout
+    assert ("already complete (4 of 4 steps); writing its missing last, result.json, confusion.png"
+            in done.stdout)
+    assert (f"test top-1 {100 * first.final.top1:.2f} %" in done.stdout
+            and f"last model: {run / 'last'}" in done.stdout)
     after = json.loads((run / "result.json").read_text())
     assert {k: after[k] for k in ("steps", "top1", "top5", "loss", "count")} == \
         {k: before[k] for k in ("steps", "top1", "top5", "loss", "count")}
@@ -109,8 +115,8 @@ def test_resuming_a_run_killed_before_its_final_outputs_writes_them(tmp_path):
 
 
 def test_a_second_run_into_a_folder_in_use_is_refused_and_a_killed_run_holds_nothing(tmp_path):
-    """A job started twice into one --out would interleave two runs' checkpoints and logs: the second is refused
-    while the first holds the folder; the lock goes with the process that held it, however it ends."""
+    """A job started twice into one --out would interleave two runs' checkpoints and logs: the second is
+    refused while the first holds the folder; the lock goes with the process that held it, however it ends."""
     import pytest
 
     from vitkit.train.checkpoints import RunFolderBusy, RunFolderLock
@@ -120,8 +126,9 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_a_killed_run_holds_not
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom vitkit.train.checkpoints import "
-                               "RunFolderLock\nwith RunFolderLock(sys.argv[1]):\n    print('held', flush=True)\n"
-                               "    time.sleep(600)\n", str(out)], stdout=subprocess.PIPE, text=True)
+                               "RunFolderLock\nwith RunFolderLock(sys.argv[1]):\n    print('held', "
+                               "flush=True)\n    time.sleep(600)\n", str(out)], stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunFolderBusy, match=rf"{out} is in use by another run \(process {holder.pid}\)"):
@@ -155,9 +162,9 @@ def test_resume_tidies_what_a_kill_between_two_renames_left(tmp_path):
 
 
 def test_a_damaged_run_folder_is_refused_with_what_to_do(tmp_path):
-    """An unreadable newest checkpoint, one without the EMA the run keeps, a config.json gone or cut short: each
-    refused with one line naming the file, and (for a checkpoint) the folder to delete to resume from the one
-    before it, which then resumes."""
+    """An unreadable newest checkpoint, one without the EMA the run keeps, a config.json gone or cut short:
+    each refused with one line naming the file, and (for a checkpoint) the folder to delete to resume from the
+    one before it, which then resumes."""
     import shutil
 
     import pytest
@@ -187,7 +194,8 @@ def test_a_damaged_run_folder_is_refused_with_what_to_do(tmp_path):
 
     optimizer = newest / "optimizer.safetensors"
     optimizer.write_bytes(optimizer.read_bytes()[:100])
-    with pytest.raises(ValueError, match=rf"{optimizer}: unreadable .*delete {newest} to resume from {first.name}"):
+    with pytest.raises(ValueError,
+                       match=rf"{optimizer}: unreadable .*delete {newest} to resume from {first.name}"):
         train(cfg, run, resume=True, progress=False)
     shutil.rmtree(newest)  # as the message says: the run goes on from the checkpoint before it
     assert train(cfg, run, resume=True, progress=False).steps == 4
@@ -195,8 +203,8 @@ def test_a_damaged_run_folder_is_refused_with_what_to_do(tmp_path):
 
 
 def test_metrics_of_a_killed_run_keep_their_complete_rows_only(tmp_path):
-    """A kill in the middle of a metrics row leaves a line cut short at the end of metrics.csv: the resumed run
-    drops it with the rows after its checkpoint, and keeps every complete row up to it."""
+    """A kill in the middle of a metrics row leaves a line cut short at the end of metrics.csv: the resumed
+    run drops it with the rows after its checkpoint, and keeps every complete row up to it."""
     import csv
 
     from vitkit.train.metrics_log import MetricsLog

@@ -63,8 +63,9 @@ def test_outside_the_main_thread_nothing_is_installed():
 
 
 def test_dataloader_workers_ignore_the_stop_signals():
-    code = ("import os, signal; from vitkit.train.stopping import ignore_stop_signals; ignore_stop_signals(0); "
-            "os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGTERM); print('alive')")
+    code = ("import os, signal; from vitkit.train.stopping import ignore_stop_signals; "
+            "ignore_stop_signals(0); os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), "
+            "signal.SIGTERM); print('alive')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "alive"
 
@@ -104,10 +105,12 @@ def test_stopped_run_checkpoints_its_step_and_resumes_bit_for_bit(tmp_path, monk
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=f"{name}: {k}")
     def rows(run):  # every column but the time and img/s
-        return [r.split(",")[1:6] + r.split(",")[7:] for r in (run / "metrics.csv").read_text().splitlines()[1:]]
+        return [r.split(",")[1:6] + r.split(",")[7:]
+                for r in (run / "metrics.csv").read_text().splitlines()[1:]]
 
     assert rows(tmp_path / "run") == rows(ref.run_dir)
-    # TensorBoard too: every step once, the one resumed from included (its events were written before the stop).
+    # TensorBoard too: every step once, the one resumed from included (its events were written before the
+    # stop).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for run in (ref.run_dir, tmp_path / "run"):
@@ -141,9 +144,9 @@ def _processes_of(out: Path) -> list[str]:
 
 
 def test_ctrl_c_on_an_image_folder_run_with_workers(tmp_path):
-    """Ctrl-C reaches the terminal's whole process group, DataLoader workers too (forked with the main process's
-    handler): the main process alone announces the stop, checkpoints the step in flight, exits 130 and says how
-    to go on."""
+    """Ctrl-C reaches the terminal's whole process group, DataLoader workers too (forked with the main
+    process's handler): the main process alone announces the stop, checkpoints the step in flight, exits 130
+    and says how to go on."""
     # Large images, slow to decode: the main process waits for the worker's next batch most of the time, so
     # that is where the signal finds it, and a worker that ended on it would leave that batch unmade.
     images, labels = synthetic_images(32, seed=3, size=1000)
@@ -153,10 +156,12 @@ def test_ctrl_c_on_an_image_folder_run_with_workers(tmp_path):
         Image.fromarray(img[0].numpy()).save(folder / f"{i}.png", compress_level=1)
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "vitkit.cli.main", "train", "demo-tiny", "--out", str(out), "--no-progress",
-           *(a for s in [f"data.name={tmp_path / 'data'}", "data.val_split=", "data.workers=1", "batch_size=8",
+           *(a for s in [f"data.name={tmp_path / 'data'}", "data.val_split=", "data.workers=1",
+                         "batch_size=8",
                          "steps=100000", "threads=1", "model.in_chans=1", "log_every=1", "ckpt_every=100000"]
              for a in ("--set", s))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         _wait_for_training(out, proc)
         os.killpg(proc.pid, signal.SIGINT)  # as the terminal does
@@ -169,7 +174,8 @@ def test_ctrl_c_on_an_image_folder_run_with_workers(tmp_path):
     assert ckpt is not None and 0 < int(ckpt.name.split("-")[1]) < 100000
     assert f"stopped by SIGINT at step {int(ckpt.name.split('-')[1])} of 100000" in err
     assert f"continue with: vitkit train demo-tiny --out {out} --resume --set" in err
-    assert err.count("SIGINT: stopping after this step") == 1  # said by the main process, not by its worker too
+    # said by the main process, not by its worker too
+    assert err.count("SIGINT: stopping after this step") == 1
     assert "Traceback" not in err and not _processes_of(out)
 
 
@@ -177,7 +183,8 @@ def test_sigterm_to_vitkit_train_nproc_stops_every_process_at_one_checkpoint(tmp
     data = write_fake_fashion_mnist(tmp_path / "data", n_train=256, n_test=32)
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "vitkit.cli.main", "train", "demo-tiny", "--nproc", "2", "--out", str(out),
-           "--no-progress", *(a for s in fake_data_overrides(data) + ["device=cpu", "batch_size=32", "steps=100000",
+           "--no-progress", *(a for s in fake_data_overrides(data) + ["device=cpu", "batch_size=32",
+                                                                      "steps=100000",
                                                                       "log_every=1", "ckpt_every=100000"]
                               for a in ("--set", s))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -191,7 +198,8 @@ def test_sigterm_to_vitkit_train_nproc_stops_every_process_at_one_checkpoint(tmp
             proc.kill()
     assert proc.returncode == 143, err[-2000:]
     found = list_checkpoints(out)
-    assert len(found) == 1 and 0 < int(found[0].name.split("-")[1]) < 100000  # written once, by the main process
+    # written once, by the main process
+    assert len(found) == 1 and 0 < int(found[0].name.split("-")[1]) < 100000
     assert err.count("stopped by SIGTERM") == 1 and "--nproc 2" in err
     assert "Traceback" not in err and "closing signal" not in err
     time.sleep(0.5)
