@@ -126,6 +126,17 @@ def test_every_attention_implementation_computes_the_same_function():
         torch.testing.assert_close(outs[how][1], outs["sdpa"][1], rtol=1e-5, atol=1e-5)
 
 
+def test_a_choice_of_the_operator_is_not_taken_where_it_is_off(cache, monkeypatch):
+    """The operator chosen with it available is not reused with VITKIT_KERNELS=0 (it is another key)."""
+    qkv = torch.randn(2, 9, 48, requires_grad=True)
+    monkeypatch.setattr(autotune, "pick",
+                        lambda times, default: "operator" if "operator" in times else default)
+    if attention_available():
+        assert implementation(qkv, 4, 0.0, True) == "operator"
+    monkeypatch.setenv("VITKIT_KERNELS", "0")
+    assert implementation(qkv, 4, 0.0, True) != "operator"
+
+
 def test_the_tuned_choices_are_ones_the_candidates_name(cache):
     x, w, b = (torch.randn(40, 16, requires_grad=True), torch.randn(24, 16, requires_grad=True),
                torch.randn(24))

@@ -169,7 +169,7 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
         return default
     grad = torch.is_grad_enabled() and qkv.requires_grad
     B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-    shape = (B, T, heads, width // heads, dropout > 0)
+    shape = (B, T, heads, width // heads, dropout > 0, operator)  # a choice made with the operator needs it
     return autotune.choose("attention-train" if grad else "attention", shape,
                            lambda: _candidates(B, T, heads, width, dropout, grad, operator), default)
 
