@@ -25,7 +25,6 @@ import contextlib
 import os
 import random
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -33,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import machine_info, write_json
+from vitkit.bench import interleaved_times, machine_info, paired_ratio, write_json
 from vitkit.cpu.build import DISABLE_ENV
 from vitkit.train.optim import build_optimizer
 
@@ -95,18 +94,9 @@ def inference_call(cfg, batch: int, precision: str, off: bool) -> Callable[[], N
 
 
 def paired(calls: dict[str, Callable[[], None]], repeats: int, warmup: int, rng: random.Random):
-    for fn in calls.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(repeats):
-        order = list(calls)
-        rng.shuffle(order)
-        for k in order:
-            t = time.perf_counter()
-            calls[k]()
-            times[k].append(time.perf_counter() - t)
-    ratio = statistics.median(b / a for a, b in zip(times["with"], times["without"], strict=True))
+    """The median ms of "with" and "without", and the paired ratio without/with (vitkit.bench's method)."""
+    times = interleaved_times(calls, repeats, warmup, rng)
+    ratio = paired_ratio(times["with"], [times["without"]])
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}, ratio
 
 
