@@ -97,6 +97,7 @@ def test_two_nodes_restart_a_killed_worker_and_resume(tmp_path):
         kill_all([n for n in nodes if n.poll() is None])
     text = "".join(log.read_text() for log in logs)
     assert [n.returncode for n in nodes] == [0, 0], text[-4000:]
+    assert "warning: torchrun --max-restarts" not in text  # each worker group has a store of its own
 
     # torchrun started both workers again, and they went on from the newest checkpoint before the kill
     resumed = [line for line in text.splitlines() if line.startswith(f"resuming {out} from step-")]
@@ -117,3 +118,29 @@ def test_two_nodes_restart_a_killed_worker_and_resume(tmp_path):
     assert a.keys() == b.keys() and a["head.weight"].abs().sum() > 0
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_restarts_through_the_shared_store_are_warned_of():
+    """torchrun's own environment for its workers: a warning only when it may restart them through the store
+    they share with it."""
+    from vitkit.train.distributed import shared_store_warning
+
+    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in shared_store_warning(shared)
+    assert "--max-restarts 3" in shared_store_warning(shared)
+    assert shared_store_warning({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert shared_store_warning({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
+    assert shared_store_warning({}) is None
+
+
+def test_a_stopped_run_of_several_machines_says_to_launch_them_again():
+    """`vitkit train --nproc 4` would start all four processes on one machine: a run of two machines of two
+    processes each is continued by each machine's torchrun command."""
+    from vitkit.cli.train import continue_hint
+
+    out = Path("runs/x")
+    one = continue_hint("demo", out, ["seed=1"], {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert one == "vitkit train demo --out runs/x --resume --set seed=1 --nproc 2"
+    assert continue_hint("demo", out, [], {}) == "vitkit train demo --out runs/x --resume"
+    several = continue_hint("demo", out, [], {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+    assert several.startswith("the same torchrun command on every machine, with --resume")

@@ -69,6 +69,15 @@ def resume_command(recipe: str, out: Path, overrides: list[str], nproc: int) -> 
                        *(["--nproc", str(nproc)] if nproc > 1 else [])])
 
 
+def continue_hint(recipe: str, out: Path, overrides: list[str], env: dict[str, str]) -> str:
+    """How to continue a stopped run: its `vitkit train` command on one machine; on several (torchrun's
+    LOCAL_WORLD_SIZE below its WORLD_SIZE), each machine's torchrun command again, with --resume."""
+    world = int(env.get("WORLD_SIZE", "1"))
+    if int(env.get("LOCAL_WORLD_SIZE", str(world))) < world:
+        return "the same torchrun command on every machine, with --resume (docs/distributed.md)"
+    return resume_command(recipe, out, overrides, world)
+
+
 # torchrun's own main, without the traceback of its ChildFailedError or SignalException: a worker that fails
 # has printed its one-line error already, a stopped run its message, and the exit code says which.
 QUIET_TORCHRUN = """\
@@ -157,8 +166,8 @@ def train(
         result = run(cfg, out, resume=resume, progress=progress)
     except TrainingStopped as e:
         if os.environ.get("RANK", "0") == "0":
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            typer.echo(f"{e}\ncontinue with: {resume_command(recipe, out, overrides or [], world)}", err=True)
+            typer.echo(f"{e}\ncontinue with: {continue_hint(recipe, out, overrides or [], dict(os.environ))}",
+                       err=True)
         raise typer.Exit(e.exit_code) from None
     if os.environ.get("RANK", "0") != "0":  # under torchrun, the main process reports
         return

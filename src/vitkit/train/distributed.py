@@ -1,5 +1,6 @@
-"""Processes and devices: one code path for a single process and for `torchrun --nproc_per_node N` (DDP with
-gloo on CPUs, nccl on GPUs). torchrun tells each process its place through RANK, WORLD_SIZE and LOCAL_RANK."""
+"""Processes and devices: one code path for a single process and for torchrun on one machine or several (DDP
+with gloo on CPUs, nccl on GPUs). torchrun tells each process its place through RANK, WORLD_SIZE and
+LOCAL_RANK."""
 
 from __future__ import annotations
 
@@ -71,14 +72,34 @@ def end_with_parent(sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+def shared_store_warning(env: dict[str, str]) -> str | None:
+    """A warning when torchrun may restart the workers (--max-restarts) while they share its store.
+
+    torchrun keeps that store across restarts, so a restarted worker group can read the addresses the group
+    it replaces published there, and fail to connect (gloo: "Connection refused"). torchrun's own store for
+    each group, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, avoids it."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if not restarts.isdigit() or int(restarts) == 0:
+        return None
+    return (f"warning: torchrun --max-restarts {restarts} with the store it shares with its workers: a "
+            "restarted group may read the addresses of the one it replaces and fail to connect; start "
+            "torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment (docs/distributed.md)")
+
+
 def setup(device: str = "auto") -> Context:
     """Join the process group when started by torchrun (WORLD_SIZE > 1), else a single process. A torchrun
-    worker ends with torchrun (end_with_parent)."""
+    worker ends with torchrun (end_with_parent); the main one warns of restarts that would fail to connect
+    (shared_store_warning)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if "TORCHELASTIC_RUN_ID" in os.environ:
         end_with_parent()
+        warning = shared_store_warning(dict(os.environ))
+        if warning and rank == 0 and world > 1:
+            print(warning, file=sys.stderr, flush=True)
     dev = pick_device(device, local_rank)
     if world > 1 and not dist.is_initialized():
         if dev.type == "cuda":
