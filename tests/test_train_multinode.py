@@ -23,10 +23,10 @@ from vitkit.train.metrics_log import MetricsLog
 
 # SGD, no augmentation or drop-path, the plain model (no CPU kernels to build in each process): two processes
 # then differ from one only by float summation order (see test_train_distributed.py).
-STEPS = 40
+STEPS = 24
 SETTINGS = ["device=cpu", "threads=1", "fast=false", "augment.crop=none", "augment.hflip=0",
             "model.drop_path=0", "optim.name=sgd", "optim.lr=0.05", "batch_size=32", f"steps={STEPS}",
-            "ckpt_every=2", "eval_every=0"]
+            "ckpt_every=2", f"eval_every={STEPS}"]
 
 
 def _free_port() -> int:
