@@ -76,8 +76,8 @@ def shared_store_warning(env: dict[str, str]) -> str | None:
     """A warning when torchrun may restart the workers (--max-restarts) while they share its store.
 
     torchrun keeps that store across restarts, so a restarted worker group can read the addresses the group
-    it replaces published there, and fail to connect (gloo: "Connection refused"). torchrun's own store for
-    each group, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, avoids it."""
+    it replaces published there, and fail to connect (gloo: "Connection refused").
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment gives each group a store of its own."""
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
