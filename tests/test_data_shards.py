@@ -1,7 +1,6 @@
 """Tar shards (`vitkit shard`, `shards:PATTERN`) and Hugging Face dataset folders (`hf:FOLDER`): written and
 read back image for image, counted with or without their index, and refused with what to do."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -136,4 +135,14 @@ def test_a_hugging_face_dataset_folder(tmp_path):
     loader = DataLoader(TransformedDataset(data, lambda im: torch.from_numpy(np.asarray(im).copy())),
                         batch_size=3, num_workers=2)
     assert [y.tolist() for _, y in loader] == [[0, 1, 0], [1, 0, 1]]
-    json.loads((tmp_path / "one" / "dataset_info.json").read_text())
+    # a run trains on it; and it shards, pixel for pixel
+    from vitkit.train import get_recipe, train
+
+    overrides = ["device=cpu", "threads=1", f"data.name=hf:{tmp_path / 'one'}", "data.val_split=",
+                 "data.limit=0", "data.workers=1", "batch_size=2", "steps=2", "model.in_chans=3"]
+    assert train(get_recipe("demo-tiny", overrides), tmp_path / "run", progress=False).steps == 2
+    index = write_shards(data, tmp_path / "shards", parse_size("1MB"), progress=False)
+    assert index["classes"] == ["ant", "bee"] and index["num_channels"] == 3
+    for key, sample in every_sample(open_shards(shard_pattern(index, tmp_path / "shards"))).items():
+        image, label = decode_sample(sample)
+        assert label == int(key) % 2 and np.array_equal(np.asarray(image), np.asarray(data[int(key)][0]))
