@@ -98,7 +98,8 @@ def test_vitkit_shard_writes_and_refuses_with_what_to_do(tmp_path, capsys):
     assert len(open_shards(pattern)) == 18
     for args, message in (([str(src), str(tmp_path / "out")], "folder is not empty"),
                           ([str(tmp_path / "nope"), str(tmp_path / "o2")], "not a folder"),
-                          ([str(src), str(tmp_path / "o3"), "--shard-size", "1XB"], "is not a size")):
+                          ([str(src), str(tmp_path / "o3"), "--shard-size", "1XB"], "is not a size"),
+                          ([str(src), str(tmp_path / "o4"), "--prefix", "a.b"], "letters, digits")):
         with pytest.raises(SystemExit) as exit_info:
             main(["shard", *args, "--no-progress"])
         err = capsys.readouterr().err

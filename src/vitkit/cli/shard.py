@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import typer
@@ -39,12 +40,16 @@ def shard(
         raise UsageError(str(e), "e.g. --shard-size 500MB") from None
     if src.startswith("shards:"):
         raise UsageError(f"{src}: already shards", "give the folder or dataset they were written from")
+    name = prefix or split
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise UsageError(f"--prefix {name!r}: shard names take letters, digits, - and _ only",
+                         "e.g. --prefix in21k-train")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a folder", "give a new or empty folder for OUT")
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"{out}: folder is not empty", "give a new or empty folder for OUT")
     dataset = resolve(src, split, data_dir)  # a missing SRC: FileNotFoundError, one line naming it
-    index = write_shards(dataset, out, max_bytes, prefix or split, seed, progress, source=src)
+    index = write_shards(dataset, out, max_bytes, name, seed, progress, source=src)
     pattern = shard_pattern(index, out)
     typer.echo(f"{src} ({split}) -> {out}: {index['total']} images in {len(index['shards'])} shard(s), "
                f"{len(index['classes'])} classes")
