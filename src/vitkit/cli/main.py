@@ -40,6 +40,7 @@ def fail(message: str, hint: str = "", code: int = 1) -> None:
 COMMAND_MODULES = [
     "vitkit.cli.inspect",
     "vitkit.cli.train",
+    "vitkit.cli.shard",
     "vitkit.cli.analyze",
     "vitkit.cli.speed",
     "vitkit.cli.convert",

@@ -4,6 +4,9 @@
   as whole uint8 tensors (vitkit.data.tensor_dataset: `.images`, (N, C, H, W); `.targets`, int64 (N,)); their
   items are `(uint8 tensor (C, H, W), int label)`. Where they are looked for: vitkit.data.locations.
 * A folder of class sub-folders (vitkit.data.folders): items are `(PIL image, int label)`.
+* `hf:FOLDER`, or a folder that `datasets.save_to_disk` wrote (vitkit.data.hf_folder): the same items.
+* `shards:PATTERN`, WebDataset-style tar shards (vitkit.data.shards): a `ShardSet`, for training only, which
+  vitkit.train.shard_batches streams.
 
 torchvision.transforms.v2 accepts both. Every dataset has `.classes` (list of names) and `.num_channels` (1
 for grey, 3 for colour).
@@ -19,7 +22,9 @@ from torch.utils.data import Dataset
 from .cifar import load_cifar
 from .fashion_mnist import load_fashion_mnist
 from .folders import ImageFolderDataset
+from .hf_folder import HF_PREFIX, is_hf_folder, load_hf_folder
 from .locations import check_split
+from .shards import SHARDS_PREFIX, ShardSet, open_shards
 
 DATASET_NAMES = ("fashion-mnist", "cifar10", "cifar100")
 _ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
@@ -56,10 +61,11 @@ def resolve(
     data_dir: str | os.PathLike[str] | None = None,
     download: bool = True,
     skip_bad_images: bool = False,
-) -> Dataset:
+) -> Dataset | ShardSet:
     """The dataset `data` names: `fashion-mnist`, `cifar10`, `cifar100`, or a folder of class sub-folders
     (with `train`/`test`/`val` split sub-folders used when present; an existing folder wins over a dataset
-    name it happens to share). A Dataset is returned unchanged.
+    name it happens to share), a Hugging Face dataset folder (`hf:FOLDER`, or any folder save_to_disk wrote),
+    or tar shards (`shards:PATTERN`, the training split only). A Dataset is returned unchanged.
 
     `split` is train, test or val (val means test for the named datasets, which have no validation split).
     `download` lets a named dataset be fetched from its official location when it is nowhere on disk (with
@@ -73,6 +79,15 @@ def resolve(
     """
     if isinstance(data, Dataset):
         return data
+    text = str(data).strip()
+    if text.startswith(SHARDS_PREFIX):
+        if split != "train":
+            raise ValueError(f"{text}: shards are read for training only, not as a {split!r} split; set "
+                             "data.val_split='' (or evaluate on a folder with `vitkit eval RUN/best --data "
+                             "FOLDER`)")
+        return open_shards(text[len(SHARDS_PREFIX):])
+    if text.startswith(HF_PREFIX) or is_hf_folder(Path(text).expanduser()):
+        return load_hf_folder(text, split)
     key = str(data).strip().lower().replace("_", "-")
     if key in _ALIASES and not Path(str(data)).is_dir():
         name = _ALIASES[key]
@@ -85,4 +100,5 @@ def resolve(
         dataset = ImageFolderDataset(folder, skip_bad_images=skip_bad_images)
         dataset.split, dataset.split_of_root = split, folder == path
         return dataset
-    raise FileNotFoundError(f"{data}: not a folder, and not a dataset name ({', '.join(DATASET_NAMES)})")
+    raise FileNotFoundError(f"{data}: not a folder, and not a dataset name ({', '.join(DATASET_NAMES)}), "
+                            "hf:FOLDER or shards:PATTERN")

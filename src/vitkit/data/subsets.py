@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset, Subset
 
+from .shards import ShardSet
 from .tensor_dataset import TensorImageDataset
 
 
@@ -21,6 +22,9 @@ def spread_subset(dataset: Dataset, n: int | None) -> Dataset:
     keeping its `.classes`, its `.targets` and the in-memory fast path."""
     if not n or n >= len(dataset):
         return dataset
+    if isinstance(dataset, ShardSet):
+        raise ValueError(f"shards:{dataset.pattern}: a limit of {n} images does not apply to shards, which "
+                         "are read whole; name fewer shards in the pattern instead")
     index = spread_indices(len(dataset), n)
     classes = list(getattr(dataset, "classes", None) or [])
     if isinstance(dataset, TensorImageDataset):

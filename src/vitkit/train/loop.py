@@ -37,6 +37,7 @@ from .batches import (
     BatchPlan,
     LoaderBatches,
     MemoryBatches,
+    ShardBatches,
     batch_source,
     is_in_memory,
     make_plan,
@@ -128,7 +129,7 @@ class Run:
     model: VisionTransformer
     optimizer: torch.optim.Optimizer
     ema: EMA | None
-    source: MemoryBatches | LoaderBatches
+    source: MemoryBatches | LoaderBatches | ShardBatches
     plan: BatchPlan
     lengths: Lengths
     amp: torch.dtype | None  # the autocast dtype (None: fp32)
@@ -225,6 +226,12 @@ def resume_state(run: Run, newest: Path) -> None:
             print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
                   f"{world}: the batches are the same, but in-memory augmentation is drawn per process "
                   "and micro-batch, so the run goes on differently from an unbroken one", flush=True)
+        elif before != world and isinstance(run.source, ShardBatches):
+            print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
+                  f"{world}: shards are split per process, so the rest of this epoch comes from the new "
+                  "split (some of its samples may come twice, others not at all); the epochs after it are "
+                  "whole",
+                  flush=True)
 
 
 def finish_complete_run(run: Run) -> RunResult:

@@ -168,11 +168,13 @@ OPTIM_RANGES = {
 class DataConfig:
     """What to train and evaluate on.
 
-    `name`: a dataset name (fashion-mnist, cifar10, cifar100) or a folder of class sub-folders (see
-    `vitkit.data.resolve`). `val_split`: evaluated during training ('' for none). `limit`/`val_limit`: use
-    only N images (0: all), for quick runs, spread evenly over the split so that a folder's classes all keep
-    their share (vitkit.data.subsets). `workers`: DataLoader processes, used for datasets that
-    are not held in memory (image folders); in-memory datasets are augmented whole batches at a time.
+    `name`: a dataset name (fashion-mnist, cifar10, cifar100), a folder of class sub-folders, a Hugging Face
+    dataset folder (`hf:FOLDER`) or tar shards (`shards:PATTERN`, see `vitkit shard`; training only, with
+    val_split ''); see `vitkit.data.resolve`. `val_split`: evaluated during training ('' for none).
+    `limit`/`val_limit`: use only N images (0: all), for quick runs, spread evenly over the split so that a
+    folder's classes all keep their share (vitkit.data.subsets). `workers`: DataLoader processes, used for
+    datasets that are not held in memory (image folders, shards); in-memory datasets are augmented whole
+    batches at a time.
     """
 
     name: str = "fashion-mnist"
