@@ -19,7 +19,7 @@ from vitkit.cpu.convert import pack_linears
 from vitkit.cpu.fused_block import FusedBlock, attend_through_projections
 from vitkit.cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
 from vitkit.cpu.int8 import DynamicInt8Linear, GELUInPlace, bf16_attention
-from vitkit.cpu.linear import MKL_MAX_ROWS
+from vitkit.cpu.linear import MKL_FROM_ROWS, MKL_MAX_ROWS
 from vitkit.cpu.packed import LinearPatchEmbed, PackedLinear
 from vitkit.cpu.private import onednn_packing_available
 from vitkit.inference import optimize
@@ -425,6 +425,18 @@ def test_packed_linear_runs_on_the_engine_it_names_with_the_same_result(activati
         assert engine == "packed"
     assert ("mkldnn::_linear_pointwise" in ops) is (engine == "packed")
     assert ("aten::linear" in ops) is (engine == "plain")
+
+
+@pytest.mark.skipif(not onednn_packing_available(), reason=NO_PACKING)
+@pytest.mark.parametrize("vendor,expected", [("GenuineIntel", "plain"), ("AuthenticAMD", "packed")])
+def test_packed_linear_default_follows_the_inference_engine_rule(vendor, expected, monkeypatch):
+    """With tuning off, a product of many rows takes MKL (the plain weight) on Intel CPUs, as the accelerated
+    model's linear layers do, and the packed oneDNN product elsewhere."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
+    monkeypatch.setattr("vitkit.cpu.linear.cpu_vendor", lambda: vendor)
+    layer = PackedLinear(nn.Linear(16, 8))
+    assert layer.engine(torch.zeros(MKL_FROM_ROWS, 16)) == expected
+    assert layer.engine(torch.zeros(MKL_FROM_ROWS - 1, 16)) == "packed"
 
 
 def test_packed_linear_refuses_other_dtypes():

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..model import PatchEmbed, autocast_off
 from . import autotune
-from .linear import MKL_MAX_ROWS, rows
+from .linear import MKL_MAX_ROWS, inference_engine, rows
 from .private import onednn_linear, onednn_linear_add, pack_weight
 
 
@@ -90,8 +90,9 @@ class PackedLinear(Unsaved):
 
     def engine(self, x: torch.Tensor) -> str:
         """"plain" or "packed" for an input of these rows: MKL up to MKL_MAX_ROWS rows (its matrix-vector
-        kernels beat oneDNN's), else the faster of the two on this machine (vitkit.cpu.autotune; "packed" with
-        tuning off)."""
+        kernels beat oneDNN's), else the faster of the two on this machine (vitkit.cpu.autotune). The default,
+        kept unless the other is clearly faster and taken with tuning off, follows `inference_engine`'s rule:
+        "plain" where it names MKL (many rows on Intel CPUs), else "packed"."""
         n = rows(x)
         if n <= MKL_MAX_ROWS:
             return "plain"
@@ -102,7 +103,8 @@ class PackedLinear(Unsaved):
             sample = torch.randn(n, self.in_features, generator=autotune.generator())
             return {"plain": lambda: self._plain(sample), "packed": lambda: self._packed(sample)}
 
-        return autotune.choose("packed-linear", shape, candidates, "packed")
+        default = "plain" if inference_engine(n) == "mkl" else "packed"
+        return autotune.choose("packed-linear", shape, candidates, default)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x)
