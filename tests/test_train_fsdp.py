@@ -210,3 +210,21 @@ def test_sigkill_then_resume_under_fsdp_equals_uninterrupted(tmp_path, capfd, mo
             torch.testing.assert_close(value, b["optim"]["state"][k][name], rtol=0, atol=0, msg=f"{k} {name}")
     torch.testing.assert_close(load_file(str(tmp_path / "ref" / "last" / "model.safetensors")),
                                load_file(str(out / "last" / "model.safetensors")), rtol=0, atol=0)
+
+
+def test_a_damaged_sharded_checkpoint_is_refused_with_what_to_do(tmp_path):
+    """As a damaged checkpoint under DDP: one line naming the file, and the folder to delete to resume from
+    the checkpoint before it, which then resumes."""
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=96, n_test=24)
+    cfg = get_recipe("demo-tiny", RESUMED + fake_data_overrides(data))
+    run = tmp_path / "run"
+    train(cfg, run, progress=False)
+    first, newest = list_checkpoints(run)[-2:]
+    index = newest / "dcp" / ".metadata"
+    index.write_bytes(index.read_bytes()[:50])
+    with pytest.raises(ValueError, match=rf"{newest / 'dcp'}: unreadable .*delete {newest} to resume from "
+                                         rf"{first.name}, the checkpoint before it"):
+        train(cfg, run, resume=True, progress=False)
+    shutil.rmtree(newest)
+    assert train(cfg, run, resume=True, progress=False).steps == 4
+    assert read_state(list_checkpoints(run)[-1])["step"] == 4

@@ -124,6 +124,7 @@ def load_sharded_train_state(ckpt: Path, model: nn.Module, optimizer: torch.opti
     the module's docstring). Returns state.json and the notes a resumed run prints. A collective. Errors
     (CheckpointError) name the file."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     ckpt = Path(ckpt)
@@ -139,8 +140,8 @@ def load_sharded_train_state(ckpt: Path, model: nn.Module, optimizer: torch.opti
     tensors = tensor_state(model, optimizer, ema)
     try:
         dcp.load(tensors, checkpoint_id=ckpt / DCP_NAME, no_dist=world == 1)
-    except Exception as e:  # DCP gathers every process's failure into one exception
-        raise CheckpointError(f"{ckpt / DCP_NAME}: unreadable ({str(e).strip().splitlines()[0]})") from None
+    except (Exception, CheckpointException) as e:  # DCP gathers every process's failure into one
+        raise CheckpointError(f"{ckpt / DCP_NAME}: unreadable ({_last_line(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
     if ema is not None:
         set_model_state_dict(ema.module, tensors["ema"])
@@ -161,6 +162,12 @@ def load_sharded_train_state(ckpt: Path, model: nn.Module, optimizer: torch.opti
                      f"random generators start fresh from seed {seed} and step {meta['step']}, so the run "
                      "goes on differently from an unbroken one")
     return meta, notes
+
+
+def _last_line(error: BaseException, limit: int = 300) -> str:
+    """The last line of an error's message, where DCP puts the reason under each process's traceback."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return lines[-1][:limit]
 
 
 def resume_seed(seed: int, step: int) -> int:
