@@ -12,6 +12,9 @@ A run folder holds:
                                  numpy's and Python's generator states
     RUN/best/, RUN/last/         vitkit checkpoints of the best (by validation top-1) and of the latest model
 
+A run with `parallel=fsdp` writes sharded training-state checkpoints instead (dcp_checkpoints.py); its
+best/ and last/ are the same plain vitkit checkpoints.
+
 A checkpoint is written into a temporary folder and renamed into place when complete, so a run killed at any
 moment leaves only complete checkpoints (and perhaps a `.tmp-*` or `.old-*` folder, ignored, and cleaned up by
 the next run in the folder). Everything is safetensors or JSON: nothing is pickled. While a run writes the
@@ -133,7 +136,7 @@ def save_train_state(
         save_safetensors(rng_tensors, tmp / "rng.safetensors")
         meta = {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta}
         (tmp / STATE_NAME).write_text(json.dumps(meta) + "\n")
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if final.exists():  # the same step written again (e.g. the end of a resumed run): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -144,7 +147,7 @@ def save_train_state(
     return final
 
 
-def _fsync_tree(folder: Path) -> None:
+def fsync_tree(folder: Path) -> None:
     """Flush every file in `folder` to disk, so that the rename publishes complete files."""
     for path in folder.rglob("*"):
         if path.is_file():
@@ -222,7 +225,7 @@ def save_model_atomically(model: torch.nn.Module, folder: Path, class_names: lis
     permit_as_created(tmp, directory=True)
     try:
         save(model, tmp, class_names=class_names, extra=extra)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         old = None
         if folder.exists():
             old = folder.with_name(f".old-{folder.name}-{os.getpid()}")

@@ -136,6 +136,15 @@ def gather_strings(items: list[str]) -> list[str]:
     return [item for part in lists for item in part or []]
 
 
+def broadcast_string(text: str) -> str:
+    """Process 0's `text`, on every process (`text` itself for a single process). A collective."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return text
+    box = [text]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()

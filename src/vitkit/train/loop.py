@@ -30,9 +30,10 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from ..checkpoint import CheckpointError
 from ..cpu import accelerate
 from ..model import VisionTransformer
-from . import distributed
+from . import distributed, sharding
 from .batches import (
     BatchPlan,
     LoaderBatches,
@@ -44,6 +45,7 @@ from .batches import (
     steps_per_epoch,
 )
 from .checkpoints import latest_checkpoint, restore_rng, save_model_atomically, save_train_state
+from .dcp_checkpoints import load_sharded_train_state, save_sharded_train_state
 from .ema import EMA
 from .evaluate import EvalResult, evaluate
 from .losses import classification_loss
@@ -62,6 +64,7 @@ from .recipes import missing_init
 from .run_folder import (
     FINAL_OUTPUTS,
     check_run_folder,
+    damaged_checkpoint,
     diverged_message,
     missing_final_outputs,
     open_run_folder,
@@ -139,9 +142,15 @@ class Run:
     elapsed_before: float = 0.0  # the seconds trained before the run was resumed
 
     @property
+    def fsdp(self) -> bool:
+        return self.cfg.parallel == "fsdp"
+
+    @property
     def eval_model(self) -> nn.Module:
-        """The weights evaluated and saved: the EMA's when the run keeps one."""
-        return self.ema.module if self.ema is not None else self.model
+        """The weights evaluated and saved: the EMA's when the run keeps one. Under FSDP, a plain copy
+        gathered whole on every process (sharding.gathered_copy), so every process must ask for it,
+        together."""
+        return sharding.gathered_copy(self.ema.module if self.ema is not None else self.model, self.cfg.fast)
 
     def seconds(self) -> float:
         return self.elapsed_before + time.time() - self.t_start
@@ -194,44 +203,60 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set: Dataset | None,
 
 def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, split: str, train_set: Dataset,
               val_set: Dataset | None, classes: list[str], model: VisionTransformer, t_start: float) -> Run:
-    """The run at step 0: its batches and lengths, the model on its device with a new optimizer and EMA."""
+    """The run at step 0: its batches and lengths, the model on its device with a new optimizer and EMA; with
+    `parallel=fsdp` on several processes the model and the EMA are sharded alike (sharding.py), the EMA so
+    that it costs each process its share only, updated shard by shard with no communication."""
     plan = make_plan(cfg.batch_size, cfg.micro_batch, ctx.world, ctx.rank)
     source = batch_source(train_set, cfg.model, cfg.augment, len(classes), cfg.seed, cfg.data.workers)
     model.to(ctx.device)
     if cfg.fast:
         accelerate(model)  # vitkit's CPU kernels, in place (nothing is swapped on a GPU)
-    optimizer = build_optimizer(model, cfg.optim)
     ema = EMA(model, cfg.ema) if cfg.ema else None
+    if cfg.parallel == "fsdp" and ctx.distributed:
+        mesh, policy = sharding.device_mesh(ctx.device, ctx.world), sharding.mixed_precision(ctx.device)
+        for module in (model, *([ema.module] if ema else [])):
+            sharding.shard(module, mesh, policy)
+    optimizer = build_optimizer(model, cfg.optim)
     return Run(cfg, out, ctx, split, train_set, val_set, classes, model, optimizer, ema, source, plan,
                Lengths.of(cfg, len(source)), autocast_dtype(cfg.precision, ctx.device), t_start)
 
 
 def resume_state(run: Run, newest: Path) -> None:
     """Load the checkpoint `newest` into `run`: the weights, the optimizer, the EMA, the random states, the
-    step, the best top-1 and the time trained."""
-    ck = read_resume_checkpoint(run.out, newest, with_ema=run.ema is not None)
-    run.model.load_state_dict(ck["model"])
-    run.optimizer.load_state_dict(ck["optimizer"])
-    if run.ema is not None:
-        run.ema.load_state_dict(ck["ema"], ck["state"]["ema_updates"])
-    restore_rng(*ck["rng"])
-    run.step, run.best = ck["state"]["step"], ck["state"]["best_top1"]
-    run.elapsed_before = ck["state"].get("seconds", 0.0)
-    world = run.ctx.world
+    step, the best top-1 and the time trained. A sharded checkpoint (`parallel=fsdp`) may have been written by
+    another number of processes (dcp_checkpoints.py says what carries over)."""
+    world, notes = run.ctx.world, []
+    if run.fsdp:
+        try:
+            state, notes = load_sharded_train_state(newest, run.model, run.optimizer, run.ema, run.ctx.rank,
+                                                    world, run.cfg.seed)
+        except CheckpointError as e:
+            raise damaged_checkpoint(run.out, newest, e) from None
+    else:
+        ck = read_resume_checkpoint(run.out, newest, with_ema=run.ema is not None)
+        run.model.load_state_dict(ck["model"])
+        run.optimizer.load_state_dict(ck["optimizer"])
+        if run.ema is not None:
+            run.ema.load_state_dict(ck["ema"], ck["state"]["ema_updates"])
+        restore_rng(*ck["rng"])
+        state = ck["state"]
+    run.step, run.best = state["step"], state["best_top1"]
+    run.elapsed_before = state.get("seconds", 0.0)
+    before = state.get("processes", world)
+    if not run.fsdp and before != world and is_in_memory(run.train_set):
+        notes.append(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
+                     f"{world}: the batches are the same, but in-memory augmentation is drawn per process "
+                     "and micro-batch, so the run goes on differently from an unbroken one")
+    elif before != world and isinstance(run.source, ShardBatches):
+        notes.append(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
+                     f"{world}: shards are split per process, so the rest of this epoch comes from the new "
+                     "split (some of its samples may come twice, others not at all); the epochs after it are "
+                     "whole")
     if run.ctx.is_main:
         print(f"resuming {run.out} from {newest.name} (epoch {run.step / run.lengths.per_epoch:.2f})",
               flush=True)
-        before = ck["state"].get("processes", world)
-        if before != world and is_in_memory(run.train_set):
-            print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
-                  f"{world}: the batches are the same, but in-memory augmentation is drawn per process "
-                  "and micro-batch, so the run goes on differently from an unbroken one", flush=True)
-        elif before != world and isinstance(run.source, ShardBatches):
-            print(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
-                  f"{world}: shards are split per process, so the rest of this epoch comes from the new "
-                  "split (some of its samples may come twice, others not at all); the epochs after it are "
-                  "whole",
-                  flush=True)
+        for note in notes:
+            print(note, flush=True)
 
 
 def finish_complete_run(run: Run) -> RunResult:
@@ -255,7 +280,7 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
     """Train from `run.step` to the last step, evaluating and checkpointing on the way, then write the
     end-of-run outputs. Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint."""
     cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
-    net = DistributedDataParallel(run.model) if ctx.distributed else run.model
+    net = DistributedDataParallel(run.model) if ctx.distributed and not run.fsdp else run.model
     if cfg.compile:
         # the same parameters: the optimizer, EMA and checkpoints use `model` as before
         net = torch.compile(net)
@@ -293,7 +318,9 @@ def train_one_step(run: Run, net: nn.Module, micro_batches: list[tuple[torch.Ten
     lr = lr_at(run.step, lengths.total, cfg.optim.lr, lengths.warmup, cfg.optim.schedule, cfg.optim.min_lr)
     set_lr(run.optimizer, lr)
     run.model.patch_drop_rate = 0.0 if run.step >= lengths.full_tokens_from else cfg.model.patch_dropout
-    loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, ctx.distributed)
+    # Under FSDP each micro-batch's gradients are reduce-scattered into the shards as its backward ends.
+    ddp = ctx.distributed and not run.fsdp
+    loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, ddp)
     # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP summed over
     # the processes, which must all stop together, at the same step. The loss rides along, so that the one
     # logged is the mean over the processes, not the main process's share.
@@ -318,7 +345,8 @@ def evaluate_and_keep_best(run: Run, report: Report, loss_fn) -> EvalResult | No
     if run.val_set is None:
         return None
     cfg, ctx = run.cfg, run.ctx
-    r = evaluate(run.eval_model, run.val_set, cfg.model, cfg.data.eval_batch_size, ctx.device, run.amp,
+    model = run.eval_model
+    r = evaluate(model, run.val_set, cfg.model, cfg.data.eval_batch_size, ctx.device, run.amp,
                  ctx.rank, ctx.world, loss_fn=loss_fn)
     report.log.write(run.step, run.step / run.lengths.per_epoch, "val", loss=r.loss, top1=r.top1,
                      top5=r.reported_top5)
@@ -327,7 +355,7 @@ def evaluate_and_keep_best(run: Run, report: Report, loss_fn) -> EvalResult | No
         report.print(f"step {run.step}/{run.lengths.total} {run.split} {r.summary()} loss {r.loss:.4f}"
                      + (f" ({r.skipped} unreadable image(s) skipped)" if r.skipped else ""))
         if improved:
-            save_model_atomically(run.eval_model, run.out / "best", run.classes,
+            save_model_atomically(model, run.out / "best", run.classes,
                                   {"train": {"step": run.step, **r.to_dict()}})
     if improved:
         run.best = r.top1
@@ -339,7 +367,10 @@ def checkpoint_or_stop(run: Run, stop: bool, stops: StopRequests) -> None:
     stop; then, so asked, stop the run (TrainingStopped) unless it ends at this step anyway."""
     stopping = stop and run.step < run.lengths.total
     if run.step % run.lengths.ckpt_every == 0 or run.step == run.lengths.total or stopping:
-        if run.ctx.is_main:
+        if run.fsdp:
+            save_sharded_train_state(run.out, run.step, run.model, run.optimizer, run.ema, train_state(run),
+                                     run.ctx.rank, run.ctx.world, run.cfg.keep_last)
+        elif run.ctx.is_main:
             save_train_state(run.out, run.step, run.model, run.optimizer, train_state(run), run.classes,
                              run.ema.state_dict() if run.ema else None, run.cfg.keep_last)
         distributed.barrier()
@@ -362,8 +393,9 @@ def write_end_of_run(run: Run, result: EvalResult | None, names: list[str], seco
     # Each process skipped the bad files of its own share of the data: the list is all of theirs.
     local = [str(p) for p in skipped_images(run.train_set) + skipped_images(run.val_set)]
     skipped = list(dict.fromkeys(distributed.gather_strings(local)))
+    model = run.eval_model if "last" in names else None
     if run.ctx.is_main:
-        write_final_outputs(run.out, names, run.eval_model, run.classes, result, recipe=run.cfg.recipe,
+        write_final_outputs(run.out, names, model, run.classes, result, recipe=run.cfg.recipe,
                             step=run.step, seconds=seconds, processes=run.ctx.world, best_top1=run.best,
                             skipped=skipped)
 

@@ -121,11 +121,17 @@ def read_resume_checkpoint(out: Path, newest: Path, with_ema: bool) -> dict[str,
             raise CheckpointError(f"{newest}: no ema.safetensors, though this run keeps an EMA of its "
                                   "weights")
     except CheckpointError as e:
-        older = [p for p in list_checkpoints(out) if p != newest]
-        fix = (f"delete {newest} to resume from {older[-1].name}, the checkpoint before it" if older else
-               "it is the run's only checkpoint: start again in a new --out")
-        raise ValueError(f"--resume: {e}; {fix}") from None
+        raise damaged_checkpoint(out, newest, e) from None
     return ck
+
+
+def damaged_checkpoint(out: Path, newest: Path, error: Exception) -> ValueError:
+    """The error of a checkpoint that cannot be read, saying which folder to delete to resume from the one
+    before it."""
+    older = [p for p in list_checkpoints(out) if p != newest]
+    fix = (f"delete {newest} to resume from {older[-1].name}, the checkpoint before it" if older else
+           "it is the run's only checkpoint: start again in a new --out")
+    return ValueError(f"--resume: {error}; {fix}")
 
 
 def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -152,7 +158,7 @@ def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
             if not (out / name).exists() and (evaluated or name != "confusion.png")]
 
 
-def write_final_outputs(out: Path, names: list[str], model: nn.Module, classes: list[str],
+def write_final_outputs(out: Path, names: list[str], model: nn.Module | None, classes: list[str],
                         result: EvalResult | None, *, recipe: str, step: int, seconds: float, processes: int,
                         best_top1: float | None, skipped: list[str]) -> None:
     """Write the end-of-run outputs among `names` (see FINAL_OUTPUTS): the last model (`last/`, a plain

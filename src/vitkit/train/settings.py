@@ -23,6 +23,7 @@ Optimizer = Literal["adamw", "sgd"]
 Schedule = Literal["cosine", "linear", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "bf16-native"]
 Loss = Literal["softmax", "sigmoid"]
+Parallel = Literal["ddp", "fsdp"]
 
 
 # --- checking values ----------------------------------------------------------------------------------------
@@ -221,6 +222,9 @@ class TrainConfig:
     barely pays back its compilation (docs/training.md).
     `fast`: train with vitkit's CPU kernels swapped in (`vitkit.accelerate`: the same function and gradients,
     faster); nothing is swapped on a GPU. `--no-fast` (or `--set fast=false`) trains the plain model.
+    `parallel`: how several processes share the training. 'ddp': each holds the whole model, optimizer and
+    EMA, and the gradients are averaged. 'fsdp': FSDP2 shards them over the processes, per block and at the
+    root (vitkit.train.sharding), and the checkpoints are sharded too (vitkit.train.dcp_checkpoints).
     """
 
     recipe: str = ""
@@ -247,12 +251,15 @@ class TrainConfig:
     deterministic: bool = False
     compile: bool = False
     fast: bool = True
+    parallel: Parallel = "ddp"
 
     def __post_init__(self) -> None:
         errors = range_errors(self, TRAIN_RANGES) + nonfinite_errors(self.augment, "augment.")
         if self.precision not in typing.get_args(Precision):
             errors.append(f"precision={self.precision!r} (choose from "
                           f"{', '.join(typing.get_args(Precision))})")
+        if self.parallel not in typing.get_args(Parallel):
+            errors.append(f"parallel={self.parallel!r} (choose from {', '.join(typing.get_args(Parallel))})")
         if self.posemb_interpolation not in POSEMB_MODES:
             errors.append(f"posemb_interpolation={self.posemb_interpolation!r} "
                           f"(choose from {', '.join(POSEMB_MODES)})")
