@@ -24,10 +24,13 @@ one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,18 @@ from .ema import EMA
 DCP_NAME = "dcp"
 RNG_NAME = "rng"
 FORMAT = "dcp"
+
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns on every save and load of a single process ("assuming the intent is to ... in a single
+    process"), which is what vitkit asks for with no_dist: that warning, and only it, is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*assuming the intent is to \w+ in a single process",
+                                category=UserWarning)
+        yield
+
 
 
 def is_sharded_checkpoint(ckpt: Path) -> bool:
@@ -85,7 +100,8 @@ def save_sharded_train_state(run_dir: Path, step: int, model: nn.Module, optimiz
         tmp_name = tmp.name
     tmp = root / distributed.broadcast_string(tmp_name)
     try:
-        dcp.save(tensor_state(model, optimizer, ema), checkpoint_id=tmp / DCP_NAME, no_dist=world == 1)
+        with _single_process_quiet():
+            dcp.save(tensor_state(model, optimizer, ema), checkpoint_id=tmp / DCP_NAME, no_dist=world == 1)
         rng_tensors, rng_meta = capture_rng()
         save_safetensors(rng_tensors, _rng_path(tmp, rank, "safetensors"))
         _rng_path(tmp, rank, "json").write_text(json.dumps(rng_meta) + "\n")
@@ -139,7 +155,8 @@ def load_sharded_train_state(ckpt: Path, model: nn.Module, optimizer: torch.opti
                      f"{torch.__version__}: DCP files are not promised to load across versions")
     tensors = tensor_state(model, optimizer, ema)
     try:
-        dcp.load(tensors, checkpoint_id=ckpt / DCP_NAME, no_dist=world == 1)
+        with _single_process_quiet():
+            dcp.load(tensors, checkpoint_id=ckpt / DCP_NAME, no_dist=world == 1)
     except (Exception, CheckpointException) as e:  # DCP gathers every process's failure into one
         raise CheckpointError(f"{ckpt / DCP_NAME}: unreadable ({_last_line(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
