@@ -136,15 +136,22 @@ def save_train_state(
         save_safetensors(rng_tensors, tmp / "rng.safetensors")
         meta = {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta}
         (tmp / STATE_NAME).write_text(json.dumps(meta) + "\n")
-        fsync_tree(tmp)
-        if final.exists():  # the same step written again (e.g. the end of a resumed run): replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        put_in_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     prune(root, keep_last)
     return final
+
+
+def put_in_place(tmp: Path, final: Path) -> None:
+    """Make the complete checkpoint written into `tmp` the checkpoint `final`: flushed to disk first, then
+    renamed into place (replacing `final` where the same step is written again, e.g. at the end of a resumed
+    run), so that a kill at any moment leaves either the old checkpoint or the new one."""
+    fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
 
 
 def fsync_tree(folder: Path) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 import warnings
@@ -41,7 +40,7 @@ from safetensors.torch import load_file
 from ..checkpoint import CheckpointError
 from ..files import permit_as_created, save_safetensors
 from . import distributed
-from .checkpoints import STATE_NAME, capture_rng, fsync_tree, prune, restore_rng, step_dir_name
+from .checkpoints import STATE_NAME, capture_rng, prune, put_in_place, restore_rng, step_dir_name
 from .ema import EMA
 
 DCP_NAME = "dcp"
@@ -110,10 +109,7 @@ def save_sharded_train_state(run_dir: Path, step: int, model: nn.Module, optimiz
             meta = {**state, "step": step, "format": FORMAT, "processes": world, "torch": torch.__version__,
                     "has_ema": ema is not None}
             (tmp / STATE_NAME).write_text(json.dumps(meta) + "\n")
-            fsync_tree(tmp)
-            if final.exists():  # the same step written again (e.g. the end of a resumed run): replace it
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            put_in_place(tmp, final)
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
