@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .download import DownloadError, download_file
+from .download import DownloadError, download_file, found_or_downloaded
 from .locations import candidate_folders, check_split, data_roots, download_root, warn_if_passed_over
 from .tensor_dataset import TensorImageDataset
 
@@ -122,18 +122,13 @@ def load_cifar(
         label_index = 1 if label == "fine" else 0  # each record starts with the coarse byte, then the fine
     else:
         raise ValueError(f"unknown CIFAR {name!r}: choose cifar10 or cifar100")
-    folder = _find_cifar_folder([*files, meta], subfolders, data_dir)
-    if folder is None:
-        places = ", ".join(str(p) for p in data_roots(data_dir))
-        missing = (f"{name} ({split}): no folder with {', '.join([*files, meta])} in {places} "
-                   f"(nor their {', '.join(subfolders)} sub-folders)")
-        if not download:
-            raise FileNotFoundError(f"{missing}; allow the download, or get the binary version from "
-                                    "https://www.cs.toronto.edu/~kriz/cifar.html and unpack it there")
-        try:
-            folder = download_cifar(name, data_dir, base_url=base_url, md5=md5)
-        except DownloadError as e:
-            raise DownloadError(f"{missing}, and {e}") from e
+    places = ", ".join(str(p) for p in data_roots(data_dir))
+    missing = (f"{name} ({split}): no folder with {', '.join([*files, meta])} in {places} "
+               f"(nor their {', '.join(subfolders)} sub-folders)")
+    folder = found_or_downloaded(
+        _find_cifar_folder([*files, meta], subfolders, data_dir), missing, download,
+        lambda: download_cifar(name, data_dir, base_url=base_url, md5=md5),
+        "get the binary version from https://www.cs.toronto.edu/~kriz/cifar.html and unpack it there")
     warn_if_passed_over(data_dir, subfolders, [(f,) for f in [*files, meta]], folder, f"{name} ({split})")
     classes = read_label_names(folder / meta)
     parts = [read_cifar_records(folder / f, label_bytes, label_index) for f in files]

@@ -9,7 +9,9 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tqdm import tqdm
 
@@ -66,3 +68,21 @@ def download_file(url: str, dest: str | os.PathLike[str], md5: str | None = None
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+T = TypeVar("T")
+
+
+def found_or_downloaded(found: T | None, missing: str, download: bool, fetch: Callable[[], T],
+                        by_hand: str) -> T:
+    """What a dataset's search `found`, else (with `download`) what `fetch()` downloads. `missing` says what
+    was looked for and where; the error without download adds how to get the files `by_hand`, a failed
+    download adds its own reason."""
+    if found is not None:
+        return found
+    if not download:
+        raise FileNotFoundError(f"{missing}; allow the download, or {by_hand}")
+    try:
+        return fetch()
+    except DownloadError as e:
+        raise DownloadError(f"{missing}, and {e}") from e

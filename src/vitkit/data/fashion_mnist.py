@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .download import DownloadError, download_file
+from .download import download_file, found_or_downloaded
 from .locations import candidate_folders, check_split, data_roots, download_root, warn_if_passed_over
 from .tensor_dataset import TensorImageDataset
 
@@ -118,17 +118,11 @@ def load_fashion_mnist(
 ) -> TensorImageDataset:
     """Fashion-MNIST's train (60,000) or test (10,000) split: 28x28 grey images, 10 classes."""
     split = check_split(split, "fashion-mnist")
-    found = find_fashion_mnist(split, data_dir)
-    if found is None:
-        places = ", ".join(str(p) for p in data_roots(data_dir))
-        missing = f"Fashion-MNIST ({split}) not found in {places} (nor their fashion-mnist/ sub-folders)"
-        if not download:
-            raise FileNotFoundError(f"{missing}; allow the download, or install Debian's "
-                                    "dataset-fashion-mnist")
-        try:
-            found = download_fashion_mnist(split, data_dir, base_url=base_url, md5s=md5s)
-        except DownloadError as e:
-            raise DownloadError(f"{missing}, and {e}") from e
+    places = ", ".join(str(p) for p in data_roots(data_dir))
+    missing = f"Fashion-MNIST ({split}) not found in {places} (nor their fashion-mnist/ sub-folders)"
+    found = found_or_downloaded(find_fashion_mnist(split, data_dir), missing, download,
+                                lambda: download_fashion_mnist(split, data_dir, base_url=base_url, md5s=md5s),
+                                "install Debian's dataset-fashion-mnist")
     images_path, labels_path = found
     warn_if_passed_over(data_dir, FASHION_MNIST_SUBFOLDERS,
                          [(base + ".gz", base) for base in FASHION_MNIST_FILES[split]], images_path.parent,
