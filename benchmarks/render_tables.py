@@ -95,7 +95,7 @@ def machine_line(recs: list[Record], where: str, date: str) -> str:
     runs = len(pick(recs, "infer-b1", where, date))
     return (
         f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), "
-        f"{m['threads']} threads, torch {m['torch'].split('+')[0]}; {runs} runs of "
+        f"{m['threads']} threads, torch {m['torch'].split('+')[0]}; {runs} run{'s' if runs != 1 else ''} of "
         f"`bash benchmarks/target_runs.sh` on {date}"
     )
 
