@@ -36,3 +36,23 @@ def spread_subset(dataset: Dataset, n: int | None) -> Dataset:
     if targets is not None:
         subset.targets = torch.as_tensor(targets)[torch.tensor(index)]
     return subset
+
+
+def balanced_indices(labels: torch.Tensor, n: int, num_classes: int, seed: int = 0) -> list[int]:
+    """`n` indices holding n / num_classes items of every class, drawn at random (torch generator `seed`)
+    and returned in order. For one seed the subsets are nested (the 1,000 lie inside the 3,000): each class
+    takes the first ones of one fixed permutation. Data-scaling studies train on these, so that a small set
+    keeps every class's share. ValueError when n is not a multiple of num_classes or a class is too small."""
+    if n < 1 or n % num_classes:
+        raise ValueError(f"a balanced subset of {n} images needs a positive multiple of the {num_classes} "
+                         "classes; pick another size")
+    per_class = n // num_classes
+    g = torch.Generator().manual_seed(seed)
+    chosen = []
+    for c in range(num_classes):
+        members = torch.nonzero(labels == c).flatten()
+        if len(members) < per_class:
+            raise ValueError(f"class {c} has {len(members)} images, fewer than the {per_class} a balanced "
+                             f"subset of {n} needs; pick a smaller size")
+        chosen.append(members[torch.randperm(len(members), generator=g)[:per_class]])
+    return sorted(torch.cat(chosen).tolist())

@@ -1,0 +1,84 @@
+"""The data-scaling study (benchmarks/study_data_scaling.py): its tiny twin end to end (cells trained and
+recorded, a second run skips them, the report renders tables and a PNG), the balanced subsets it trains on,
+and the names of its cells and records."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.data.subsets import balanced_indices
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import study_data_scaling as study  # noqa: E402
+from study_cells import Cell, StudyData  # noqa: E402
+
+
+def test_balanced_indices_hold_every_class_equally_and_nest():
+    order = torch.randperm(500, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(10).repeat_interleave(50)[order]
+    small, large = balanced_indices(labels, 30, 10), balanced_indices(labels, 100, 10)
+    assert small == sorted(small) and len(set(large)) == 100
+    assert torch.bincount(labels[torch.tensor(large)], minlength=10).tolist() == [10] * 10
+    assert torch.bincount(labels[torch.tensor(small)], minlength=10).tolist() == [3] * 10
+    assert set(small) <= set(large)  # one seed: the smaller subset lies inside the larger
+    assert balanced_indices(labels, 100, 10, seed=1) != large
+    with pytest.raises(ValueError, match="multiple of the 10 classes"):
+        balanced_indices(labels, 105, 10)
+    with pytest.raises(ValueError, match="class 0 has 50 images"):
+        balanced_indices(labels, 600, 10)
+
+
+def test_cell_keys_name_model_variant_size_seed_and_steps(tmp_path):
+    assert Cell("vit", 60000, 1, 400, variant="pos-2d").key == "vit-pos-2d_n60000_s1_t400"
+    assert Cell("resnet", 1000, 0, 400).key == "resnet_n1000_s0_t400"
+    assert Cell("hybrid", 100, 0, 3, tiny=True).key == "tiny-hybrid_n100_s0_t3"
+    assert study.record_file(tmp_path, Cell("vit", 1000, 0, 400)) == tmp_path / "vit_n1000_s0_t400.json"
+    with pytest.raises(ValueError, match="ViT only"):
+        Cell("resnet", 1000, 0, 400, variant="gap")
+    with pytest.raises(ValueError, match="choose from vit, resnet, hybrid"):
+        Cell("mlp", 1000, 0, 400)
+    keys = [c.key for c in study.study_cells()]
+    assert len(keys) == len(set(keys)) == 24  # 5 sizes x 3 models, a second seed up to 10k
+    ablation_keys = {c.key for c in study.ablation_cells()}
+    assert len(ablation_keys) == 18 and "vit_n60000_s0_t400" in set(keys) & ablation_keys
+
+
+def test_study_default_records_folder_follows_the_naming():
+    out = study.default_out(tiny=False)
+    assert out.parent == study.RESULTS and out.name.startswith("study-data-scaling_")
+
+
+def test_tiny_twin_trains_records_resumes_and_reports(tmp_path):
+    out = tmp_path / "records"
+    study.main(["--tiny", "--out", str(out), "--cells", "tiny-[vr]*_n100_*"])
+    files = sorted(p.name for p in out.glob("*.json"))
+    assert files == ["tiny-resnet_n100_s0_t3.json", "tiny-vit_n100_s0_t3.json"]
+    record = json.loads((out / files[1]).read_text())
+    assert record["key"] == "tiny-vit_n100_s0_t3" and record["cell"]["train_size"] == 100
+    assert 0.0 <= record["test_top1"] <= 1.0 and record["test_images"] == study.TINY_TEST
+    assert set(record["fewshot"]) == {"5", "10"} and len(record["fewshot"]["10"]["draws"]) == 3
+    assert record["macs_per_image"] > 0 and record["machine"]["cpu"]
+    assert not list(out.glob(".*.tmp"))  # written atomically
+
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
+    ran = study.run_cells(study.study_cells(tiny=True)[:1] + study.study_cells(tiny=True)[1:2], out,
+                          lambda: pytest.fail("no data should be loaded: every cell is recorded"))
+    assert ran == [] and {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == mtimes
+
+    table, figure = tmp_path / "table.md", tmp_path / "fig.png"
+    study.main(["--tiny", "--out", str(out), "--report", "--table", str(table), "--figure", str(figure)])
+    text = table.read_text()
+    assert "| 100 |" in text and "to run" in text  # the hybrid and the n200 cells are missing
+    assert "2 of 6 cells recorded; still to run: tiny-hybrid_n100_s0_t3" in text
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_study_data_normalises_and_limits_the_test_set():
+    data = StudyData.load(test_limit=50)
+    assert data.test_x.shape == (50, 1, 28, 28) and len(data.train_y) == 60000
+    assert abs(float(data.train_x[:5000].mean())) < 0.1
