@@ -64,6 +64,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 class Attention(nn.Module):
     """Multi-head self-attention (MSA of eq. 2) with one fused q;k;v projection."""
+    linear = staticmethod(F.linear)  # the product of `project`'s partial projections (a subclass may swap it)
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -81,9 +82,9 @@ class Attention(nn.Module):
         if queries is None:
             return split_heads(self.qkv(x), self.num_heads)
         w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
-        (q,) = split_heads(F.linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads,
+        (q,) = split_heads(self.linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads,
                            parts=1)
-        k, v = split_heads(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
+        k, v = split_heads(self.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
         return q, k, v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_attention: bool = False):
@@ -92,8 +93,7 @@ class Attention(nn.Module):
         if not return_attention:
             try:
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout), None
-            except NotImplementedError:
-                # forward-mode AD (torch.func.jvp): SDPA's CPU kernel has no derivative
+            except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA has no derivative here
                 pass
         return explicit_attention(q, k, v, self.scale, dropout, self.training)
 
@@ -137,8 +137,7 @@ def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if p == 0.0 or not training:
         return x
     keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
-    # rescale the (B, 1, 1) mask, not the whole (B, T, D) tensor: one pass over x
-    return x * keep.div_(1.0 - p)
+    return x * keep.div_(1.0 - p)  # rescale the (B, 1, 1) mask, not the (B, T, D) x: one pass over x
 
 
 def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool) -> torch.Tensor:

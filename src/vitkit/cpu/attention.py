@@ -178,14 +178,7 @@ class FastAttention(Attention):
     """The model's Attention on vitkit's CPU kernels (module docstring); a drop-in: same parameters and
     names."""
 
-    def project(self, x: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
-        if queries is None:
-            return split_heads(self.qkv(x), self.num_heads)
-        w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
-        (q,) = split_heads(linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads,
-                           parts=1)
-        k, v = split_heads(linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
-        return q, k, v
+    linear = staticmethod(linear)  # `project`'s partial projections (the last block's) on vitkit's linear
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
         dropout = self.attn_drop if self.training else 0.0
