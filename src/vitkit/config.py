@@ -45,6 +45,13 @@ def is_integer(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def choice_errors(obj: Any, choices: dict[str, tuple]) -> list[str]:
+    """One message per field of `obj` whose value is not among its `choices`, naming the key and the
+    choices."""
+    return [f"{key}={getattr(obj, key)!r} (choose from {', '.join(map(str, allowed))})"
+            for key, allowed in choices.items() if getattr(obj, key) not in allowed]
+
+
 def is_finite_number(x: Any) -> bool:
     """An int or float (numpy's too) that is neither nan nor infinite, not a bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
@@ -125,17 +132,9 @@ class ViTConfig:
         type_errors = self._normalise_types()
         if type_errors:
             raise ValueError("invalid ViTConfig: " + "; ".join(type_errors))
-        errors = []
-        if self.pool not in POOLS:
-            errors.append(f"pool={self.pool!r} (choose from {', '.join(POOLS)})")
-        if self.pos_embed not in POS_EMBEDS:
-            errors.append(f"pos_embed={self.pos_embed!r} (choose from {', '.join(POS_EMBEDS)})")
-        if self.gelu not in GELUS:
-            errors.append(f"gelu={self.gelu!r} (choose from {', '.join(GELUS)})")
-        if self.attn_init not in ATTN_INITS:
-            errors.append(f"attn_init={self.attn_init!r} (choose from {', '.join(ATTN_INITS)})")
-        if self.hybrid_norm not in HYBRID_NORMS:
-            errors.append(f"hybrid_norm={self.hybrid_norm!r} (choose from {', '.join(HYBRID_NORMS)})")
+        errors = choice_errors(self, {"pool": POOLS, "pos_embed": POS_EMBEDS, "gelu": GELUS,
+                                      "attn_init": ATTN_INITS, "hybrid_norm": HYBRID_NORMS,
+                                      "interpolation": INTERPOLATIONS, "crop_mode": CROP_MODES})
         for key in ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim"):
             if getattr(self, key) < 1:
                 errors.append(f"{key}={getattr(self, key)} must be a positive integer")
@@ -156,10 +155,6 @@ class ViTConfig:
         if self.hybrid_width < 1 or self.hybrid_width % HYBRID_GROUPS:
             errors.append(f"hybrid_width={self.hybrid_width} must be a positive multiple of the "
                           f"{HYBRID_GROUPS} GroupNorm groups")
-        if self.interpolation not in INTERPOLATIONS:
-            errors.append(f"interpolation={self.interpolation!r} (choose from {', '.join(INTERPOLATIONS)})")
-        if self.crop_mode not in CROP_MODES:
-            errors.append(f"crop_mode={self.crop_mode!r} (choose from {', '.join(CROP_MODES)})")
         if not 0 < self.crop_pct <= 1:
             errors.append(f"crop_pct={self.crop_pct} must be in (0, 1]")
         if min(self.std) <= 0:

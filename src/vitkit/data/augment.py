@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import choice_errors
+
 CROPS = ("rrc", "pad-crop", "none")
 
 
@@ -38,9 +40,7 @@ class AugmentConfig:
         object.__setattr__(self, "crop_ratio", tuple(float(r) for r in self.crop_ratio))
         if self.randaugment in ("", "none", "None"):
             object.__setattr__(self, "randaugment", None)
-        errors = []
-        if self.crop not in CROPS:
-            errors.append(f"crop={self.crop!r} (choose from {', '.join(CROPS)})")
+        errors = choice_errors(self, {"crop": CROPS})
         lo, hi = self.crop_scale
         if not 0 < lo <= hi <= 1:
             errors.append(f"crop_scale={self.crop_scale} (need 0 < min <= max <= 1)")

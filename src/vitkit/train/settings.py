@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..config import POSEMB_MODES, PosembMode, ViTConfig, is_finite_number, is_integer
+from ..config import POSEMB_MODES, PosembMode, ViTConfig, choice_errors, is_finite_number, is_integer
 from ..data.augment import AugmentConfig
 
 Optimizer = Literal["adamw", "sgd"]
@@ -140,12 +140,8 @@ class OptimConfig:
         errors = range_errors(self, OPTIM_RANGES)
         if errors:  # the checks below compare these
             raise ValueError("invalid optim settings: " + "; ".join(errors))
-        if self.name not in typing.get_args(Optimizer):
-            errors.append(f"name={self.name!r} (choose from {', '.join(typing.get_args(Optimizer))})")
-        if self.schedule not in typing.get_args(Schedule):
-            errors.append(f"schedule={self.schedule!r} (choose from {', '.join(typing.get_args(Schedule))})")
-        if self.loss not in typing.get_args(Loss):
-            errors.append(f"loss={self.loss!r} (choose from {', '.join(typing.get_args(Loss))})")
+        errors = choice_errors(self, {"name": typing.get_args(Optimizer),
+                                      "schedule": typing.get_args(Schedule), "loss": typing.get_args(Loss)})
         if not math.isfinite(self.head_bias):
             errors.append(f"head_bias={self.head_bias!r} (need a finite number)")
         if self.min_lr > self.lr:
@@ -255,14 +251,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         errors = range_errors(self, TRAIN_RANGES) + nonfinite_errors(self.augment, "augment.")
-        if self.precision not in typing.get_args(Precision):
-            errors.append(f"precision={self.precision!r} (choose from "
-                          f"{', '.join(typing.get_args(Precision))})")
-        if self.parallel not in typing.get_args(Parallel):
-            errors.append(f"parallel={self.parallel!r} (choose from {', '.join(typing.get_args(Parallel))})")
-        if self.posemb_interpolation not in POSEMB_MODES:
-            errors.append(f"posemb_interpolation={self.posemb_interpolation!r} "
-                          f"(choose from {', '.join(POSEMB_MODES)})")
+        errors += choice_errors(self, {"precision": typing.get_args(Precision),
+                                       "parallel": typing.get_args(Parallel),
+                                       "posemb_interpolation": POSEMB_MODES})
         if device_error(self.device):
             errors.append(device_error(self.device))
         if errors:  # the checks below compare and divide these
