@@ -259,6 +259,46 @@ def test_int8_linear_matches_a_reference_quantisation():
             assert (q(x) - layer(x)).abs().max() < 0.05 * layer(x).abs().max()
 
 
+@pytest.mark.parametrize("flags,expected", [
+    ({"avx2"}, ("fbgemm",)),
+    ({"avx512f", "avx512_vnni"}, ("fbgemm", "onednn")),
+    ({"avx512f", "avx512_vnni", "amx_int8"}, ("onednn", "fbgemm")),
+])
+def test_int8_engines_follow_the_cpu(flags, expected, monkeypatch):
+    """oneDNN joins fbgemm only on CPUs with VNNI (and where this torch has it), and leads where there is
+    AMX."""
+    monkeypatch.setattr(int8_module, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(int8_module, "cpu_has_vnni", lambda: bool(flags & {"avx512_vnni", "amx_int8"}))
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        expected = ("fbgemm",)
+    assert int8_module.int8_engines() == expected
+
+
+@pytest.mark.parametrize("tuning", ["on", "off"])
+def test_int8_linear_engines_compute_the_same_quantisation(tuning, monkeypatch):
+    """Each engine's packed weights give the layer's quantised function (to float rounding), whichever the
+    timing picks for a row count; with tuning off the layer packs the default engine only. The global
+    quantized engine is left as it was."""
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "1" if tuning == "on" else "0")
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 40)
+    before = torch.backends.quantized.engine
+    q = DynamicInt8Linear(layer)
+    assert torch.backends.quantized.engine == before
+    engines = int8_module.int8_engines()
+    assert tuple(q.packs) == (engines if tuning == "on" else engines[:1])
+    x = torch.randn(3, 7, 64) * 2
+    with torch.no_grad():
+        outs = {e: torch.ops.quantized.linear_dynamic(x, p, reduce_range=q.reduce_range)
+                for e, p in q.packs.items()}
+        first = next(iter(outs.values()))
+        for out in outs.values():
+            torch.testing.assert_close(out, first, rtol=0, atol=1e-5 * first.abs().max().item())
+        chosen = q.packed(21)
+        assert any(chosen is p for p in q.packs.values())
+        torch.testing.assert_close(q(x), first, rtol=0, atol=1e-5 * first.abs().max().item())
+
+
 def test_int8_linear_picks_7_bit_activations_without_vnni_and_refuses_8(monkeypatch):
     layer = nn.Linear(64, 24)
     monkeypatch.setattr(int8_module, "cpu_has_vnni", lambda: False)

@@ -9,12 +9,12 @@ It returns a copy of the model for inference (eval mode, no gradients):
   blocked layout, the MLP's GELU fused in). The layers that multiply one row per image keep a plain copy of
   their weight for calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's.
 - "int8": dynamic quantisation of the encoder's linear layers (`vitkit.cpu.int8`: int8 weights per output
-  channel, activations quantised per call, 8 bits where the CPU has VNNI; fbgemm's kernels), bf16 attention
-  matrices on CPUs with native bf16, and each block as one compiled operator where it can be built
-  (`torch.ops.vitkit.int8_block`; `VITKIT_KERNELS=0` turns it off). An image's int8 scales depend on the
-  other images of its call, so its logits change slightly with the batch. The patch projection, the LayerNorms
-  and the classifier stay fp32. The function changes slightly: the Fashion-MNIST test set keeps >= 99 % of
-  its fp32 top-1 predictions (benchmarks/bench_inference.py).
+  channel, activations quantised per call, 8 bits where the CPU has VNNI; fbgemm's kernels, or oneDNN's where
+  they are faster), bf16 attention matrices on CPUs with native bf16, and each block as one compiled operator
+  where it can be built (`torch.ops.vitkit.int8_block`; `VITKIT_KERNELS=0` turns it off). An image's int8
+  scales depend on the other images of its call, so its logits change slightly with the batch. The patch
+  projection, the LayerNorms and the classifier stay fp32. The function changes slightly: the Fashion-MNIST
+  test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
   CPUs with native bf16 (AVX512-BF16, AMX). Elsewhere it is refused with a ValueError: such CPUs emulate bf16
   at about a third of the fp32 speed. Logits differ from fp32 by about 1e-2: a different function, like int8.
@@ -135,7 +135,8 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
             "model to a GPU"
         )
     if precision == "int8" and device.type != "cpu":
-        raise ValueError(f"precision='int8' runs on the CPU (fbgemm kernels), the model is on {device}")
+        raise ValueError(f"precision='int8' runs on the CPU (fbgemm or oneDNN kernels), the model is on "
+                         f"{device}")
     if precision == "int8" and compile is True:
         raise ValueError("compile=True with precision='int8' is not supported (only fp32 and bf16 compile); "
                          "use compile=False")

@@ -4,18 +4,47 @@ matrices where the CPU has native bf16, and the whole block as one compiled oper
 
 from __future__ import annotations
 
+import contextlib
+import math
 import warnings
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
 
-from .hardware import cpu_has_vnni
+from . import autotune
+from .hardware import cpu_flags, cpu_has_vnni
 from .packed import Unsaved, gelu_
+
+
+def int8_engines() -> tuple[str, ...]:
+    """The quantized engines whose int8 products DynamicInt8Linear may use here, its default first: fbgemm
+    everywhere; oneDNN too on CPUs with VNNI where PyTorch has it, first where the CPU has AMX (with its tile
+    products the int8 ViT-S/16 and ViT-B/16 run 1.07-1.48x faster than on fbgemm alone on an Intel Xeon with
+    AMX: benchmarks/bench_int8_engines.py). Both compute the same quantisation (to float rounding); without
+    VNNI only fbgemm, whose 7-bit guard is known to hold there."""
+    if not cpu_has_vnni() or "onednn" not in torch.backends.quantized.supported_engines:
+        return ("fbgemm",)
+    return ("onednn", "fbgemm") if "amx_int8" in cpu_flags() else ("fbgemm", "onednn")
+
+
+@contextlib.contextmanager
+def quantized_engine(engine: str) -> Iterator[None]:
+    """torch.backends.quantized.engine set to `engine` inside the block (it decides whose packed weights
+    `quantized::linear_prepack` makes), restored after."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
 
 
 class DynamicInt8Linear(Unsaved):
     """nn.Linear with int8 weights (symmetric, one scale per output channel) and activations quantised
-    per call (asymmetric uint8, one scale per tensor), through fbgemm's `quantized::linear_dynamic`.
+    per call (asymmetric uint8, one scale per tensor), through `quantized::linear_dynamic` of fbgemm or
+    oneDNN: the weights are packed for each engine of `int8_engines()`, and each call's row count takes the
+    faster on this machine (vitkit.cpu.autotune; with tuning off, the first engine).
 
     torch.ao's DynamicQuantizedLinear always uses 7-bit activations (`reduce_range=True`), a guard against
     the int16 saturation of AVX2's and AVX-512's `vpmaddubsw`. CPUs with VNNI accumulate in int32 and need no
@@ -38,11 +67,30 @@ class DynamicInt8Linear(Unsaved):
             warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
             qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        engines = int8_engines() if autotune.enabled() else int8_engines()[:1]
+        self.packs: dict[str, torch.ScriptObject] = {}
+        for engine in engines:
+            with quantized_engine(engine):
+                self.packs[engine] = torch.ops.quantized.linear_prepack(qweight, bias)
         self.reduce_range = (not cpu_has_vnni()) if reduce_range is None else reduce_range
 
+    def packed(self, rows: int) -> torch.ScriptObject:
+        """The packed weights whose engine multiplies `rows` rows fastest here (autotune, per shape)."""
+        if len(self.packs) == 1:
+            return next(iter(self.packs.values()))
+        shape = (rows, self.in_features, self.out_features, self.reduce_range)
+
+        def candidates():
+            sample = torch.randn(max(rows, 1), self.in_features, generator=autotune.generator())
+            return {engine: (lambda p=p: torch.ops.quantized.linear_dynamic(sample, p, self.reduce_range))
+                    for engine, p in self.packs.items()}
+
+        return self.packs[autotune.choose("int8-linear", shape, candidates, next(iter(self.packs)))]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, reduce_range=self.reduce_range)
+        x = x.float()
+        rows = x.numel() // self.in_features if self.in_features else 0
+        return torch.ops.quantized.linear_dynamic(x, self.packed(rows), reduce_range=self.reduce_range)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + (x W^T + b), added into the product's fresh output (no third tensor)."""
@@ -96,8 +144,10 @@ def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> 
     the tokens rather than per tensor: `shares` (default: the number of intra-op threads) sets the cut, so the
     result depends slightly on it. What it buys: benchmarks/bench_operators.py."""
     attn, mlp = block.attn, block.mlp
+    shares = torch.get_num_threads() if shares is None else shares
+    rows = math.ceil(x.shape[0] * x.shape[1] / shares)  # each share's rows, for the choice of engine
     return torch.ops.vitkit.int8_block(
         x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
-        block.norm2.eps, attn.qkv.packed, attn.proj.packed, mlp.fc1.packed, mlp.fc2.packed,
-        attn.qkv.reduce_range, attn.num_heads, attn.scale, block.attention_dtype == torch.bfloat16,
-        mlp.act.approximate, torch.get_num_threads() if shares is None else shares)
+        block.norm2.eps, attn.qkv.packed(rows), attn.proj.packed(rows), mlp.fc1.packed(rows),
+        mlp.fc2.packed(rows), attn.qkv.reduce_range, attn.num_heads, attn.scale,
+        block.attention_dtype == torch.bfloat16, mlp.act.approximate, shares)

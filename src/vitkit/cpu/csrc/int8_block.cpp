@@ -1,8 +1,9 @@
 // vitkit::int8_block: one encoder block of the int8 model as one parallel region (block_region.h).
 //
-// The int8 products quantise their input per call (fbgemm's dynamic quantisation: one scale per tensor); here
-// the tensor is a share of the rows, so the activation scales are per share and the result depends, slightly,
-// on `shares` (the caller passes the number of intra-op threads). The attention runs in bf16 or fp32.
+// The int8 products quantise their input per call (the dynamic quantisation of fbgemm or oneDNN, whichever
+// packed the weights: one scale per tensor); here the tensor is a share of the rows, so the activation scales
+// are per share and the result depends, slightly, on `shares` (the caller passes the number of intra-op
+// threads). The attention runs in bf16 or fp32.
 
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/library.h>
