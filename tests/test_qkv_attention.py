@@ -7,6 +7,7 @@ Where a C++ compiler is on PATH (and VITKIT_KERNELS is not 0) the operators must
 fails if they did not (`needs_operator`, tests/operator_helpers.py)."""
 
 import contextlib
+import copy
 import platform
 from pathlib import Path
 
@@ -162,7 +163,9 @@ def test_where_it_applies(monkeypatch):
     assert not qkv_attention_applies(x.double())  # float64 and other dtypes: PyTorch's kernels
     assert not qkv_attention_applies(x, dropout=0.1)  # attention dropout: SDPA's
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not qkv_attention_applies(x)
+        assert not qkv_attention_applies(x)  # fp32 under autocast: not what autocast hands the attention
+        assert qkv_attention_applies(x.bfloat16())  # bf16 of autocast: computed in fp32
+    assert not qkv_attention_applies(x.bfloat16())  # bf16 without autocast: PyTorch's kernels
     monkeypatch.setenv("VITKIT_KERNELS", "0")
     assert not qkv_attention_applies(x)
 
@@ -190,6 +193,42 @@ def test_an_accelerated_model_trains_and_infers_through_it_and_equals_the_fallba
         fast = vitkit.optimize(model, "fp32")
         assert operators_called(lambda: fast(x), "vitkit::attention") == {"vitkit::attention_forward"}
         torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@needs_attention_operator
+def test_under_bf16_autocast_the_operator_computes_the_attention_in_fp32(monkeypatch):
+    """Where the timing picks it under CPU bf16 autocast, the operator takes the projection cast to fp32, as
+    the model's explicit attention computes it there: the training step's loss and gradients equal the plain
+    model's under autocast to bf16 rounding, through vitkit's forward and backward operators."""
+    picks = []
+
+    def choose(op, shape, candidates, default):
+        picks.append((op, shape))
+        return "operator" if "bf16-autocast" in shape else default
+
+    monkeypatch.setattr(attention_module.autotune, "choose", choose)
+    plain = tiny_vit().train()
+    with torch.no_grad():
+        plain.head.weight.normal_(0, 0.05)
+    fast = vitkit.accelerate(copy.deepcopy(plain))
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 3])
+
+    def step(model):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    ref_loss, ref_grads = step(plain)
+    called = operators_called(lambda: step(fast), "vitkit::attention")
+    loss, grads = step(fast)
+    assert called == {"vitkit::attention_forward", "vitkit::attention_backward"}
+    assert any("bf16-autocast" in shape for _, shape in picks)
+    torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=2e-2)
+    for name, g in ref_grads.items():
+        rel = ((grads[name] - g).norm() / g.norm().clamp_min(1e-12)).item()
+        assert rel < 5e-2, (name, rel)
 
 
 @needs_attention_operator

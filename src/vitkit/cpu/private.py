@@ -157,6 +157,18 @@ def eager_fp32_on_cpu(x: torch.Tensor) -> bool:
     )
 
 
+def eager_bf16_autocast_on_cpu(x: torch.Tensor) -> bool:
+    """Whether `x` is a bf16 tensor of CPU autocast in eager mode (not compiling, not
+    `plain_ops_required`): where an fp32 kernel may take the tensor cast back to fp32."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.bfloat16
+        and torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and not plain_ops_required()
+    )
+
+
 def extension_library_exists(name: str) -> bool:
     """Whether torch's extension cache holds a built library `name` already (a first build takes a while, and
     is then announced); False where this PyTorch does not say."""
