@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from . import autotune
 from .hardware import cpu_flags, cpu_has_vnni
@@ -115,13 +116,13 @@ class GELUInPlace(nn.Module):
 
 def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float,
                    queries: int | None = None) -> torch.Tensor:
-    """Multi-head softmax(q k^T scale) v from the fused q;k;v projection's output (B, T, 3D), with both
-    products in bfloat16 (torch's CPU softmax of bf16 computes in fp32 and rounds once at the end). For the
-    int8 model on CPUs with native bf16 (AVX512-BF16, AMX), where these small batched products run faster
-    than the fp32 kernel; the int8 model is already a different function from the fp32 one, and the
-    agreement test covers this part too. q, k and v are laid out per head in one copy, the scale rides on the
-    first product (`baddbmm`'s alpha: no pass of its own), and the heads are merged back in fp32 in one more
-    copy: (B, queries or T, D) fp32."""
+    """Multi-head softmax(q k^T scale) v from the fused q;k;v projection's output (B, T, 3D), in bfloat16
+    through SDPA's fused CPU kernel (bf16 products, softmax accumulated in fp32, no score matrix stored). For
+    the int8 model on CPUs with native bf16 (AVX512-BF16, AMX), where it runs faster than the fp32 kernel; the
+    int8 model is already a different function from the fp32 one, and the agreement test covers this part
+    too. q, k and v are laid out per head in one copy, each (image, head) pair is computed on its own (so the
+    int8 block operator, which takes the same kernel over its share of the pairs, gets the same numbers), and
+    the heads are merged back in fp32 in one more copy: (B, queries or T, D) fp32."""
     B, T, width = qkv.shape
     D, Dh = width // 3, width // (3 * num_heads)
     heads = qkv.to(torch.bfloat16).view(B, T, 3, num_heads, Dh).permute(2, 0, 3, 1, 4).contiguous()
@@ -130,8 +131,7 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float,
         q = q[:, :, :queries]
     Q = q.shape[2]
     q, k, v = (t.reshape(B * num_heads, t.shape[2], Dh) for t in (q, k, v))
-    scores = torch.baddbmm(q.new_empty(B * num_heads, Q, T), q, k.transpose(1, 2), beta=0, alpha=scale)
-    y = torch.bmm(scores.softmax(dim=-1), v).view(B, num_heads, Q, Dh)
+    y = F.scaled_dot_product_attention(q[None], k[None], v[None], scale=scale).view(B, num_heads, Q, Dh)
     out = torch.empty(B, Q, num_heads, Dh, dtype=torch.float32, device=qkv.device)
     return out.copy_(y.transpose(1, 2)).view(B, Q, D)
 

@@ -104,15 +104,16 @@ inline void scatter_heads(const at::Tensor& qkv_rows, int64_t r0, int64_t r1, in
   }
 }
 
-// softmax(q k^T scale) v for (image, head) pairs [p0, p1) of `heads_in` (3, B, H, T, Dh), the scale riding on
-// the first product, written into `merged` (B, T, H, Dh) fp32.
+// softmax(q k^T scale) v for (image, head) pairs [p0, p1) of `heads_in` (3, B, H, T, Dh), through SDPA's fused
+// kernel (run by this thread alone: the region is already parallel), written into `merged` (B, T, H, Dh) fp32.
 inline void attend_pairs(const at::Tensor& heads_in, int64_t p0, int64_t p1, double scale, const at::Tensor& merged) {
   const int64_t B = heads_in.size(1), H = heads_in.size(2), T = heads_in.size(3), Dh = heads_in.size(4);
   const at::Tensor q = heads_in[0].view({B * H, T, Dh}).slice(0, p0, p1);
   const at::Tensor k = heads_in[1].view({B * H, T, Dh}).slice(0, p0, p1);
   const at::Tensor v = heads_in[2].view({B * H, T, Dh}).slice(0, p0, p1);
-  const at::Tensor scores = at::baddbmm(at::empty({p1 - p0, T, T}, q.options()), q, k.transpose(1, 2), 0, scale);
-  const at::Tensor y = at::bmm(scores.softmax(-1), v);  // (pairs, T, Dh)
+  const at::Tensor y =  // (pairs, T, Dh)
+      at::scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), {}, 0.0, false, scale)
+          .squeeze(0);
   for (int64_t p = p0; p < p1; ++p) {
     merged.select(0, p / H).select(1, p % H).copy_(y[p - p0]);
   }
