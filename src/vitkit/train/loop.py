@@ -146,6 +146,11 @@ class Run:
         return self.cfg.parallel == "fsdp"
 
     @property
+    def ddp(self) -> bool:
+        """Whether the model trains under DistributedDataParallel: several processes, not sharded."""
+        return self.ctx.distributed and not self.fsdp
+
+    @property
     def eval_model(self) -> nn.Module:
         """The weights evaluated and saved: the EMA's when the run keeps one. Under FSDP, a plain copy
         gathered whole on every process (sharding.gathered_copy), so every process must ask for it,
@@ -280,7 +285,7 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
     """Train from `run.step` to the last step, evaluating and checkpointing on the way, then write the
     end-of-run outputs. Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint."""
     cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
-    net = DistributedDataParallel(run.model) if ctx.distributed and not run.fsdp else run.model
+    net = DistributedDataParallel(run.model) if run.ddp else run.model
     if cfg.compile:
         # the same parameters: the optimizer, EMA and checkpoints use `model` as before
         net = torch.compile(net)
@@ -319,8 +324,7 @@ def train_one_step(run: Run, net: nn.Module, micro_batches: list[tuple[torch.Ten
     set_lr(run.optimizer, lr)
     run.model.patch_drop_rate = 0.0 if run.step >= lengths.full_tokens_from else cfg.model.patch_dropout
     # Under FSDP each micro-batch's gradients are reduce-scattered into the shards as its backward ends.
-    ddp = ctx.distributed and not run.fsdp
-    loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, ddp)
+    loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, run.ddp)
     # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP summed over
     # the processes, which must all stop together, at the same step. The loss rides along, so that the one
     # logged is the mean over the processes, not the main process's share.
