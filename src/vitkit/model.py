@@ -93,7 +93,7 @@ class Attention(nn.Module):
         if not return_attention:
             try:
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout), None
-            except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA defines no forward derivative
+            except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA has no forward derivative
                 pass
         return explicit_attention(q, k, v, self.scale, dropout, self.training)
 
