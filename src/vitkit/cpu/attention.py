@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..model import Attention, explicit_attention, merge_heads, split_heads
+from ..model import Attention, autocast_off, explicit_attention, merge_heads, split_heads
 from . import autotune
 from .build import attention_available
 from .linear import linear
@@ -109,7 +109,7 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     differentiable in qkv. A bf16 projection is computed in fp32 and the result rounded back to bf16. Check
     `qkv_attention_applies` first."""
     if qkv.dtype == torch.bfloat16:
-        with torch.autocast("cpu", enabled=False):
+        with autocast_off("cpu"):
             return qkv_attention(qkv.float(), heads, scale).to(torch.bfloat16)
     qkv = qkv.contiguous()
     if torch.is_grad_enabled() and qkv.requires_grad:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from . import autotune
 from .hardware import cpu_flags, cpu_has_vnni
+from .linear import rows
 from .packed import Unsaved, gelu_
 
 
@@ -68,21 +69,22 @@ class DynamicInt8Linear(Unsaved):
             warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
             qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         bias = None if linear.bias is None else linear.bias.detach().float()
-        engines = int8_engines() if autotune.enabled() else int8_engines()[:1]
+        engines = int8_engines()
+        engines = engines if autotune.enabled() else engines[:1]
         self.packs: dict[str, torch.ScriptObject] = {}
         for engine in engines:
             with quantized_engine(engine):
                 self.packs[engine] = torch.ops.quantized.linear_prepack(qweight, bias)
         self.reduce_range = (not cpu_has_vnni()) if reduce_range is None else reduce_range
 
-    def packed(self, rows: int) -> torch.ScriptObject:
-        """The packed weights whose engine multiplies `rows` rows fastest here (autotune, per shape)."""
+    def packed(self, n: int) -> torch.ScriptObject:
+        """The packed weights whose engine multiplies `n` rows fastest here (autotune, per shape)."""
         if len(self.packs) == 1:
             return next(iter(self.packs.values()))
-        shape = (rows, self.in_features, self.out_features, self.reduce_range)
+        shape = (n, self.in_features, self.out_features, self.reduce_range)
 
         def candidates():
-            sample = torch.randn(max(rows, 1), self.in_features, generator=autotune.generator())
+            sample = torch.randn(max(n, 1), self.in_features, generator=autotune.generator())
             return {engine: (lambda p=p: torch.ops.quantized.linear_dynamic(sample, p, self.reduce_range))
                     for engine, p in self.packs.items()}
 
@@ -90,8 +92,7 @@ class DynamicInt8Linear(Unsaved):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
-        rows = x.numel() // self.in_features if self.in_features else 0
-        return torch.ops.quantized.linear_dynamic(x, self.packed(rows), reduce_range=self.reduce_range)
+        return torch.ops.quantized.linear_dynamic(x, self.packed(rows(x)), reduce_range=self.reduce_range)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + (x W^T + b), added into the product's fresh output (no third tensor)."""
@@ -145,9 +146,9 @@ def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> 
     result depends slightly on it. What it buys: benchmarks/bench_operators.py."""
     attn, mlp = block.attn, block.mlp
     shares = torch.get_num_threads() if shares is None else shares
-    rows = math.ceil(x.shape[0] * x.shape[1] / shares)  # each share's rows, for the choice of engine
+    share = math.ceil(x.shape[0] * x.shape[1] / shares)  # each share's rows, for the choice of engine
     return torch.ops.vitkit.int8_block(
         x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
-        block.norm2.eps, attn.qkv.packed(rows), attn.proj.packed(rows), mlp.fc1.packed(rows),
-        mlp.fc2.packed(rows), attn.qkv.reduce_range, attn.num_heads, attn.scale,
+        block.norm2.eps, attn.qkv.packed(share), attn.proj.packed(share), mlp.fc1.packed(share),
+        mlp.fc2.packed(share), attn.qkv.reduce_range, attn.num_heads, attn.scale,
         block.attention_dtype == torch.bfloat16, mlp.act.approximate, shares)

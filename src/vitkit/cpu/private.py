@@ -145,28 +145,22 @@ def plain_ops_required() -> bool:
     return torch.jit.is_tracing() or forward_ad_may_be_on()
 
 
+def _eager_on_cpu(x: torch.Tensor) -> bool:
+    """`x` on the CPU, not under torch.compile (which traces PyTorch's operators), and not
+    `plain_ops_required`."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and not plain_ops_required()
+
+
 def eager_fp32_on_cpu(x: torch.Tensor) -> bool:
     """Whether `x` is where vitkit's CPU kernels take over from PyTorch's: an fp32 tensor on the CPU, no
     autocast, not under torch.compile (which traces PyTorch's operators), and not `plain_ops_required`."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not plain_ops_required()
-    )
+    return x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and _eager_on_cpu(x)
 
 
 def eager_bf16_autocast_on_cpu(x: torch.Tensor) -> bool:
     """Whether `x` is a bf16 tensor of CPU autocast in eager mode (not compiling, not
     `plain_ops_required`): where an fp32 kernel may take the tensor cast back to fp32."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.bfloat16
-        and torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not plain_ops_required()
-    )
+    return x.dtype == torch.bfloat16 and torch.is_autocast_enabled("cpu") and _eager_on_cpu(x)
 
 
 def extension_library_exists(name: str) -> bool:
