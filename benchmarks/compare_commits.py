@@ -17,7 +17,8 @@ the new commit is faster). Run:
     .venv/bin/python benchmarks/compare_commits.py OLD NEW --threads 2 \
         --json benchmarks/results/compare_CPU_DATE.json
 
-NEW may be `WORKTREE` (the working tree as it is). --quick times three cells for a smoke test.
+NEW may be `WORKTREE` (the working tree as it is). --quick times three cells for a smoke test; `--cell int8`
+only the cells whose label has every word given (`--cell "infer ViT-S/16 1"`), and may be repeated.
 """
 
 from __future__ import annotations
@@ -163,6 +164,16 @@ def checkout(rev: str, where: Path) -> Path:
     return tree
 
 
+def cell_label(cell: tuple) -> str:
+    """A cell as the table prints it: "train demo", "infer ViT-S/16 16 int8"."""
+    return " ".join(str(c) for c in cell if c != 0)
+
+
+def matches(cell: tuple, words: str) -> bool:
+    """Whether every word of `words` is a word of the cell's label."""
+    return set(words.split()) <= set(cell_label(cell).split())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("old", nargs="?", help="the commit to compare against (e.g. a tag or a hash)")
@@ -172,6 +183,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=8, help="interleaved rounds per cell")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of each commit first")
     p.add_argument("--quick", action="store_true", help="three cells, three rounds: a smoke test")
+    p.add_argument("--cell", action="append", default=[], metavar="WORDS",
+                   help="only the cells whose label holds every word of WORDS (e.g. 'int8', 'infer ViT-S/16 "
+                        "16'); may be given more than once")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -183,6 +197,11 @@ def main() -> None:
     repeats = args.repeats
     if args.quick:
         cells, repeats = [TRAIN_CELLS[1], INFER_CELLS[0], INFER_CELLS[2]], 3
+    if args.cell:
+        cells = [c for c in cells if any(matches(c, words) for words in args.cell)]
+        if not cells:
+            p.error(f"no cell matches {args.cell}; the cells: "
+                    + "; ".join(cell_label(c) for c in TRAIN_CELLS + INFER_CELLS))
     rng = random.Random(0)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vitkit-compare-") as tmp:
@@ -203,7 +222,7 @@ def main() -> None:
                 for w in workers.values():
                     w.ask("drop")
                 ratio = statistics.median(o / n for o, n in zip(times["old"], times["new"], strict=True))
-                label = " ".join(str(c) for c in cell if c != 0)
+                label = cell_label(cell)
                 rows.append({"cell": label, "old_ms": 1e3 * statistics.median(times["old"]),
                              "new_ms": 1e3 * statistics.median(times["new"]), "old_over_new": ratio})
                 print(f"{label:28s} old {rows[-1]['old_ms']:9.2f} ms  new {rows[-1]['new_ms']:9.2f} ms  "

@@ -421,3 +421,16 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_compare_commits_picks_the_cells_named():
+    compare = load_benchmark("compare_commits")
+    cells = compare.TRAIN_CELLS + compare.INFER_CELLS
+    assert compare.cell_label(("train", "demo", 0)) == "train demo"
+    assert [compare.cell_label(c) for c in cells if compare.matches(c, "ViT-S/16 16 int8")] == [
+        "infer ViT-S/16 16 int8"]
+    assert len([c for c in cells if compare.matches(c, "int8")]) == 4
+    # words, not substrings: "1" is batch 1, not the 1 of 16
+    assert [compare.cell_label(c) for c in cells if compare.matches(c, "infer ViT-B/16 1 fp32")] == [
+        "infer ViT-B/16 1 fp32"]
+    assert not [c for c in cells if compare.matches(c, "int4")]

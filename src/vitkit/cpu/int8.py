@@ -121,20 +121,18 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float,
     through SDPA's fused CPU kernel (bf16 products, softmax accumulated in fp32, no score matrix stored). For
     the int8 model on CPUs with native bf16 (AVX512-BF16, AMX), where it runs faster than the fp32 kernel; the
     int8 model is already a different function from the fp32 one, and the agreement test covers this part
-    too. q, k and v are laid out per head in one copy, each (image, head) pair is computed on its own (so the
-    int8 block operator, which takes the same kernel over its share of the pairs, gets the same numbers), and
-    the heads are merged back in fp32 in one more copy: (B, queries or T, D) fp32."""
+    too. The kernel reads q, k and v per head in place from the projection cast to bf16 (one copy) and writes
+    the heads merged, which one more copy takes back to fp32; it computes each (image, head) pair on its own,
+    so the int8 block operator, which calls it on its share of the pairs, gets the same numbers:
+    (B, queries or T, D) fp32."""
     B, T, width = qkv.shape
     D, Dh = width // 3, width // (3 * num_heads)
-    heads = qkv.to(torch.bfloat16).view(B, T, 3, num_heads, Dh).permute(2, 0, 3, 1, 4).contiguous()
-    q, k, v = heads.unbind(0)  # each (B, H, T, Dh)
+    heads = qkv.to(torch.bfloat16).view(B, T, 3, num_heads, Dh)
+    q, k, v = (heads.select(2, i).transpose(1, 2) for i in range(3))  # each (B, H, T, Dh), strided
     if queries is not None:
         q = q[:, :, :queries]
-    Q = q.shape[2]
-    q, k, v = (t.reshape(B * num_heads, t.shape[2], Dh) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q[None], k[None], v[None], scale=scale).view(B, num_heads, Q, Dh)
-    out = torch.empty(B, Q, num_heads, Dh, dtype=torch.float32, device=qkv.device)
-    return out.copy_(y.transpose(1, 2)).view(B, Q, D)
+    y = F.scaled_dot_product_attention(q, k, v, scale=scale)  # (B, H, Q, Dh), stored as (B, Q, H, Dh)
+    return y.transpose(1, 2).float().reshape(B, q.shape[2], D)
 
 
 def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> torch.Tensor:

@@ -92,30 +92,23 @@ inline void run_block(int64_t shares, int64_t rows, int64_t pairs, const Step& p
   }
 }
 
-// Rows [r0, r1) of the fused q;k;v projection's output, (r1 - r0, 3D), laid out per head into
-// `heads_out` (3, B, H, T, Dh) in its dtype; the rows may span several images.
-inline void scatter_heads(const at::Tensor& qkv_rows, int64_t r0, int64_t r1, int64_t T, const at::Tensor& heads_out) {
-  const int64_t H = heads_out.size(2), Dh = heads_out.size(4);
-  const at::Tensor q = qkv_rows.view({r1 - r0, 3, H, Dh});
-  for (int64_t r = r0; r < r1;) {
-    const int64_t b = r / T, t = r % T, n = std::min(r1 - r, T - t);
-    heads_out.select(1, b).slice(2, t, t + n).copy_(q.slice(0, r - r0, r - r0 + n).permute({1, 2, 0, 3}));
-    r += n;
-  }
-}
-
-// softmax(q k^T scale) v for (image, head) pairs [p0, p1) of `heads_in` (3, B, H, T, Dh), through SDPA's fused
-// kernel (run by this thread alone: the region is already parallel), written into `merged` (B, T, H, Dh) fp32.
-inline void attend_pairs(const at::Tensor& heads_in, int64_t p0, int64_t p1, double scale, const at::Tensor& merged) {
-  const int64_t B = heads_in.size(1), H = heads_in.size(2), T = heads_in.size(3), Dh = heads_in.size(4);
-  const at::Tensor q = heads_in[0].view({B * H, T, Dh}).slice(0, p0, p1);
-  const at::Tensor k = heads_in[1].view({B * H, T, Dh}).slice(0, p0, p1);
-  const at::Tensor v = heads_in[2].view({B * H, T, Dh}).slice(0, p0, p1);
-  const at::Tensor y =  // (pairs, T, Dh)
-      at::scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), {}, 0.0, false, scale)
-          .squeeze(0);
-  for (int64_t p = p0; p < p1; ++p) {
-    merged.select(0, p / H).select(1, p % H).copy_(y[p - p0]);
+// softmax(q k^T scale) v for the (image, head) pairs [p0, p1) (pair p: image p / H, head p % H) of the fused
+// q;k;v projection's output `qkv` (B, T, 3, H, Dh), read in place by SDPA's fused kernel (run by this thread
+// alone: the region is already parallel), written into `merged` (B, T, H, Dh) fp32. Each call takes whole images,
+// or a run of heads of one image; the kernel computes every pair on its own, so the cut leaves the numbers as
+// they are.
+inline void attend_pairs(const at::Tensor& qkv, int64_t p0, int64_t p1, double scale, const at::Tensor& merged) {
+  const int64_t H = qkv.size(3);
+  for (int64_t p = p0; p < p1;) {
+    const int64_t b = p / H, h = p % H;
+    const bool whole = h == 0 && p1 - p >= H;
+    const int64_t nb = whole ? (p1 - p) / H : 1, nh = whole ? H : std::min(p1 - p, H - h);
+    const at::Tensor part = qkv.slice(0, b, b + nb).slice(3, h, h + nh);  // (nb, T, 3, nh, Dh)
+    const at::Tensor y = at::scaled_dot_product_attention(  // (nb, nh, T, Dh)
+        part.select(2, 0).transpose(1, 2), part.select(2, 1).transpose(1, 2), part.select(2, 2).transpose(1, 2),
+        {}, 0.0, false, scale);
+    merged.slice(0, b, b + nb).slice(2, h, h + nh).copy_(y.transpose(1, 2));
+    p += nb * nh;
   }
 }
 

@@ -27,16 +27,18 @@ at::Tensor int8_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
   const at::Tensor tokens = x.view({B * T, D});
   at::Tensor out = at::empty_like(x);
   const at::Tensor out_rows = out.view({B * T, D});
-  const at::Tensor qkv_heads =
-      at::empty({3, B, heads, T, D / heads}, x.options().dtype(bf16_attention ? at::kBFloat16 : at::kFloat));
+  // the q;k;v projection's output in the attention's dtype, read per head in place
+  const at::Tensor qkv_rows =
+      at::empty({B * T, 3 * D}, x.options().dtype(bf16_attention ? at::kBFloat16 : at::kFloat));
+  const at::Tensor qkv_heads = qkv_rows.view({B, T, 3, heads, D / heads});
   const at::Tensor merged = at::empty({B, T, heads, D / heads}, x.options());
   const at::Tensor merged_rows = merged.view({B * T, D});
 
   vitkit::run_block(
       shares, B * T, B * heads,
-      [&](int64_t r0, int64_t r1) {  // LN1 and the q;k;v product, laid out per head
+      [&](int64_t r0, int64_t r1) {  // LN1 and the q;k;v product
         const at::Tensor h = at::layer_norm(tokens.slice(0, r0, r1), {D}, ln1_weight, ln1_bias, ln1_eps);
-        vitkit::scatter_heads(qkv->apply_dynamic(h, reduce_range), r0, r1, T, qkv_heads);
+        qkv_rows.slice(0, r0, r1).copy_(qkv->apply_dynamic(h, reduce_range));
       },
       [&](int64_t p0, int64_t p1) { vitkit::attend_pairs(qkv_heads, p0, p1, scale, merged); },
       [&](int64_t r0, int64_t r1) {  // (2): projection and residual; (3): the MLP and residual
