@@ -12,6 +12,9 @@
 # through from the host, so the tests see a copy without the AVX-512, VNNI and AMX flags, bind-mounted over it
 # in a mount namespace of their own (unshare: root, or user namespaces).
 #
+# torch.compile's generated C++ is compiled by the host's compiler (a child process, not emulated), by default
+# for the host CPU (-march=native): here it is compiled for x86-64-v3 (AVX2) into a fresh cache instead.
+#
 # The operators are compiled first, natively: their build flags do not depend on the CPU (the AVX-512 and
 # AVX2 code paths are chosen at run time), so this is the library an AVX2-only machine builds, and compiling
 # under emulation would take many minutes. Emulation is slow: about half a minute to import torch, and the
@@ -40,7 +43,9 @@ sys.exit(0 if all(built.values()) else 1)
 "
 
 cpuinfo=$(mktemp)
-trap 'rm -f "$cpuinfo"' EXIT
+inductor_cache=$(mktemp -d)
+trap 'rm -rf "$cpuinfo" "$inductor_cache"' EXIT
+export TORCHINDUCTOR_CPP_MARCH=x86-64-v3 TORCHINDUCTOR_CACHE_DIR=$inductor_cache
 sed -E '/^flags/ s/ (avx512[a-z0-9_]*|amx_[a-z0-9_]*|avx_vnni[a-z0-9_]*|avx_ifma)\b//g' /proc/cpuinfo > "$cpuinfo"
 
 if [ "$(id -u)" = 0 ]; then ns=(unshare --mount); else ns=(unshare --map-root-user --mount); fi
