@@ -355,3 +355,72 @@ def test_not_under_tracing_torch_func_or_forward_ad():
         probe(fwAD.make_dual(qkv[0], qkv[0]))
     assert decisions == [False] * 5
     assert qkv_attention_applies(qkv[0])
+
+
+def _graph_calls_the_operator(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph torch.compile captured, or one of its subgraphs (an autograd.Function's forward and
+    backward), calls vitkit's attention operator."""
+    return "vitkit.attention_forward" in gm.print_readable(print_output=False)
+
+
+@needs_attention_operator
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
+def test_under_torch_compile_an_accelerated_model_attends_on_the_operator(amp):
+    """torch.compile traces the operator (its fake kernels give the output shapes): the captured graph calls
+    it, and the compiled model's logits and gradients equal the eager model's."""
+    torch.manual_seed(0)
+    cfg = vitkit.get_config("ViT-Ti/16", image_size=32, patch_size=8, num_classes=10, depth=2)
+    eager = vitkit.accelerate(vitkit.VisionTransformer(cfg))
+    model = copy.deepcopy(eager)
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 3, 32, 32)
+    compiled = torch.compile(model, backend=recording_backend)
+    context = torch.autocast("cpu", dtype=amp) if amp else contextlib.nullcontext()
+    with context:
+        want, got = eager(x), compiled(x)
+    want.float().square().sum().backward()
+    got.float().square().sum().backward()
+    assert graphs and any(_graph_calls_the_operator(gm) for gm in graphs)
+    tol = dict(atol=1e-5, rtol=1e-5) if amp is None else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    for (name, p), q in zip(eager.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, **tol, msg=name)
+
+
+@needs_attention_operator
+def test_inductor_compiles_a_training_step_through_the_operator():
+    """With inductor (the default backend) the fake kernels and the operator's backward work through AOT
+    autograd: a compiled training step's loss and gradients equal the eager step's."""
+    torch.manual_seed(0)
+    cfg = vitkit.get_config("ViT-Ti/16", image_size=16, patch_size=8, num_classes=4, depth=1, dim=32,
+                            num_heads=2, mlp_dim=64)
+    eager = vitkit.accelerate(vitkit.VisionTransformer(cfg))
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    x, y = torch.randn(2, 3, 16, 16), torch.tensor([1, 3])
+    want, got = F.cross_entropy(eager(x), y), F.cross_entropy(compiled(x), y)
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_under_torch_compile_without_the_operator_the_model_compiles_plain(monkeypatch):
+    """Where the operator is unavailable the compiled model keeps PyTorch's attention."""
+    monkeypatch.setattr(attention_module, "attention_available", lambda: False)
+    monkeypatch.setattr(attention_module, "_fakes_registered", False)
+    cfg = vitkit.get_config("ViT-Ti/16", image_size=16, patch_size=8, num_classes=4, depth=1)
+    model = vitkit.accelerate(vitkit.VisionTransformer(cfg))
+    graphs = []
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=lambda gm, inputs: (graphs.append(gm), gm.forward)[1])
+    compiled(torch.randn(2, 3, 16, 16)).sum().backward()
+    assert graphs and not any(_graph_calls_the_operator(gm) for gm in graphs)

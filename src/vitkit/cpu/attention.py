@@ -15,7 +15,9 @@ as flash attention does, so memory stays linear in T.
 its projections go through `vitkit.cpu.linear`, and the attention itself through the operator where
 `qkv_attention_applies` (fp32 on the CPU, no autocast, not compiling or tracing, no torch.func transform or
 forward-mode AD, no attention dropout, the operator built), else through the explicit products in training on
-short sequences (`explicit_attention_is_faster`), else through PyTorch's SDPA. Under bf16 autocast on the CPU
+short sequences (`explicit_attention_is_faster`), else through PyTorch's SDPA. Under torch.compile the
+operator goes into the compiled graph (its fake kernels give inductor the output shapes) where
+`compiled_operator_applies`, and inductor fuses the elementwise work around it. Under bf16 autocast on the CPU
 the operator may take the projection cast to fp32, as the model's `explicit_attention` computes the attention
 in fp32 there: the timing decides (with 26 tokens of 4 heads of 16, the fashion-mnist recipe's, the bf16
 training step runs about 1.15x faster on it on an Intel Xeon with AMX). Results differ from PyTorch's only
@@ -89,6 +91,50 @@ def keeps_probabilities(tokens: int, head_dim: int) -> bool:
     keeps anyway, i.e. T <= 4 head_dim (ViT-S/16 and ViT-B/16 at 224 px, 197 tokens: yes; at 384 px, 577:
     no)."""
     return tokens <= 4 * head_dim
+
+
+def _register_fake_kernels() -> None:
+    """The operators' output shapes and dtypes without computing them (what torch.compile traces with)."""
+
+    def forward(qkv, heads, scale, keep_probs, tiles=True):
+        B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        return (qkv.new_empty(B, T, width), qkv.new_empty(B, heads, T),
+                qkv.new_empty(B if keep_probs else 0, heads, T, T))
+
+    def backward(grad_out, qkv, out, lse, probs, heads, scale, tiles=True):
+        return torch.empty_like(qkv)
+
+    torch.library.register_fake("vitkit::attention_forward", forward)
+    torch.library.register_fake("vitkit::attention_backward", backward)
+
+
+@torch.compiler.assume_constant_result
+def operator_traceable() -> bool:
+    """Whether torch.compile can put the operators in its graphs: they are available, and their fake kernels
+    registered (once per process). A constant of the trace: asked while compiling, it is not traced."""
+    global _fakes_registered
+    if not attention_available():
+        return False
+    if not _fakes_registered:
+        _register_fake_kernels()
+        _fakes_registered = True
+    return True
+
+
+_fakes_registered = False
+
+
+def compiled_operator_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
+    """Whether, under torch.compile on the CPU, the graph computes this projection's attention (B, T, 3C) on
+    the operator: fp32 without autocast or bf16 under CPU autocast, no attention dropout, the operator
+    traceable. inductor fuses the elementwise work around it, but its own attention on short sequences is
+    small batched products it cannot fuse, slower than the operator's."""
+    if not (torch.compiler.is_compiling() and qkv.device.type == "cpu" and qkv.dim() == 3 and dropout == 0.0):
+        return False
+    autocast = torch.is_autocast_enabled("cpu")
+    if not ((qkv.dtype == torch.float32 and not autocast) or (qkv.dtype == torch.bfloat16 and autocast)):
+        return False
+    return operator_traceable()
 
 
 def eager_on_cpu(qkv: torch.Tensor) -> bool:
@@ -172,10 +218,13 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
     """How to attend over this projection output (B, T, 3C): the fastest of `IMPLEMENTATIONS` on this machine
     at this shape (vitkit.cpu.autotune) for fp32 tensors on the CPU; elsewhere, or with timing off, the fixed
     rule (the operator where it applies, else the explicit products in training on up to
-    EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Forward-mode AD takes the explicit products (SDPA's CPU
+    EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Under torch.compile, the operator where
+    `compiled_operator_applies`. Forward-mode AD takes the explicit products (SDPA's CPU
     kernel and the operator have no forward derivative)."""
     if _forward_ad_on():
         return "explicit"
+    if compiled_operator_applies(qkv, dropout):
+        return "operator"
     operator = qkv_attention_applies(qkv, dropout)
     bf16 = qkv.dtype == torch.bfloat16
     # Under bf16 autocast the operator is a candidate, not the default: the fixed rule stays PyTorch's paths.
