@@ -8,10 +8,13 @@ Both models go through vitkit.train's own pieces: the batch source, the weight-d
 (vitkit.accelerate, on the CPU) as the training loop does. The two are measured in alternating
 rounds (ours, timm, ours, timm, ...) so that load from other processes falls on both alike; the figure is the
 median over rounds of images per second, and the ratio ours / timm (1.0 or more: ours is at least as fast).
+`--compile` adds both models through torch.compile (as `--set compile=true` trains; the `fashion-mnist` recipe
+does by default) to the rotation: vitkit's with its attention operator in the compiled graph.
 
     .venv/bin/python benchmarks/train_throughput.py                         # the fashion-mnist recipe's model
     .venv/bin/python benchmarks/train_throughput.py --recipe demo --rounds 5 --steps 20
     .venv/bin/python benchmarks/train_throughput.py --synthetic             # random images, no dataset needed
+    .venv/bin/python benchmarks/train_throughput.py --threads 1 --batch-size 128 --compile  # 1 of 2 processes
 """
 
 from __future__ import annotations
@@ -19,12 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import cpu_model  # noqa: E402
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="fashion-mnist", help="whose model, batch size and augmentation")
@@ -35,8 +43,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--synthetic", action="store_true",
                         help="random uint8 images instead of Fashion-MNIST")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time both models through torch.compile (inductor)")
+    parser.add_argument("--batch-size", type=int, default=0,
+                        help="images per step (0: the recipe's; half of it is one of two processes' share)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from vitkit.bench import build_timm
     from vitkit.cpu import accelerate
@@ -64,8 +76,9 @@ def main() -> None:
     amp = autocast_dtype(cfg.precision, device)
     loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
     source = batch_source(data, model_cfg, cfg.augment, len(data.classes), cfg.seed)
-    plan = make_plan(cfg.batch_size, cfg.micro_batch, 1, 0)
-    per_epoch = steps_per_epoch(len(source), cfg.batch_size)
+    batch_size = args.batch_size or cfg.batch_size
+    plan = make_plan(batch_size, cfg.micro_batch, 1, 0)
+    per_epoch = steps_per_epoch(len(source), batch_size)
 
     torch.manual_seed(0)
     vitkit_model = accelerate(VisionTransformer(model_cfg).to(device))  # as the trainer runs it
@@ -74,6 +87,14 @@ def main() -> None:
     if n_params["vitkit"] != n_params["timm"]:
         raise SystemExit(f"the two models differ in size: {n_params}")
     optimizers = {k: build_optimizer(m, cfg.optim) for k, m in models.items()}
+    nets = dict(models)  # what each step calls: the model, or its compiled wrapper (the same parameters)
+    if args.compile:
+        for name in list(models):
+            torch.manual_seed(0)
+            twin = (accelerate(VisionTransformer(model_cfg).to(device)) if name == "vitkit"
+                    else build_timm(model_cfg).to(device))
+            models[name + "-compiled"], nets[name + "-compiled"] = twin, torch.compile(twin)
+            optimizers[name + "-compiled"] = build_optimizer(twin, cfg.optim)
     batches = source.epoch(0, plan, 0, per_epoch)
 
     def next_batch():
@@ -87,34 +108,44 @@ def main() -> None:
     def run(name: str, steps: int) -> float:
         """Images per second over `steps` full training steps (data, augmentation, forward, backward,
         AdamW)."""
-        model, opt = models[name], optimizers[name]
+        model, net, opt = models[name], nets[name], optimizers[name]
         model.train()
         start = time.perf_counter()
         for _ in range(steps):
-            loss = forward_backward(model, next_batch(), loss_fn, device, amp)
+            loss = forward_backward(net, next_batch(), loss_fn, device, amp)
             optimizer_step(model, opt, cfg.optim.clip_grad_norm)
         float(loss)  # wait for the device
-        return steps * cfg.batch_size / (time.perf_counter() - start)
+        return steps * batch_size / (time.perf_counter() - start)
 
-    rates: dict[str, list[float]] = {"vitkit": [], "timm": []}
+    rates: dict[str, list[float]] = {name: [] for name in models}
     print(f"{args.recipe}: {model_cfg.dim} wide, {model_cfg.depth} deep, {model_cfg.num_tokens} tokens, "
-          f"{n_params['vitkit']:,} parameters, batch {cfg.batch_size}, {torch.get_num_threads()} threads, "
+          f"{n_params['vitkit']:,} parameters, batch {batch_size}, {torch.get_num_threads()} threads, "
           f"{device}")
+    for name in models:  # the compilation, and the first steps, before any timing
+        run(name, args.warmup)
     for r in range(args.rounds):
-        for name in ("vitkit", "timm") if r % 2 == 0 else ("timm", "vitkit"):
+        for name in list(models) if r % 2 == 0 else list(models)[::-1]:
             run(name, args.warmup)
             rates[name].append(run(name, args.steps))
-        print(f"round {r + 1}: vitkit {rates['vitkit'][-1]:.0f} img/s, timm {rates['timm'][-1]:.0f} img/s",
-              flush=True)
-    ours, theirs = statistics.median(rates["vitkit"]), statistics.median(rates["timm"])
-    ratios = [a / b for a, b in zip(rates["vitkit"], rates["timm"], strict=True)]
-    print(f"median: vitkit {ours:.0f} img/s, timm {theirs:.0f} img/s, ratio {ours / theirs:.2f}x "
-          f"(per round {min(ratios):.2f}-{max(ratios):.2f}x)")
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f} img/s" for k, v in rates.items()), flush=True)
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    print("median: " + ", ".join(f"{k} {v:.0f} img/s" for k, v in medians.items()))
+    pairs = [("vitkit", "timm")] + ([("vitkit-compiled", "timm-compiled"), ("vitkit-compiled", "vitkit")]
+                                   if args.compile else [])
+    ratios = {}
+    for a, b in pairs:
+        per_round = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
+        ratios[f"{a}/{b}"] = statistics.median(per_round)
+        print(f"{a} / {b}: {statistics.median(per_round):.2f}x (per round {min(per_round):.2f}-"
+              f"{max(per_round):.2f}x)")
+    report = {"recipe": args.recipe, "overrides": args.overrides, "batch_size": batch_size,
+              "vitkit_img_s": medians["vitkit"], "timm_img_s": medians["timm"],
+              "ratio": medians["vitkit"] / medians["timm"], "medians": medians, "paired_ratios": ratios,
+              "rounds": rates, "threads": torch.get_num_threads(), "cpu": cpu_model(), "device": str(device)}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"recipe": args.recipe, "vitkit_img_s": ours, "timm_img_s": theirs,
-                       "ratio": ours / theirs, "rounds": rates, "threads": torch.get_num_threads(),
-                       "device": str(device)}, f, indent=2)
+            json.dump(report, f, indent=2)
+    return report
 
 
 if __name__ == "__main__":

@@ -434,3 +434,16 @@ def test_compare_commits_picks_the_cells_named():
     assert [compare.cell_label(c) for c in cells if compare.matches(c, "infer ViT-B/16 1 fp32")] == [
         "infer ViT-B/16 1 fp32"]
     assert not [c for c in cells if compare.matches(c, "int4")]
+
+
+def test_training_throughput_script_alternates_the_models(tmp_path, capsys):
+    """benchmarks/train_throughput.py runs for real on a tiny recipe and random images: a rate for vitkit and
+    timm in every round, and their paired ratio in the report and the JSON file."""
+    throughput = load_benchmark("train_throughput")
+    out = tmp_path / "throughput.json"
+    report = throughput.main(["--recipe", "fashion-mnist-tiny", "--synthetic", "--rounds", "2", "--steps",
+                              "1", "--warmup", "1", "--batch-size", "8", "--json", str(out)])
+    assert json.loads(out.read_text())["paired_ratios"] == report["paired_ratios"]
+    assert set(report["rounds"]) == {"vitkit", "timm"} and all(len(r) == 2 for r in report["rounds"].values())
+    assert report["batch_size"] == 8 and report["paired_ratios"]["vitkit/timm"] > 0
+    assert "vitkit / timm" in capsys.readouterr().out

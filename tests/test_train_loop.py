@@ -438,3 +438,20 @@ def test_folder_batches_after_a_resume_are_the_ones_an_unbroken_epoch_makes(work
             assert torch.equal(x, x0) and torch.equal(y, y0), step
     other_epoch = next(iter(source.epoch(2, plan, 3, 4)))[1][0][0]
     assert not torch.equal(other_epoch, resumed[3][0][0])
+
+
+def test_compile_without_a_cpp_compiler_warns_and_trains_eagerly(monkeypatch):
+    """inductor's CPU kernels need a C++ compiler: without one `compile=true` warns once and keeps the model
+    eager instead of failing at the first step."""
+    net = torch.nn.Linear(2, 2)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(one_step.shutil, "which", lambda name: None)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+        assert one_step.compiled(net, torch.device("cpu")) is net
+    monkeypatch.setattr(one_step.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert one_step.compiled(net, torch.device("cpu")) is not net
+
+
+def test_the_fashion_mnist_recipe_compiles_and_its_tiny_twin_does_not():
+    assert get_recipe("fashion-mnist").compile
+    assert not get_recipe("fashion-mnist-tiny").compile

@@ -50,7 +50,7 @@ from .ema import EMA
 from .evaluate import EvalResult, evaluate
 from .losses import classification_loss
 from .metrics_log import MetricsLog
-from .one_step import autocast_dtype, forward_backward, optimizer_step
+from .one_step import autocast_dtype, compiled, forward_backward, optimizer_step
 from .optim import build_optimizer, lr_at, set_lr
 from .prepare import (
     build_model,
@@ -288,7 +288,7 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
     net = DistributedDataParallel(run.model) if run.ddp else run.model
     if cfg.compile:
         # the same parameters: the optimizer, EMA and checkpoints use `model` as before
-        net = torch.compile(net)
+        net = compiled(net, ctx.device)
     loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
     val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
     report = Report(MetricsLog(run.out, ctx.is_main, run.step), progress_bar(run, progress))

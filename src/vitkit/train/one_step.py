@@ -1,9 +1,12 @@
-"""One optimizer step's parts: the autocast dtype of a precision, forward and backward over the step's
-micro-batches, and the clipped optimizer step."""
+"""One optimizer step's parts: the autocast dtype of a precision, the compiled model, forward and backward
+over the step's micro-batches, and the clipped optimizer step."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -21,6 +24,17 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "bf16-native" and device.type == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return None
+
+
+def compiled(net: nn.Module, device: torch.device) -> nn.Module:
+    """`net` through torch.compile (inductor), or `net` itself with one warning where inductor cannot build
+    its kernels: on the CPU it needs a C++ compiler ($CXX, or c++, g++ or clang++ on PATH)."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "c++", "g++",
+                                                                  "clang++") if c):
+        warnings.warn("vitkit: compile=true but there is no C++ compiler for torch.compile's CPU kernels "
+                      "(set CXX or install g++); training without compiling", RuntimeWarning, stacklevel=2)
+        return net
+    return torch.compile(net)
 
 
 def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],

@@ -84,7 +84,8 @@ def fashion_mnist() -> TrainConfig:
     the class token), width 64, depth 6, 4 heads, MLP 128 (206k parameters), mimetic attention initialisation,
     PatchDropout 0.5 except in the last epoch, AdamW lr 4e-3, batch 256, weight decay 0.05, label smoothing
     0.1, pad-crop, flips and random erasing, an EMA of the weights, 90 epochs, bf16 autocast where the CPU
-    computes bf16 natively (fp32 elsewhere). Run it as two processes of one thread each:
+    computes bf16 natively (fp32 elsewhere), through torch.compile. Run it as two processes of one thread
+    each:
 
         vitkit train fashion-mnist --out runs/fmnist --nproc 2
 
@@ -103,7 +104,7 @@ def fashion_mnist() -> TrainConfig:
         # eval_every: every 3 epochs of Fashion-MNIST's 60,000 training images at batch 256 (a step count: it
         # is not rescaled when data.limit or batch_size is changed).
         epochs=90.0, full_token_epochs=1.0, batch_size=256, ema=0.999, eval_every=3 * (60_000 // 256),
-        log_every=50, precision="bf16-native",
+        log_every=50, precision="bf16-native", compile=True,
     )
 
 
@@ -144,7 +145,7 @@ def _tiny(cfg: TrainConfig, image_size: int, patch: int, batch: int = 32, micro:
                                   warmup_epochs=0.0),
         data=dataclasses.replace(cfg.data, limit=256, val_limit=128, workers=0, eval_batch_size=128),
         epochs=0.0, steps=16, batch_size=batch, micro_batch=micro, ckpt_every=4, eval_every=8, log_every=4,
-        ema=cfg.ema and 0.9,
+        ema=cfg.ema and 0.9, compile=False,  # a few dozen steps: not worth a compilation
     )
 
 

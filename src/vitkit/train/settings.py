@@ -214,8 +214,10 @@ class TrainConfig:
     `eval_every`, `ckpt_every`: in steps (0: at the end of every epoch). `keep_last`: training-state
     checkpoints kept (the best and the last models are kept apart, as vitkit checkpoints).
     `compile`: train through `torch.compile` (inductor; evaluation stays eager). The first steps wait for the
-    compilation (about 30 s on 2 CPU cores, again when PatchDropout turns off); off by default: on a CPU it
-    barely pays back its compilation (docs/training.md).
+    compilation (20-90 s on 2 CPU cores, again when PatchDropout turns off); on in the `fashion-mnist` recipe,
+    whose small model it fuses (with vitkit's attention operator in the graph, docs/training.md), off
+    elsewhere, so that short runs never wait for a compiler. Without a C++ compiler on the CPU it warns and
+    trains eagerly.
     `fast`: train with vitkit's CPU kernels swapped in (`vitkit.accelerate`: the same function and gradients,
     faster); nothing is swapped on a GPU. `--no-fast` (or `--set fast=false`) trains the plain model.
     `parallel`: how several processes share the training. 'ddp': each holds the whole model, optimizer and
