@@ -134,15 +134,6 @@ int64_t tiled_block_rows(int64_t T) {
   return (vectors + blocks - 1) / blocks * kWidth;
 }
 
-// at[d * n + i] = scale * a[i * ld + d] for i < m, 0 for m <= i < n: m rows of D, transposed and scaled, their
-// columns padded to n.
-VITKIT_AVX512 void pack_transposed(const float* a, int64_t ld, int64_t m, int64_t n, int64_t D, float scale,
-                                   float* at) {
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t d = 0; d < D; ++d) at[d * n + i] = scale * a[i * ld + d];
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t i = m; i < n; ++i) at[d * n + i] = 0.f;
-}
 
 // st[r * ldst + 16 c + l] = sum_d k[r * ldk + d] qt[d * ldq + 16 c + l]: RJ keys by NQ vectors of queries.
 template <int RJ, int NQ>
@@ -304,6 +295,23 @@ VITKIT_AVX512 VITKIT_INLINE void transpose16(__m512 r[16]) {
     r[4 + c] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
     r[8 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);
     r[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+  }
+}
+
+// at[d * n + i] = scale * a[i * ld + d] for i < m, 0 for m <= i < n: m rows of D (a multiple of 16), transposed
+// and scaled, their columns padded to n (a multiple of 16), one 16 x 16 block in registers at a time.
+VITKIT_AVX512 void pack_transposed(const float* a, int64_t ld, int64_t m, int64_t n, int64_t D, float scale,
+                                   float* at) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t i0 = 0; i0 < n; i0 += kWidth) {
+    const int64_t rows = std::min<int64_t>(kWidth, m - i0);
+    for (int64_t d0 = 0; d0 < D; d0 += kWidth) {
+      __m512 r[16];
+      for (int64_t k = 0; k < 16; ++k)
+        r[k] = k < rows ? _mm512_mul_ps(_mm512_loadu_ps(a + (i0 + k) * ld + d0), s) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t l = 0; l < 16; ++l) _mm512_storeu_ps(at + (d0 + l) * n + i0, r[l]);
+    }
   }
 }
 
