@@ -80,9 +80,13 @@ def main(argv: list[str] | None = None) -> dict:
     plan = make_plan(batch_size, cfg.micro_batch, 1, 0)
     per_epoch = steps_per_epoch(len(source), batch_size)
 
+    def build(name: str) -> torch.nn.Module:
+        if name == "vitkit":
+            return accelerate(VisionTransformer(model_cfg).to(device))  # as the trainer runs it
+        return build_timm(model_cfg).to(device)
+
     torch.manual_seed(0)
-    vitkit_model = accelerate(VisionTransformer(model_cfg).to(device))  # as the trainer runs it
-    models = {"vitkit": vitkit_model, "timm": build_timm(model_cfg).to(device)}
+    models = {name: build(name) for name in ("vitkit", "timm")}
     n_params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     if n_params["vitkit"] != n_params["timm"]:
         raise SystemExit(f"the two models differ in size: {n_params}")
@@ -91,8 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.compile:
         for name in list(models):
             torch.manual_seed(0)
-            twin = (accelerate(VisionTransformer(model_cfg).to(device)) if name == "vitkit"
-                    else build_timm(model_cfg).to(device))
+            twin = build(name)
             models[name + "-compiled"], nets[name + "-compiled"] = twin, torch.compile(twin)
             optimizers[name + "-compiled"] = build_optimizer(twin, cfg.optim)
     batches = source.epoch(0, plan, 0, per_epoch)

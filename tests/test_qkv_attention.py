@@ -416,7 +416,6 @@ def test_inductor_compiles_a_training_step_through_the_operator():
 def test_under_torch_compile_without_the_operator_the_model_compiles_plain(monkeypatch):
     """Where the operator is unavailable the compiled model keeps PyTorch's attention."""
     monkeypatch.setattr(attention_module, "attention_available", lambda: False)
-    monkeypatch.setattr(attention_module, "_fakes_registered", False)
     cfg = vitkit.get_config("ViT-Ti/16", image_size=16, patch_size=8, num_classes=4, depth=1)
     model = vitkit.accelerate(vitkit.VisionTransformer(cfg))
     graphs = []

@@ -28,6 +28,7 @@ by float rounding. A second derivative (create_graph=True) comes from PyTorch's 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -93,8 +94,10 @@ def keeps_probabilities(tokens: int, head_dim: int) -> bool:
     return tokens <= 4 * head_dim
 
 
+@functools.cache
 def _register_fake_kernels() -> None:
-    """The operators' output shapes and dtypes without computing them (what torch.compile traces with)."""
+    """The operators' output shapes and dtypes without computing them (what torch.compile traces with); once
+    per process."""
 
     def forward(qkv, heads, scale, keep_probs, tiles=True):
         B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
@@ -111,17 +114,11 @@ def _register_fake_kernels() -> None:
 @torch.compiler.assume_constant_result
 def operator_traceable() -> bool:
     """Whether torch.compile can put the operators in its graphs: they are available, and their fake kernels
-    registered (once per process). A constant of the trace: asked while compiling, it is not traced."""
-    global _fakes_registered
+    registered. A constant of the trace: asked while compiling, it is not traced."""
     if not attention_available():
         return False
-    if not _fakes_registered:
-        _register_fake_kernels()
-        _fakes_registered = True
+    _register_fake_kernels()
     return True
-
-
-_fakes_registered = False
 
 
 def compiled_operator_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:

@@ -134,7 +134,6 @@ int64_t tiled_block_rows(int64_t T) {
   return (vectors + blocks - 1) / blocks * kWidth;
 }
 
-
 // st[r * ldst + 16 c + l] = sum_d k[r * ldk + d] qt[d * ldq + 16 c + l]: RJ keys by NQ vectors of queries.
 template <int RJ, int NQ>
 VITKIT_AVX512 VITKIT_INLINE void scores_tile(const float* k, int64_t ldk, const float* qt, int64_t ldq, int64_t D,
