@@ -3,7 +3,6 @@ if the operator did not build), which operators a call runs (by the profiler), a
 with the operators against the same step without them (VITKIT_KERNELS=0)."""
 
 import functools
-import shutil
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,9 @@ import torch.nn.functional as F
 
 def compiler_present() -> bool:
     """Whether a C++ compiler is on PATH, to build vitkit's operators with."""
-    return shutil.which("c++") is not None or shutil.which("g++") is not None
+    from vitkit.cpu.build import cxx_compiler
+
+    return cxx_compiler() is not None
 
 
 def operator_skip_reason() -> str | None:

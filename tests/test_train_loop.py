@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 import vitkit
 from train_helpers import synthetic_dataset, synthetic_images
+from vitkit.cpu import build
 from vitkit.data import FASHION_MNIST_CLASSES
 from vitkit.train import TrainingDiverged, get_recipe, loop, one_step, prepare, train
 from vitkit.train.batches import epoch_order, make_plan, rank_indices
@@ -445,10 +446,10 @@ def test_compile_without_a_cpp_compiler_warns_and_trains_eagerly(monkeypatch):
     eager instead of failing at the first step."""
     net = torch.nn.Linear(2, 2)
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(one_step.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         assert one_step.compiled(net, torch.device("cpu")) is net
-    monkeypatch.setattr(one_step.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(build.shutil, "which", lambda name: "/usr/bin/" + name)
     assert one_step.compiled(net, torch.device("cpu")) is not net
 
 

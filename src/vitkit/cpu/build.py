@@ -23,6 +23,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import sys
 import warnings
 from collections.abc import Sequence
@@ -39,6 +40,16 @@ DISABLE_ENV = "VITKIT_KERNELS"
 def kernels_enabled() -> bool:
     """False when the environment turns vitkit's compiled operators off (VITKIT_KERNELS=0, false, no, off)."""
     return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch builds CPU code with here (vitkit's operators through cpp_extension, and
+    torch.compile's inductor kernels): $CXX, else c++, g++ or clang++ on PATH; None where there is none."""
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    return None
 
 
 def _tool_path() -> str:

@@ -4,14 +4,13 @@ over the step's micro-batches, and the clipped optimizer step."""
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 
+from ..cpu.build import cxx_compiler
 from ..cpu.hardware import cpu_has_native_bf16
 
 
@@ -29,8 +28,7 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 def compiled(net: nn.Module, device: torch.device) -> nn.Module:
     """`net` through torch.compile (inductor), or `net` itself with one warning where inductor cannot build
     its kernels: on the CPU it needs a C++ compiler ($CXX, or c++, g++ or clang++ on PATH)."""
-    if device.type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "c++", "g++",
-                                                                  "clang++") if c):
+    if device.type == "cpu" and cxx_compiler() is None:
         warnings.warn("vitkit: compile=true but there is no C++ compiler for torch.compile's CPU kernels "
                       "(set CXX or install g++); training without compiling", RuntimeWarning, stacklevel=2)
         return net
