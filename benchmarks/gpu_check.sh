@@ -2,30 +2,38 @@
 # Every GPU check of vitkit in one command, for a machine that is lent a GPU for a few minutes: the machine;
 # the speed of ViT-B/16 inference and training against timm (benchmarks/bench_gpu.py; the training step also
 # compiled with CUDA graphs); the trainer end to end on the GPU (the `demo` recipe on Fashion-MNIST, then
-# `vitkit eval`); and the test suite with CUDA present (its CUDA tests run instead of being skipped; "auto"
-# devices become the GPU).
+# `vitkit eval`); the data-scaling study and its ablations with 5 seeds (benchmarks/study_data_scaling.py);
+# and the test suite with CUDA present (its CUDA tests run instead of being skipped; "auto" devices become
+# the GPU).
 #
 #   bash benchmarks/gpu_check.sh                               # on the GPU machine; results in $OUT or runs/gpu-check
+#   ONLY="study" bash benchmarks/gpu_check.sh                  # only the steps named (machine bench train study tests)
 #   PY=.venv/bin/python QUICK=1 bash benchmarks/gpu_check.sh   # the same steps on the CPU, tiny and short
 #
 # Each step has its own time limit and appends its output to $OUT/log.txt as it goes, so what finished comes
 # back even when a later step runs out of time; a failing step does not stop the next. The measurements are
 # named as records (benchmarks/results/README.md: gpu-infer_<gpu>_<date>.json, gpu-train_..._run1.json,
 # gpu-train_..._cudagraphs.json, recipe-demo_<gpu>_<date>.json); copy them into benchmarks/results/ to keep
-# them. Fashion-MNIST is looked for as vitkit always does ($VITKIT_DATA, the cache, /usr/share/datasets);
-# without it the training step is skipped.
+# them. The study's records (one JSON a cell) come back as one archive, $OUT/study-data-scaling_<gpu>.tar.gz:
+# unpack it into benchmarks/results/ beside the CPU's. Fashion-MNIST is looked for as vitkit always does
+# ($VITKIT_DATA, the cache, /usr/share/datasets); without it the training and study steps are skipped (a
+# machine with no copy of its own can be given one: its four IDX files in runs/data/fashion-mnist/, carried
+# with the working tree, and VITKIT_DATA=runs/data).
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 OUT=${OUT:-runs/gpu-check}
 QUICK=${QUICK:-0}
+ONLY=" ${ONLY:-machine bench train study tests} "
 mkdir -p "$OUT"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 where=$("$PY" benchmarks/records.py slug "${gpu:-$(uname -m)-cpu}" 2>/dev/null || echo unknown)
 day=$(date -u +%Y-%m-%d)
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 failed=0
+
+wanted() { [[ $ONLY == *" $1 "* ]]; }  # wanted GROUP: whether $ONLY names this group of steps
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, append to $OUT/log.txt, count failures
     local name=$1 limit=$2 start rc
@@ -45,15 +53,28 @@ if [ "$QUICK" = 1 ]; then
     bench=(--device cpu --tiny --no-compile --repeats 3 --warmup 1 --batch 8 --train-batch 8)
     train_set=(--set steps=20 --set eval_every=0)
     tests=(tests/test_optimize.py -k "cuda or bf16")
+    study=(--tiny --device cpu --seeds 2)
+    study_name=study-data-scaling-tiny
+    study_limit=60
 else
     bench=(--repeats 20 --warmup 3 --profile 12)
     train_set=()
     tests=(tests -n 8 -rf --tb=short)  # 8 workers of 2 threads each (OMP_NUM_THREADS below) on 16 cores
+    study=(--device cuda --seeds 5)
+    study_name=study-data-scaling
+    study_limit=240  # both study steps and the report fit one 10-minute call of the device tool
 fi
+have_data() {
+    "$PY" -c "import sys; from vitkit.data.fashion_mnist import find_fashion_mnist as f; sys.exit(not (f('train') and f('test')))"
+}
 
+if wanted machine; then
 step machine 60 bash -c "nvidia-smi -L 2>/dev/null || echo 'no nvidia-smi'; \
     $PY -c 'import sys, torch, timm; print(sys.version.split()[0], \"torch\", torch.__version__, \"timm\", \
 timm.__version__, \"cuda\", torch.cuda.is_available() and torch.cuda.get_device_name(0))'"
+fi
+
+if wanted bench; then
 step bench_inference 180 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only inference \
     --json "$OUT/gpu-infer_${where}_${day}.json"
 step bench_training 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training \
@@ -61,9 +82,9 @@ step bench_training 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only train
 # The eager training step is bound by the host's kernel launches (docs/speed.md): CUDA graphs are the lever.
 step bench_training_cudagraphs 200 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --only training \
     --train-compile-mode reduce-overhead --json "$OUT/gpu-train_${where}_${day}_cudagraphs.json"
+fi
 
-if "$PY" -c "import sys; from vitkit.data.fashion_mnist import find_fashion_mnist as f; sys.exit(not (f('train') and f('test')))"
-then
+if wanted train && have_data; then
     run="${TMPDIR:-/tmp}/vitkit-gpu-demo"  # outside $OUT: the device tool brings back 8 files at most
     rm -rf "$run"
     step train_demo 80 "$PY" -m vitkit.cli.main train demo --out "$run" --no-progress "${train_set[@]}"
@@ -71,10 +92,27 @@ then
     cp "$run/result.json" "$OUT/recipe-demo_${where}_${day}.json" 2>/dev/null
     cp "$run/metrics.csv" "$OUT/demo_metrics.csv" 2>/dev/null
     cp "$run/eval/metrics.json" "$OUT/demo_eval.json" 2>/dev/null
-else
+elif wanted train; then
     echo "== train_demo: skipped (no Fashion-MNIST; set VITKIT_DATA to a folder holding fashion-mnist/)"
 fi
 
+if wanted study && have_data; then
+    # The records go to a folder outside $OUT (one file a cell) and come back as one archive. Seed by seed,
+    # the study's 15 cells then the ablations' 6: a run cut short by its limit still holds whole seeds.
+    name="${study_name}_${where}"
+    records="${TMPDIR:-/tmp}/vitkit-gpu-study/$name"
+    step study "$study_limit" "$PY" benchmarks/study_data_scaling.py "${study[@]}" --out "$records" \
+        --time-limit $((study_limit * 2 / 3))
+    step study_ablations "$study_limit" "$PY" benchmarks/study_data_scaling.py "${study[@]}" --ablations \
+        --out "$records" --time-limit $((study_limit * 2 / 3))
+    step study_report 60 "$PY" benchmarks/study_data_scaling.py "${study[@]}" --out "$records" --report
+    tar -czf "$OUT/$name.tar.gz" -C "$(dirname "$records")" "$name"
+elif wanted study; then
+    echo "== study: skipped (no Fashion-MNIST; set VITKIT_DATA to a folder holding fashion-mnist/)"
+fi
+
+if wanted tests; then
 step tests 150 env OMP_NUM_THREADS=2 "$PY" -m pytest -q -p no:cacheprovider "${tests[@]}"
+fi
 echo "== $failed step(s) failed"
 exit "$failed"

@@ -16,9 +16,9 @@ The three models have about the same compute per 28x28 image (8-12 M multiply-ad
 Every cell trains the same way: AdamW (lr 2e-3, weight decay 0.05 on the weights, betas 0.9/0.999), batch
 128, linear warm-up over the first tenth of the steps then cosine decay, gradient clipping at norm 1, no
 augmentation and no label smoothing (the paper adds no regularisation on its smaller sets either), bf16
-autocast where the CPU computes bf16 natively, fp32 elsewhere. The training set is a class-balanced subset
-(vitkit.data.subsets.balanced_indices, seed 0: the subsets are nested and the same for every model and seed;
-the seed changes the initialisation and the batch order).
+autocast on a GPU and where the CPU computes bf16 natively, fp32 elsewhere. The training set is a
+class-balanced subset (vitkit.data.subsets.balanced_indices, seed 0: the subsets are nested and the same for
+every model and seed; the seed changes the initialisation and the batch order).
 """
 
 from __future__ import annotations
@@ -196,16 +196,18 @@ def batch_order(n: int, steps: int, batch: int, seed: int) -> torch.Tensor:
 @torch.no_grad()
 def features_and_top1(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, amp: torch.dtype | None,
                       batch: int = 1000) -> tuple[torch.Tensor, float | None]:
-    """The pre-logit representations of `x` (float32) and, with labels, the top-1 accuracy of the head."""
+    """The pre-logit representations of `x` (float32, on the CPU) and, with labels, the top-1 accuracy of the
+    head. `x` and `y` stay on the CPU; each batch goes to the model's device."""
     model.eval()
+    device = next(model.parameters()).device
     feats, correct = [], 0
     for i in range(0, len(x), batch):
-        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
-            f = model.forward_head(model.forward_features(x[i:i + batch]), pre_logits=True)
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            f = model.forward_head(model.forward_features(x[i:i + batch].to(device)), pre_logits=True)
             logits = model.head(f)
-        feats.append(f.float())
+        feats.append(f.float().cpu())
         if y is not None:
-            correct += int((logits.argmax(dim=1) == y[i:i + batch]).sum())
+            correct += int((logits.argmax(dim=1).cpu() == y[i:i + batch]).sum())
     return torch.cat(feats), (correct / len(x) if y is not None else None)
 
 
@@ -222,38 +224,50 @@ def fewshot(model: nn.Module, data: StudyData, test_feats: torch.Tensor, amp: to
     return {str(r.shots): {"mean": r.mean, "draws": list(r.accuracies)} for r in results}
 
 
-def run_cell(cell: Cell, data: StudyData, log_every: int = 0) -> dict:
-    """Train `cell` from scratch and measure it; returns the measurements of its record (without the
-    machine and the command, which the caller adds)."""
+def run_cell(cell: Cell, data: StudyData, log_every: int = 0, device: str | torch.device = "cpu") -> dict:
+    """Train `cell` from scratch on `device` and measure it; returns the measurements of its record (without
+    the machine and the command, which the caller adds). The model is initialised on the CPU from the cell's
+    seed whatever the device, so a cell starts from the same weights everywhere; on the CPU vitkit's kernels
+    are swapped in (vitkit.cpu.accelerate), on a GPU the model stays plain PyTorch."""
+    device = torch.device(device)
     t0 = time.time()
     model = build_model(cell)
     macs, params = multiply_adds(model), sum(p.numel() for p in model.parameters())
-    amp = autocast_dtype("bf16-native", torch.device("cpu"))
-    accelerate(model)
+    amp = autocast_dtype("bf16-native", device)
+    accelerate(model.to(device))
     rows = torch.tensor(balanced_indices(data.train_y, cell.train_size, NUM_CLASSES, seed=0))
-    x, y = data.train_x[rows], data.train_y[rows]
+    x, y = data.train_x[rows].to(device), data.train_y[rows].to(device)
     groups = param_groups(model, WEIGHT_DECAY)
     opt = torch.optim.AdamW(groups, lr=cell.lr, weight_decay=WEIGHT_DECAY,
                             fused=fused_adamw_supported([p for g in groups for p in g["params"]]) or None)
-    order, warmup = batch_order(len(rows), cell.steps, cell.batch, cell.seed), max(1, cell.steps // 10)
+    order = batch_order(len(rows), cell.steps, cell.batch, cell.seed).to(device)
+    warmup = max(1, cell.steps // 10)
     model.train()
-    losses = []
+    losses = torch.zeros(cell.steps, device=device)  # read back every `check` steps, not every step
+    check = log_every or (1 if device.type == "cpu" else 50)
     for step in range(cell.steps):
         set_lr(opt, lr_at(step, cell.steps, cell.lr, warmup))
         idx = order[step]
-        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             logits = model(x[idx])
         loss = F.cross_entropy(logits.float(), y[idx])
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"cell {cell.key}: the loss is {loss.item()} at step {step}; lower the lr")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
-        if log_every and (step + 1) % log_every == 0:
-            print(f"  {cell.key} step {step + 1}/{cell.steps} loss {np.mean(losses[-log_every:]):.4f}",
-                  flush=True)
+        losses[step] = loss.detach()
+        if (step + 1) % check == 0 or step + 1 == cell.steps:
+            recent = losses[max(0, step + 1 - check):step + 1].cpu()
+            if not torch.isfinite(recent).all():
+                first = int((~torch.isfinite(recent)).nonzero()[0])
+                raise RuntimeError(f"cell {cell.key}: the loss is {float(recent[first])} at step "
+                                   f"{step + 1 - len(recent) + first}; lower the lr")
+            if log_every:
+                print(f"  {cell.key} step {step + 1}/{cell.steps} loss {float(recent.mean()):.4f}",
+                      flush=True)
+    losses = losses.cpu().numpy()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     train_seconds = time.time() - t0
     test_feats, top1 = features_and_top1(model, data.test_x, data.test_y, amp)
     shots = fewshot(model, data, test_feats, amp)
@@ -263,4 +277,5 @@ def run_cell(cell: Cell, data: StudyData, log_every: int = 0) -> dict:
         "train_seconds": round(train_seconds, 1), "eval_seconds": round(time.time() - t0 - train_seconds, 1),
         "params": params, "macs_per_image": macs, "lr": cell.lr,
         "precision": "bf16" if amp is not None else "fp32", "test_images": len(data.test_y),
+        "device": device.type,
     }

@@ -15,6 +15,10 @@ that the whole study (SIZES x MODELS x seeds, two seeds up to 10k, and the ablat
     python benchmarks/study_data_scaling.py --ablations          # Table 8 and D.3 at 60k, 3 seeds
     python benchmarks/study_data_scaling.py --report             # table and figure from the records
     python benchmarks/study_data_scaling.py --tiny --out /tmp/s  # the tiny twin: seconds
+    python benchmarks/study_data_scaling.py --device cuda --seeds 5 --time-limit 300   # on a GPU
+
+On a GPU (`--device cuda`) the cells are the same, built on the CPU from their seed and moved; `--seeds N`
+gives every size (and the ablations) N seeds, seed by seed; benchmarks/gpu_check.sh runs it so.
 
 Every finished cell writes `<out>/<cell key>.json` atomically; a cell whose record exists is skipped, so a
 killed study restarts where it stopped (the killed cell starts again from scratch: about 1.5 minutes).
@@ -26,6 +30,7 @@ import argparse
 import datetime
 import fnmatch
 import json
+import math
 import os
 import sys
 import time
@@ -57,23 +62,27 @@ PAPER_TABLE8 = {"pos-none": 0.614, "": 0.642, "pos-2d": 0.640}
 PAPER_RELATIVE = 0.640  # relative position embedding, which vitkit does not have
 
 
-def study_cells(tiny: bool = False) -> list[Cell]:
-    """The study's cells in the order they run: seed 0 first, smaller sets first, every model at a size
-    before the next size."""
+def study_cells(tiny: bool = False, seeds: int | None = None) -> list[Cell]:
+    """The study's cells in the order they run: seed by seed, smaller sets first, every model at a size
+    before the next size. `seeds`: that many seeds at every size (where compute is plentiful, as on a GPU);
+    by default two seeds up to TWO_SEEDS_UP_TO images and one above (one for the tiny twin)."""
     if tiny:
-        return [Cell(m, n, 0, TINY_STEPS, TINY_BATCH, tiny=True) for n in TINY_SIZES for m in MODELS]
-    seeds = (0, 1)
-    return [Cell(m, n, s, STEPS) for s in seeds for n in SIZES if s == 0 or n <= TWO_SEEDS_UP_TO
-            for m in MODELS]
+        return [Cell(m, n, s, TINY_STEPS, TINY_BATCH, tiny=True) for s in range(seeds or 1)
+                for n in TINY_SIZES for m in MODELS]
+    if seeds is None:
+        return [Cell(m, n, s, STEPS) for s in (0, 1) for n in SIZES if s == 0 or n <= TWO_SEEDS_UP_TO
+                for m in MODELS]
+    return [Cell(m, n, s, STEPS) for s in range(seeds) for n in SIZES for m in MODELS]
 
 
-def ablation_cells(tiny: bool = False) -> list[Cell]:
-    """The ViT's variants (VARIANTS) at ABLATION_SIZE, ABLATION_SEEDS; the default variant's seed-0 cell is
-    the study's own ViT cell at that size."""
+def ablation_cells(tiny: bool = False, seeds: int | None = None) -> list[Cell]:
+    """The ViT's variants (VARIANTS) at ABLATION_SIZE, seed by seed (ABLATION_SEEDS, or `seeds` of them);
+    the default variant's cells are the study's own ViT cells at that size."""
+    seed_list = range(seeds) if seeds is not None else (0,) if tiny else ABLATION_SEEDS
     if tiny:
-        return [Cell("vit", TINY_SIZES[-1], 0, TINY_STEPS, TINY_BATCH, variant=v, tiny=True)
-                for v in VARIANTS]
-    return [Cell("vit", ABLATION_SIZE, s, STEPS, variant=v) for s in ABLATION_SEEDS for v in VARIANTS]
+        return [Cell("vit", TINY_SIZES[-1], s, TINY_STEPS, TINY_BATCH, variant=v, tiny=True)
+                for s in seed_list for v in VARIANTS]
+    return [Cell("vit", ABLATION_SIZE, s, STEPS, variant=v) for s in seed_list for v in VARIANTS]
 
 
 def record_file(out: Path, cell: Cell) -> Path:
@@ -88,31 +97,50 @@ def write_atomically(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def machine() -> dict:
+def machine(device: torch.device) -> dict:
     from vitkit.cpu.hardware import cpu_has_native_bf16
 
-    return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "native_bf16": cpu_has_native_bf16(),
-            "torch": torch.__version__}
+    info = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "native_bf16": cpu_has_native_bf16(),
+            "torch": torch.__version__, "device": device.type}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def resolve_device(name: str) -> torch.device:
+    """`cpu`, `cuda[:N]`, or `auto` (the GPU where there is one); a GPU that is not there is a ValueError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"--device {name!r}: not a device ({e})") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: the study runs on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r}: this PyTorch sees no CUDA GPU")
+    return device
 
 
 def run_cells(cells: list[Cell], out: Path, data_loader, stop_at: float | None = None,
-              log_every: int = 0) -> list[str]:
-    """Run every cell without a record in `out`, one at a time; returns the keys run. `stop_at`: a time
-    (time.time()) after which no new cell starts."""
+              log_every: int = 0, device: torch.device = torch.device("cpu")) -> list[str]:
+    """Run every cell without a record in `out`, one at a time, on `device`; returns the keys run.
+    `stop_at`: a time (time.time()) after which no new cell starts."""
     out.mkdir(parents=True, exist_ok=True)
     todo = [c for c in cells if not record_file(out, c).exists()]
     print(f"{len(cells) - len(todo)} of {len(cells)} cells recorded in {out}; {len(todo)} to run", flush=True)
     ran, data = [], None
     for cell in todo:
         if stop_at is not None and time.time() >= stop_at:
-            print(f"stopping before {cell.key}: past --stop-at", flush=True)
+            print(f"stopping before {cell.key}: past --stop-at or --time-limit", flush=True)
             break
         data = data or data_loader()
-        result = run_cell(cell, data, log_every)
-        record = {"cell": cell.to_dict(), "key": cell.key, **result, "machine": machine(),
+        result = run_cell(cell, data, log_every, device)
+        record = {"cell": cell.to_dict(), "key": cell.key, **result, "machine": machine(device),
                   "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                   "measured_with": "python benchmarks/study_data_scaling.py"
-                  + (" --tiny" if cell.tiny else "") + (" --ablations" if cell.variant else "")}
+                  + (" --tiny" if cell.tiny else "") + (" --ablations" if cell.variant else "")
+                  + (f" --device {device.type}" if device.type != "cpu" else "")}
         write_atomically(record_file(out, cell), record)
         print(f"{cell.key}: top-1 {result['test_top1']:.4f}, 10-shot {result['fewshot']['10']['mean']:.4f}, "
               f"{result['train_seconds']:.0f} s + {result['eval_seconds']:.0f} s", flush=True)
@@ -212,10 +240,11 @@ def missing(records: list[dict], cells: list[Cell]) -> list[str]:
     return [c.key for c in cells if c.key not in done]
 
 
-def report(out: Path, tiny: bool, table: Path, figure: Path) -> str:
-    """Render the tables (markdown, also written to `table`) and the figure from the records in `out`."""
+def report(out: Path, tiny: bool, table: Path, figure: Path, seeds: int | None = None) -> str:
+    """Render the tables (markdown, also written to `table`) and the figure from the records in `out`, over
+    the cells of `study_cells(tiny, seeds)` and `ablation_cells(tiny, seeds)`."""
     records = read_records(out)
-    cells, ablations = study_cells(tiny), ablation_cells(tiny)
+    cells, ablations = study_cells(tiny, seeds), ablation_cells(tiny, seeds)
     todo = missing(records, cells)
     todo_ab = missing(records, ablations)
     text = ("### Data scaling\n\n" + scaling_table(records, cells)
@@ -230,15 +259,20 @@ def report(out: Path, tiny: bool, table: Path, figure: Path) -> str:
     return text
 
 
-def default_out(tiny: bool) -> Path:
-    return RESULTS / f"study-data-scaling{'-tiny' if tiny else ''}_{slug(cpu_model())}"
+def default_out(tiny: bool, device: torch.device = torch.device("cpu")) -> Path:
+    """benchmarks/results/study-data-scaling[-tiny]_<cpu or gpu>: records of different machines apart."""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return RESULTS / f"study-data-scaling{'-tiny' if tiny else ''}_{slug(where)}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="records folder (default benchmarks/results/"
-                   "study-data-scaling_<cpu>)")
+                   "study-data-scaling_<cpu or gpu>)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto (the GPU if any)")
+    p.add_argument("--seeds", type=int, help="train every size with this many seeds (default: 2 seeds up to "
+                   f"{TWO_SEEDS_UP_TO:,} images and 1 above; the ablations {len(ABLATION_SEEDS)})")
     p.add_argument("--tiny", action="store_true", help="the tiny twin: tiny models, 3 steps, 2 sizes")
     p.add_argument("--cells", default="*", help="run only the cells whose key matches this glob")
     p.add_argument("--ablations", action="store_true", help="run the ablation cells instead of the study's")
@@ -246,14 +280,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", type=Path, help="markdown file of --report (default <out>/table.md)")
     p.add_argument("--figure", type=Path, help="PNG of --report (default <out>/figure.png)")
     p.add_argument("--stop-at", help="start no new cell after this UTC time, HH:MM")
+    p.add_argument("--time-limit", type=float, help="start no new cell after this many seconds")
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps (0: never)")
     p.add_argument("--list", action="store_true", help="print the cells' keys and whether each is recorded")
     args = p.parse_args(argv)
-    out = args.out or default_out(args.tiny)
+    if args.seeds is not None and args.seeds < 1:
+        p.error(f"--seeds {args.seeds}: need at least 1")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
+    out = args.out or default_out(args.tiny, device)
     if args.report:
-        print(report(out, args.tiny, args.table or out / "table.md", args.figure or out / "figure.png"))
+        print(report(out, args.tiny, args.table or out / "table.md", args.figure or out / "figure.png",
+                     args.seeds))
         return 0
-    cells = ablation_cells(args.tiny) if args.ablations else study_cells(args.tiny)
+    cells = ablation_cells(args.tiny, args.seeds) if args.ablations else study_cells(args.tiny, args.seeds)
     cells = [c for c in cells if fnmatch.fnmatch(c.key, args.cells)]
     if not cells:
         p.error(f"--cells {args.cells!r} matches no cell; --list shows their keys")
@@ -266,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         now = datetime.datetime.now(datetime.timezone.utc)
         h, m = (int(x) for x in args.stop_at.split(":"))
         stop_at = now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
+    if args.time_limit is not None:
+        stop_at = min(stop_at or math.inf, time.time() + args.time_limit)
     loader = (lambda: StudyData.load(TINY_TEST)) if args.tiny else StudyData.load
-    run_cells(cells, out, loader, stop_at, args.log_every)
+    run_cells(cells, out, loader, stop_at, args.log_every, device)
     return 0
 
 

@@ -1,10 +1,12 @@
 """The data-scaling study (benchmarks/study_data_scaling.py): its tiny twin end to end (cells trained and
 recorded, a second run skips them, the report renders tables and a PNG), the balanced subsets it trains on,
-and the names of its cells and records."""
+the names of its cells and records, its seed, device and time-limit options, and its step in
+benchmarks/gpu_check.sh."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,3 +84,54 @@ def test_study_data_normalises_and_limits_the_test_set():
     data = StudyData.load(test_limit=50)
     assert data.test_x.shape == (50, 1, 28, 28) and len(data.train_y) == 60000
     assert abs(float(data.train_x[:5000].mean())) < 0.1
+
+
+def test_seeds_give_every_size_that_many_seeds_seed_by_seed():
+    cells = study.study_cells(seeds=3)
+    assert len(cells) == len({c.key for c in cells}) == 3 * len(study.SIZES) * 3
+    assert [c.seed for c in cells] == sorted(c.seed for c in cells)  # a cut run keeps whole seeds
+    assert {c.seed for c in cells if c.train_size == 60000} == {0, 1, 2}
+    assert {c.key for c in study.study_cells()} <= {c.key for c in study.study_cells(seeds=2)}
+    ablations = study.ablation_cells(seeds=4)
+    assert len(ablations) == 4 * len(study.VARIANTS) and {c.seed for c in ablations} == {0, 1, 2, 3}
+    assert len(study.study_cells(tiny=True, seeds=2)) == 2 * len(study.TINY_SIZES) * 3
+
+
+def test_device_and_seed_options_are_checked(capsys):
+    with pytest.raises(SystemExit):
+        study.main(["--tiny", "--device", "tpu", "--list"])
+    assert "--device 'tpu'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        study.main(["--tiny", "--seeds", "0", "--list"])
+    assert "--seeds 0: need at least 1" in capsys.readouterr().err
+    assert study.resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA GPU"):
+            study.resolve_device("cuda")
+        assert study.resolve_device("auto") == torch.device("cpu")
+
+
+def test_time_limit_starts_no_cell_past_it(tmp_path, capsys):
+    study.main(["--tiny", "--out", str(tmp_path), "--time-limit", "0"])
+    assert "stopping before tiny-vit_n100_s0_t3: past --stop-at or --time-limit" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_gpu_check_study_step_runs_the_tiny_twin_and_archives_its_records(tmp_path):
+    """benchmarks/gpu_check.sh's study steps in their CPU form (QUICK=1, ONLY=study): the tiny twin with two
+    seeds, the ablations, the report, and one archive of the records in $OUT."""
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PY": sys.executable, "QUICK": "1", "ONLY": "study", "OUT": str(tmp_path / "out"),
+           "TMPDIR": str(tmp_path)}
+    run = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "== train_demo" not in run.stdout and "== tests" not in run.stdout  # ONLY=study
+    (archive,) = (tmp_path / "out").glob("study-data-scaling-tiny_*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"tiny-vit_n100_s1_t3.json", "tiny-hybrid_n200_s0_t3.json", "tiny-vit-gap_n200_s1_t3.json",
+            "table.md", "figure.png"} <= names
