@@ -310,6 +310,22 @@ def test_int8_engines_script_times_the_chosen_engines_against_fbgemm(tmp_path, c
     assert "fbgemm only" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(not (torch.backends.openmp.is_available()
+                         and "fbgemm" in torch.backends.quantized.supported_engines),
+                    reason="this PyTorch has no OpenMP or no fbgemm, which the int8 block operator needs")
+def test_int8_attention_script_times_each_kernel_against_the_chosen(tmp_path, capsys):
+    """benchmarks/bench_int8_attention.py runs for real on a small preset: the int8 model with its block's
+    attention on the kernel the timing picks and on each kernel in turn."""
+    script, out = load_benchmark("bench_int8_attention"), tmp_path / "attention.json"
+    rows = script.main(["-m", "ViT-Ti/32", "-b", "2", "--repeats", "2", "--warmup", "0", "--json", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows
+    (row,) = rows
+    assert row["model"] == "ViT-Ti/32" and row["batch"] == 2 and row["chosen"] in script.kernels()
+    assert set(row["ms"]) == {"chosen", *script.kernels()} and min(row["ms"].values()) > 0
+    assert set(row["chosen_over"]) == set(script.kernels()) and min(row["chosen_over"].values()) > 0
+    assert "chosen " + row["chosen"] in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN linear or packing")
 def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch):
     """benchmarks/bench_inference_engine.py runs for real on a small preset: the accelerated model once per

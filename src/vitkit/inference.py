@@ -10,8 +10,9 @@ It returns a copy of the model for inference (eval mode, no gradients):
   their weight for calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's.
 - "int8": dynamic quantisation of the encoder's linear layers (`vitkit.cpu.int8`: int8 weights per output
   channel, activations quantised per call, 8 bits where the CPU has VNNI; fbgemm's kernels, or oneDNN's where
-  they are faster), bf16 attention matrices on CPUs with native bf16, and each block as one compiled operator
-  where it can be built (`torch.ops.vitkit.int8_block`; `VITKIT_KERNELS=0` turns it off). An image's int8
+  they are faster), and each block as one compiled operator where it can be built
+  (`torch.ops.vitkit.int8_block`, its attention on the fastest kernel here; `VITKIT_KERNELS=0` turns it off;
+  without it, the attention matrices are bf16 on CPUs with native bf16). An image's int8
   scales depend on the other images of its call, so its logits change slightly with the batch. The patch
   projection, the LayerNorms and the classifier stay fp32. The function changes slightly: the Fashion-MNIST
   test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).

@@ -119,7 +119,7 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
 def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block",
-                          [CSRC / "block_region.h"])
+                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "vector_math.h"])
 
 
 def int8_block_available() -> bool:
@@ -136,7 +136,7 @@ def int8_block_available() -> bool:
 def _attention_built() -> bool:
     """The attention operators, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_backward",
-                          [CSRC / "vector_math.h"])
+                          [CSRC / "attention_kernels.h", CSRC / "vector_math.h"])
 
 
 def attention_available() -> bool:

@@ -1,5 +1,6 @@
-"""The int8 encoder of `vitkit.optimize(model, "int8")`: dynamically quantised linear layers, bf16 attention
-matrices where the CPU has native bf16, and the whole block as one compiled operator where it can be built.
+"""The int8 encoder of `vitkit.optimize(model, "int8")`: dynamically quantised linear layers, and the whole
+block as one compiled operator where it can be built, its attention on the kernel timed fastest here (without
+the operator: bf16 attention matrices where the CPU has native bf16).
 """
 
 from __future__ import annotations
@@ -135,18 +136,55 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float,
     return y.transpose(1, 2).float().reshape(B, q.shape[2], D)
 
 
-def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> torch.Tensor:
+INT8_BLOCK_ATTENTION = ("vitkit", "sdpa", "sdpa-bf16")
+
+
+def register_tiles_apply(head_dim: int) -> bool:
+    """Whether vitkit's attention kernel runs on its AVX-512 register tiles for heads of `head_dim` here (as
+    `tiles_apply` in src/vitkit/cpu/csrc/attention_kernels.h), rather than on sgemm."""
+    return "avx512f" in cpu_flags() and head_dim % 16 == 0 and 16 <= head_dim <= 128
+
+
+def int8_block_attention(block: nn.Module, x: torch.Tensor, shares: int) -> str:
+    """The attention kernel of the int8 block operator for input `x`: the fastest here of vitkit's fp32
+    kernel ("vitkit", the one `accelerate` and `optimize(fp32)` run), SDPA's fused kernel in fp32 ("sdpa")
+    and, on CPUs with native bf16, in bf16 ("sdpa-bf16"), each timed on the whole block
+    (vitkit.cpu.autotune). The default, kept unless another is clearly faster and taken with tuning off:
+    "vitkit" where its AVX-512 register tiles apply (faster than SDPA in either precision there:
+    docs/speed.md), else SDPA in bf16 where the CPU has it natively, else SDPA in fp32."""
+    B, T, D = x.shape
+    heads = block.attn.num_heads
+    bf16 = block.attention_dtype == torch.bfloat16
+    default = "vitkit" if register_tiles_apply(D // heads) else "sdpa-bf16" if bf16 else "sdpa"
+    modes = [m for m in INT8_BLOCK_ATTENTION if m != "sdpa-bf16" or bf16]
+    shape = (B, T, D, heads, shares, block.attn.qkv.reduce_range)
+
+    def candidates():
+        sample = torch.randn(B, T, D, generator=autotune.generator())
+        return {m: (lambda m=m: int8_block(block, sample, shares, attention=m)) for m in modes}
+
+    return autotune.choose("int8-block-attention", shape, candidates, default)
+
+
+def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None,
+               attention: str | None = None) -> torch.Tensor:
     """Eq. 2 and 3 for every token of `x` (B, T, D) of a FusedBlock whose layers are int8
     (`int8_block_eligible`) through torch.ops.vitkit.int8_block (src/vitkit/cpu/csrc): the block as one
     parallel region with two meeting points between the threads instead of one per operator. It computes what
     the operator-by-operator path computes, except that the activations' int8 scales are per thread's share of
     the tokens rather than per tensor: `shares` (default: the number of intra-op threads) sets the cut, so the
-    result depends slightly on it. What it buys: benchmarks/bench_operators.py."""
+    result depends slightly on it. `attention` names the attention's kernel (INT8_BLOCK_ATTENTION; default:
+    `int8_block_attention`'s choice). What it buys: benchmarks/bench_operators.py."""
     attn, mlp = block.attn, block.mlp
     shares = torch.get_num_threads() if shares is None else shares
     share = math.ceil(x.shape[0] * x.shape[1] / shares)  # each share's rows, for the choice of engine
+    packs = [attn.qkv.packed(share), attn.proj.packed(share), mlp.fc1.packed(share), mlp.fc2.packed(share)]
+    if attention is None:
+        attention = int8_block_attention(block, x, shares)
+    elif attention not in INT8_BLOCK_ATTENTION:
+        raise ValueError(f"attention={attention!r}: the int8 block's attention is one of "
+                         f"{INT8_BLOCK_ATTENTION}")
     return torch.ops.vitkit.int8_block(
         x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
-        block.norm2.eps, attn.qkv.packed(share), attn.proj.packed(share), mlp.fc1.packed(share),
-        mlp.fc2.packed(share), attn.qkv.reduce_range, attn.num_heads, attn.scale,
-        block.attention_dtype == torch.bfloat16, mlp.act.approximate, shares)
+        block.norm2.eps, *packs, attn.qkv.reduce_range, attn.num_heads, attn.scale, attention,
+        mlp.act.approximate, shares)

@@ -3,11 +3,13 @@
 // The int8 products quantise their input per call (the dynamic quantisation of fbgemm or oneDNN, whichever
 // packed the weights: one scale per tensor); here the tensor is a share of the rows, so the activation scales
 // are per share and the result depends, slightly, on `shares` (the caller passes the number of intra-op
-// threads). The attention runs in bf16 or fp32.
+// threads). The attention runs on `attention`: "vitkit" (attention_kernels.h, fp32, the register tiles where
+// they apply), "sdpa" (SDPA's fused kernel in fp32) or "sdpa-bf16" (the same in bf16).
 
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/library.h>
 
+#include "attention_kernels.h"
 #include "block_region.h"
 
 namespace {
@@ -17,13 +19,16 @@ using Packed = c10::intrusive_ptr<LinearPackedParamsBase>;
 at::Tensor int8_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, const at::Tensor& ln1_bias,
                       double ln1_eps, const at::Tensor& ln2_weight, const at::Tensor& ln2_bias, double ln2_eps,
                       const Packed& qkv, const Packed& proj, const Packed& fc1, const Packed& fc2,
-                      bool reduce_range, int64_t heads, double scale, bool bf16_attention,
+                      bool reduce_range, int64_t heads, double scale, c10::string_view attention,
                       c10::string_view gelu_approximate, int64_t shares) {
   TORCH_CHECK(x_in.dim() == 3 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
               "int8_block: expected fp32 tokens (B, T, D) on the CPU, got ", x_in.sizes(), " ", x_in.dtype());
   const at::Tensor x = x_in.contiguous();
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
   TORCH_CHECK(heads > 0 && D % heads == 0, "int8_block: width ", D, " is not divisible by ", heads, " heads");
+  TORCH_CHECK(attention == "vitkit" || attention == "sdpa" || attention == "sdpa-bf16",
+              "int8_block: attention must be vitkit, sdpa or sdpa-bf16, got ", attention);
+  const bool bf16_attention = attention == "sdpa-bf16", own_attention = attention == "vitkit";
   const at::Tensor tokens = x.view({B * T, D});
   at::Tensor out = at::empty_like(x);
   const at::Tensor out_rows = out.view({B * T, D});
@@ -40,7 +45,14 @@ at::Tensor int8_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
         const at::Tensor h = at::layer_norm(tokens.slice(0, r0, r1), {D}, ln1_weight, ln1_bias, ln1_eps);
         qkv_rows.slice(0, r0, r1).copy_(qkv->apply_dynamic(h, reduce_range));
       },
-      [&](int64_t p0, int64_t p1) { vitkit::attend_pairs(qkv_heads, p0, p1, scale, merged); },
+      [&](int64_t p0, int64_t p1) {
+        if (own_attention) {
+          attention_pairs(qkv_rows.const_data_ptr<float>(), T, D, heads, p0, p1, static_cast<float>(scale),
+                          merged.mutable_data_ptr<float>());
+        } else {
+          vitkit::attend_pairs(qkv_heads, p0, p1, scale, merged);
+        }
+      },
       [&](int64_t r0, int64_t r1) {  // (2): projection and residual; (3): the MLP and residual
         const at::Tensor x2 =
             proj->apply_dynamic(merged_rows.slice(0, r0, r1), reduce_range).add_(tokens.slice(0, r0, r1));
@@ -61,6 +73,6 @@ TORCH_LIBRARY(vitkit, m) {
       "__torch__.torch.classes.quantized.LinearPackedParamsBase proj, "
       "__torch__.torch.classes.quantized.LinearPackedParamsBase fc1, "
       "__torch__.torch.classes.quantized.LinearPackedParamsBase fc2, bool reduce_range, int heads, "
-      "float scale, bool bf16_attention, str gelu_approximate, int shares) -> Tensor");
+      "float scale, str attention, str gelu_approximate, int shares) -> Tensor");
   m.impl("int8_block", c10::DispatchKey::CPU, TORCH_FN(int8_block));
 }
