@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole CPU speed measurement in one command: RUNS full runs one after another (3 by default), each
 # `vitkit bench` at batch 1 (8 rounds) and at batch 16 (4 rounds, 1 warm-up) for ViT-S/16 and ViT-B/16 with
-# every CPU contender, then the training step against timm (benchmarks/bench_training.py, vitkit on each
-# engine of its training products, the ratio that of this machine's engine); with AGREEMENT_CHECKPOINT set,
+# every CPU contender, then the training step against timm (benchmarks/bench_training.py: vitkit as the
+# trainer runs it, and on each engine of its products alone); with AGREEMENT_CHECKPOINT set,
 # int8's top-1 agreement with fp32 on Fashion-MNIST as well; then benchmarks/check_targets.py over all the
 # runs, which prints which speed targets hold.
 #
