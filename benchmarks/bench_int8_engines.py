@@ -11,7 +11,6 @@ On a CPU without VNNI, or a torch without oneDNN's quantized engine, both models
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 from collections.abc import Callable
@@ -22,7 +21,7 @@ import torch.nn as nn
 
 import vitkit
 import vitkit.cpu.int8 as int8
-from vitkit.bench import interleaved_times, machine_info, paired_ratio, write_json
+from vitkit.bench import cells_parser, interleaved_times, machine_info, paired_ratio, write_json
 
 
 def int8_call(cfg, batch: int, fbgemm_only: bool) -> tuple[Callable[[], None], list[str]]:
@@ -52,16 +51,7 @@ def int8_call(cfg, batch: int, fbgemm_only: bool) -> tuple[Callable[[], None], l
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("-m", "--model", action="append", default=None,
-                   help="a preset name, repeatable (default: ViT-S/16 and ViT-B/16)")
-    p.add_argument("-b", "--batch", type=int, action="append", default=None,
-                   help="a batch size, repeatable (default: 1 and 16)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
-    p.add_argument("--repeats", type=int, default=8, help="interleaved rounds per cell")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls of each contender first")
-    p.add_argument("--json", default=None, help="write the results here")
-    args = p.parse_args(argv)
+    args = cells_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     vitkit.retain_freed_memory()

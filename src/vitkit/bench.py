@@ -14,6 +14,7 @@ it is process-wide, so every contender runs with it alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import platform
@@ -254,6 +255,21 @@ def _timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def cells_parser(description: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark over cells of models and batch sizes (benchmarks/bench_int8_*.py):
+    -m/--model and -b/--batch (repeatable), --threads, --repeats, --warmup and --json."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("-m", "--model", action="append", default=None,
+                   help="a preset name, repeatable (default: ViT-S/16 and ViT-B/16)")
+    p.add_argument("-b", "--batch", type=int, action="append", default=None,
+                   help="a batch size, repeatable (default: 1 and 16)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--repeats", type=int, default=8, help="interleaved rounds per cell")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls of each contender first")
+    p.add_argument("--json", default=None, help="write the results here")
+    return p
 
 
 def interleaved_times(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int, rng: random.Random,
