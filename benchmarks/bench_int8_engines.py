@@ -17,26 +17,21 @@ from collections.abc import Callable
 from unittest import mock
 
 import torch
-import torch.nn as nn
 
 import vitkit
 import vitkit.cpu.int8 as int8
-from vitkit.bench import cells_parser, interleaved_times, machine_info, paired_ratio, write_json
+from vitkit.bench import build_vitkit, cells_parser, interleaved_times, machine_info, paired_ratio, write_json
 
 
 def int8_call(cfg, batch: int, fbgemm_only: bool) -> tuple[Callable[[], None], list[str]]:
     """One int8 forward of a model with random weights, and the engine each linear layer uses at this
     batch."""
     torch.manual_seed(0)
-    model = vitkit.create_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.head.parameters():
-            nn.init.normal_(p, std=0.02)
     if fbgemm_only:
         with mock.patch.object(int8, "int8_engines", lambda: ("fbgemm",)):
-            fast = vitkit.optimize(model, "int8")
+            fast = build_vitkit(cfg, "int8")
     else:
-        fast = vitkit.optimize(model, "int8")
+        fast = build_vitkit(cfg, "int8")
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
 
     def call() -> None:

@@ -6,6 +6,7 @@ the operator: bf16 attention matrices where the CPU has native bf16).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Iterator
@@ -139,10 +140,12 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float,
 INT8_BLOCK_ATTENTION = ("vitkit", "sdpa", "sdpa-bf16")
 
 
+@functools.cache
 def register_tiles_apply(head_dim: int) -> bool:
-    """Whether vitkit's attention kernel runs on its AVX-512 register tiles for heads of `head_dim` here (as
-    `tiles_apply` in src/vitkit/cpu/csrc/attention_kernels.h), rather than on sgemm."""
-    return "avx512f" in cpu_flags() and head_dim % 16 == 0 and 16 <= head_dim <= 128
+    """Whether the int8 block operator's "vitkit" attention runs on vitkit's AVX-512 register tiles for heads
+    of `head_dim` here, rather than on sgemm: the operator's own rule (`tiles_apply`, attention_kernels.h),
+    asked once per width. Needs the operator (int8_block_available)."""
+    return bool(torch.ops.vitkit.int8_block_tiles_apply(head_dim))
 
 
 def int8_block_attention(block: nn.Module, x: torch.Tensor, shares: int) -> str:

@@ -75,4 +75,6 @@ TORCH_LIBRARY(vitkit, m) {
       "__torch__.torch.classes.quantized.LinearPackedParamsBase fc2, bool reduce_range, int heads, "
       "float scale, str attention, str gelu_approximate, int shares) -> Tensor");
   m.impl("int8_block", c10::DispatchKey::CPU, TORCH_FN(int8_block));
+  // whether attention "vitkit" runs on the register tiles for this head width (else on sgemm)
+  m.def("int8_block_tiles_apply(int head_dim) -> bool", [](int64_t head_dim) { return tiles_apply(head_dim); });
 }
