@@ -1,6 +1,7 @@
 """Two CPU processes (DDP over gloo) with the same global batch compute the same run as one process; with
 GPUs, each process needs its own."""
 
+import contextlib
 import json
 import os
 import socket
@@ -187,3 +188,94 @@ def test_processes_that_see_different_run_folders_are_refused_together(tmp_path)
                        match="--out must be a folder on a filesystem that every machine of the run"):
         mp.spawn(_worker_with_its_own_folder, args=(2, _free_port(), COMMON + fake_data_overrides(data),
                                                     str(tmp_path / "run")), nprocs=2, join=True)
+
+
+
+class _GradWithStrides(torch.autograd.Function):
+    """The identity, whose gradient comes back with the given strides."""
+
+    @staticmethod
+    def forward(ctx, w, strides):
+        ctx.strides = strides
+        return w.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.empty_strided(g.shape, ctx.strides).copy_(g), None
+
+
+def _stride_warnings_worker(_, folder: Path, quiet: bool, shape: tuple, grad_strides: tuple) -> None:
+    """In a process of its own (DDP warns once per process): the stride warnings DDP gives on one backward of
+    a parameter of `shape` whose gradient comes back with `grad_strides`, inside
+    `quiet_same_layout_stride_warnings` or not, written to FOLDER/warnings.json."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from vitkit.train.one_step import quiet_same_layout_stride_warnings
+
+    class Projection(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(shape))
+
+        def forward(self, x):
+            return (x * _GradWithStrides.apply(self.weight, grad_strides)).sum()
+
+    dist.init_process_group("gloo", init_method=f"file://{folder / 'store'}", rank=0, world_size=1)
+    try:
+        model = Projection()
+        net = DistributedDataParallel(model)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with quiet_same_layout_stride_warnings(model) if quiet else contextlib.nullcontext():
+                net(torch.randn(shape)).backward()
+    finally:
+        dist.destroy_process_group()
+    found = [str(w.message) for w in seen if "Grad strides do not match" in str(w.message)]
+    (folder / "warnings.json").write_text(json.dumps(found))
+
+
+def _ddp_stride_warnings(folder: Path, quiet: bool, shape: tuple, grad_strides: tuple) -> list[str]:
+    folder.mkdir()
+    mp.spawn(_stride_warnings_worker, args=(folder, quiet, shape, grad_strides), nprocs=1, join=True)
+    return json.loads((folder / "warnings.json").read_text())
+
+
+def test_ddp_stride_warning_is_quiet_where_the_layout_is_the_same(tmp_path):
+    """Compiled, a grey image's patch projection [64, 1, 4, 4] gets its gradient with another stride in its
+    size-1 input channel dimension; DDP warns of it, though the memory order is the same. The trainer silences
+    that warning."""
+    grey, odd = (64, 1, 4, 4), (16, 1, 4, 1)
+    assert _ddp_stride_warnings(tmp_path / "a", False, grey, odd), "DDP does not warn: the test tests nothing"
+    assert _ddp_stride_warnings(tmp_path / "b", True, grey, odd) == []
+
+
+def test_ddp_stride_warnings_of_another_layout_are_still_reported():
+    """Only the same memory order is silenced: strides that differ in a dimension longer than 1, or another
+    parameter's shape, still warn."""
+    import warnings
+
+    from vitkit.train.one_step import quiet_same_layout_stride_warnings
+
+    def warn(sizes, grad, bucket):
+        warnings.warn("Grad strides do not match bucket view strides. This may indicate grad was not "
+                      "created according to the gradient layout contract, or that the param's strides "
+                      "changed since DDP was constructed.  This is not an error, but may impair performance."
+                      f"\ngrad.sizes() = {sizes}, strides() = {grad}\n"
+                      f"bucket_view.sizes() = {sizes}, strides() = {bucket} (Triggered internally)",
+                      UserWarning, stacklevel=2)
+
+    model = torch.nn.Conv2d(1, 64, 4, 4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_same_layout_stride_warnings(model):
+            warn([64, 1, 4, 4], [16, 1, 4, 1], [16, 16, 4, 1])  # same order
+            warn([64, 1, 4, 4], [16, 1, 1, 4], [16, 16, 4, 1])  # transposed
+            warn([32, 1, 4, 4], [16, 1, 4, 1], [16, 16, 4, 1])  # not its shape
+        warn([64, 1, 4, 4], [16, 1, 4, 1], [16, 16, 4, 1])  # outside the block
+    reported = [str(w.message).split("\n")[1] for w in seen]
+    assert reported == ["grad.sizes() = [64, 1, 4, 4], strides() = [16, 1, 1, 4]",
+                        "grad.sizes() = [32, 1, 4, 4], strides() = [16, 1, 4, 1]",
+                        "grad.sizes() = [64, 1, 4, 4], strides() = [16, 1, 4, 1]"]

@@ -50,7 +50,13 @@ from .ema import EMA
 from .evaluate import EvalResult, evaluate
 from .losses import classification_loss
 from .metrics_log import MetricsLog
-from .one_step import autocast_dtype, compiled, forward_backward, optimizer_step
+from .one_step import (
+    autocast_dtype,
+    compiled,
+    forward_backward,
+    optimizer_step,
+    quiet_same_layout_stride_warnings,
+)
 from .optim import build_optimizer, lr_at, set_lr
 from .prepare import (
     build_model,
@@ -296,6 +302,8 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
     epoch = run.step // lengths.per_epoch
     with StopRequests(announce=ctx.is_main) as stops, contextlib.ExitStack() as closing:
         closing.callback(report.close)
+        if run.ddp:
+            closing.enter_context(quiet_same_layout_stride_warnings(run.model))
         while run.step < lengths.total:
             first = run.step % lengths.per_epoch
             last = min(lengths.per_epoch, first + lengths.total - run.step)

@@ -4,8 +4,9 @@ over the step's micro-batches, and the clipped optimizer step."""
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn as nn
@@ -33,6 +34,37 @@ def compiled(net: nn.Module, device: torch.device) -> nn.Module:
                       "(set CXX or install g++); training without compiling", RuntimeWarning, stacklevel=2)
         return net
     return torch.compile(net)
+
+
+def same_layout_stride_patterns(params: Iterable[torch.Tensor]) -> list[str]:
+    """Patterns of DDP's "Grad strides do not match bucket view strides" warning for the mismatches that are
+    not mismatches: a parameter with a dimension of size 1 (a grey image's patch projection, [D, 1, P, P])
+    whose gradient differs from its bucket only in that dimension's stride. Compiled, that gradient comes back
+    so; the memory order is the same, and DDP copies it into the bucket like any other."""
+    def listed(values: Iterable[str]) -> str:
+        return re.escape("[") + ", ".join(values) + re.escape("]")
+
+    patterns = []
+    for p in params:
+        if p.dim() < 2 or 1 not in p.shape or not p.is_contiguous():
+            continue
+        sizes = listed(str(n) for n in p.shape)
+        grad = listed(r"\d+" if n == 1 else str(s) for n, s in zip(p.shape, p.stride(), strict=True))
+        bucket = listed(str(s) for s in p.stride())
+        patterns.append(r"Grad strides do not match bucket view strides\.[\s\S]*"
+                        rf"grad\.sizes\(\) = {sizes}, strides\(\) = {grad}\s*"
+                        rf"bucket_view\.sizes\(\) = {sizes}, strides\(\) = {bucket}")
+    return sorted(set(patterns))
+
+
+@contextlib.contextmanager
+def quiet_same_layout_stride_warnings(model: nn.Module) -> Iterator[None]:
+    """Within the block, DDP's stride warning is silenced for `model`'s parameters where it reports the same
+    memory order (`same_layout_stride_patterns`); any other mismatch is still reported."""
+    with warnings.catch_warnings():
+        for pattern in same_layout_stride_patterns(model.parameters()):
+            warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+        yield
 
 
 def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
