@@ -88,6 +88,37 @@ def test_compiled_training_computes_the_same_run(tmp_path):
     assert compiled.final.loss == pytest.approx(eager.final.loss, rel=1e-4)
 
 
+def test_compiled_training_drops_only_dynamos_profiler_note():
+    """Compiling DDP, dynamo notes once per process that it leaves out DDP's profiler range; `compiled` drops
+    that note (from the logger dynamo writes it to) and nothing else."""
+    import importlib
+    import logging
+
+    if build.cxx_compiler() is None:
+        pytest.skip("no C++ compiler: compiled() trains eagerly")
+    assert importlib.import_module("torch._dynamo.variables.ctx_manager").log.name == \
+        one_step.PROFILER_NOTE_LOGGER  # the logger the note comes from
+    logger = logging.getLogger(one_step.PROFILER_NOTE_LOGGER)
+    for _ in range(2):
+        one_step.compiled(torch.nn.Linear(2, 2), torch.device("cpu"))  # lazy: nothing compiles here
+    assert sum(isinstance(f, one_step._WithoutProfilerRangeNote) for f in logger.filters) == 1
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        logger.warning("Profiler record function %s will be ignored", "record_function")
+        logger.warning("Graph break: something worth knowing")
+    finally:
+        logger.removeHandler(keep)
+    assert seen == ["Graph break: something worth knowing"]
+
+
 def test_batches_split_the_global_batch_among_processes():
     order = epoch_order(64, seed=3, epoch=2)
     assert torch.equal(order, epoch_order(64, seed=3, epoch=2))  # reproducible from (seed, epoch)

@@ -4,6 +4,7 @@ over the step's micro-batches, and the clipped optimizer step."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +27,18 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+class _WithoutProfilerRangeNote(logging.Filter):
+    """Drops dynamo's note that it leaves out a profiler range (DDP's forward opens one): a note for each
+    process at the first step that says nothing about the training."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Profiler record function")
+
+
+# The logger dynamo writes that note to; `compiled` gives it the filter once.
+PROFILER_NOTE_LOGGER = "torch._dynamo.variables.ctx_manager"
+
+
 def compiled(net: nn.Module, device: torch.device) -> nn.Module:
     """`net` through torch.compile (inductor), or `net` itself with one warning where inductor cannot build
     its kernels: on the CPU it needs a C++ compiler ($CXX, or c++, g++ or clang++ on PATH)."""
@@ -33,6 +46,9 @@ def compiled(net: nn.Module, device: torch.device) -> nn.Module:
         warnings.warn("vitkit: compile=true but there is no C++ compiler for torch.compile's CPU kernels "
                       "(set CXX or install g++); training without compiling", RuntimeWarning, stacklevel=2)
         return net
+    logger = logging.getLogger(PROFILER_NOTE_LOGGER)
+    if not any(isinstance(f, _WithoutProfilerRangeNote) for f in logger.filters):
+        logger.addFilter(_WithoutProfilerRangeNote())
     return torch.compile(net)
 
 
