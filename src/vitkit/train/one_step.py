@@ -1,5 +1,6 @@
-"""One optimizer step's parts: the autocast dtype of a precision, the compiled model, forward and backward
-over the step's micro-batches, and the clipped optimizer step."""
+"""One optimizer step's parts: the autocast dtype of a precision, the compiled model (without the notes of
+torch's that say nothing about the run), forward and backward over the step's micro-batches, and the clipped
+optimizer step."""
 
 from __future__ import annotations
 
