@@ -66,6 +66,34 @@ def test_two_processes_equal_one(tmp_path):
         assert abs(x - y) <= 1e-4 * max(1.0, abs(x)), (la, lb)
 
 
+def _slow_main_writer(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
+    """A worker whose main process takes a while over the end-of-run outputs; every process then checks
+    that the run folder is complete when train() returns."""
+    import time as _time
+
+    from vitkit.train import loop
+
+    if rank == 0:
+        write = loop.write_final_outputs
+
+        def slow(*args, **kwargs):
+            _time.sleep(2.0)
+            write(*args, **kwargs)
+
+        loop.write_final_outputs = slow
+    _worker(rank, world, port, overrides, out)
+    assert (Path(out) / "last" / "model.safetensors").is_file(), f"process {rank}: no last model yet"
+    assert (Path(out) / "result.json").is_file(), f"process {rank}: no result.json yet"
+
+
+def test_every_process_returns_with_the_run_folder_complete(tmp_path):
+    """A script that trains on every process and then reads the run (fine-tunes from its `last`, say) finds
+    it written, on the processes that did not write it too."""
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=64, n_test=32)
+    overrides = COMMON + fake_data_overrides(data) + ["steps=2", "eval_every=2", "ckpt_every=2"]
+    mp.spawn(_slow_main_writer, args=(2, _free_port(), overrides, str(tmp_path / "run")), nprocs=2, join=True)
+
+
 def test_the_unreadable_files_every_process_skipped_are_listed(tmp_path):
     """Two processes evaluate a folder with a bad file at each end, one in each process's share: result.json
     lists both (it used to list the main process's only, while counting both)."""

@@ -319,6 +319,7 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
                 report.print(f"skipped {len(skipped)} unreadable image(s) so far, e.g. {skipped[0]}")
     seconds = run.seconds()
     write_end_of_run(run, result, list(FINAL_OUTPUTS), seconds)
+    distributed.barrier()  # every process returns with the run folder complete: its `last` may be read next
     return run_result(run, seconds, result)
 
 
