@@ -69,15 +69,13 @@ def test_two_processes_equal_one(tmp_path):
 def _slow_main_writer(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
     """A worker whose main process takes a while over the end-of-run outputs; every process then checks
     that the run folder is complete when train() returns."""
-    import time as _time
-
     from vitkit.train import loop
 
     if rank == 0:
         write = loop.write_final_outputs
 
         def slow(*args, **kwargs):
-            _time.sleep(2.0)
+            time.sleep(2.0)
             write(*args, **kwargs)
 
         loop.write_final_outputs = slow
@@ -216,7 +214,6 @@ def test_processes_that_see_different_run_folders_are_refused_together(tmp_path)
                        match="--out must be a folder on a filesystem that every machine of the run"):
         mp.spawn(_worker_with_its_own_folder, args=(2, _free_port(), COMMON + fake_data_overrides(data),
                                                     str(tmp_path / "run")), nprocs=2, join=True)
-
 
 
 class _GradWithStrides(torch.autograd.Function):
