@@ -1,5 +1,6 @@
-"""Transforms: the per-sample v2 pipelines, MixUp/CutMix on batches, and the whole-batch uint8 fast path
-(per-image randomness, content kept, determinism given a generator, agreement with the v2 eval pipeline)."""
+"""Transforms: the per-sample v2 pipelines and the whole-batch uint8 fast path (per-image randomness, content
+kept, determinism given a generator, draws per image from random streams, agreement with the v2 eval
+pipeline)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from vitkit import ViTConfig
 from vitkit.data.transforms import (
     AugmentConfig,
     augment_batch,
-    build_batch_transform,
     build_eval_transform,
     build_train_transform,
     normalize_batch,
@@ -28,6 +28,7 @@ from vitkit.data.transforms import (
     random_resized_crop_boxes,
     train_batch,
 )
+from vitkit.streams import AUGMENT, Draws, fold_in, image_streams
 
 
 def tiny_cfg(image_size=(32, 32), in_chans=3, **kw) -> ViTConfig:
@@ -141,15 +142,21 @@ def test_eval_transform_colour_to_grey_normalised_with_config():
                                rtol=0)
 
 
-def test_batch_transform_mixup_cutmix():
-    assert build_batch_transform(AugmentConfig(), 10) is None
-    images, labels = torch.rand(8, 3, 16, 16), torch.arange(8) % 10
-    for aug in (AugmentConfig(mixup=0.8), AugmentConfig(cutmix=1.0), AugmentConfig(mixup=0.8, cutmix=1.0)):
-        mixed, soft = build_batch_transform(aug, 10)(images, labels)
-        assert mixed.shape == images.shape and soft.shape == (8, 10)
-        torch.testing.assert_close(soft.sum(dim=1), torch.ones(8))
-        # Each image is a mix of itself and its neighbour in the batch (torchvision rolls the batch by one).
-        assert torch.all(soft.gather(1, labels[:, None]) >= 0) and torch.all((soft > 0).sum(dim=1) <= 2)
+def test_train_batch_with_streams_draws_per_image_whatever_the_batch():
+    """With each image's random stream (a Draws), an image's augmentation, erasing included, is the same in
+    a batch of 16 as in either half of it: what makes a run's augmentation the same on 1 or 2 processes."""
+    images = batch(16, c=1, h=28, w=28)
+    aug = AugmentConfig(crop="pad-crop", pad=4, hflip=0.5, randaugment="2,9", random_erasing=0.5)
+    cfg = tiny_cfg((28, 28), 1)
+    streams = fold_in(image_streams(3, 1, 7, torch.arange(16)), AUGMENT)
+    whole = train_batch(images, cfg, aug, Draws(streams))
+    halves = torch.cat([train_batch(images[:8], cfg, aug, Draws(streams[:8])),
+                        train_batch(images[8:], cfg, aug, Draws(streams[8:]))])
+    torch.testing.assert_close(whole, halves, rtol=0, atol=0)
+    other = train_batch(images, cfg, aug, Draws(fold_in(image_streams(3, 1, 8, torch.arange(16)), AUGMENT)))
+    assert not torch.equal(whole, other)  # another step draws otherwise
+    with pytest.raises(ValueError, match="8 random streams for a batch of 16 images"):
+        train_batch(images, cfg, aug, Draws(streams[:8]))
 
 
 # --- the whole-batch fast path ----------------------------------------------------------------------------

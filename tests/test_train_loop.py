@@ -1,5 +1,6 @@
-"""The training loop: it learns, accumulation equals the large batch, logs are written, a non-finite loss
-stops the run and keeps the last good checkpoint."""
+"""The training loop: it learns, accumulation equals the large batch, logs are written, a step with a
+non-finite gradient is skipped and counted, too many in a row stop the run keeping the last good checkpoint,
+and the loss is read back only at log steps."""
 
 import csv
 import dataclasses
@@ -16,7 +17,8 @@ from vitkit.cpu import build
 from vitkit.data import FASHION_MNIST_CLASSES
 from vitkit.train import TrainingDiverged, get_recipe, loop, one_step, prepare, train
 from vitkit.train.batches import epoch_order, make_plan, rank_indices
-from vitkit.train.checkpoints import latest_checkpoint, list_checkpoints
+from vitkit.train.checkpoints import latest_checkpoint, list_checkpoints, load_train_state
+from vitkit.train.metrics_log import MetricsLog
 
 
 def plain(name: str = "demo-tiny", *overrides: str):
@@ -176,29 +178,84 @@ class PoisonedAt(torch.utils.data.Dataset):
         return (x * float("nan") if i in self.bad else x), y
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(tmp_path):
+    """Step 2 (0-based) draws a nan image: its gradient norm is nan, so the weights, the optimizer's state and
+    the EMA stay as step 2's checkpoint holds them, metrics.csv counts the step, and the run goes on."""
     base = synthetic_dataset(64, seed=4)
-    # Steps 0 and 1 are clean (checkpoints 1 and 2); step 2 draws the poisoned image.
     order = epoch_order(64, seed=0, epoch=0)
-    data = PoisonedAt(base, [int(order[40])])
-    cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=1", "eval_every=100", "keep_last=5")
-    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 3 .*step-0000002"):
+    data = PoisonedAt(base, [int(order[40])])  # batch 16: image 40 of the epoch is in step 2
+    cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=1", "eval_every=100", "keep_last=5",
+                "ema=0.9", "log_every=1", "optim.clip_grad_norm=1.0")
+    result = train(cfg, tmp_path / "run", train_set=data, progress=False)
+    assert result.steps == 4
+    ckpts = [tmp_path / "run" / "ckpt" / f"step-000000{i}" for i in (2, 3)]
+    for name in ("model/model.safetensors", "optimizer.safetensors", "ema.safetensors"):
+        before, after = (load_file(str(c / name)) for c in ckpts)
+        assert before.keys() == after.keys()
+        for k in before:
+            assert torch.equal(before[k], after[k]), (name, k)
+    after = load_train_state(ckpts[1])
+    assert after["state"]["skipped_steps"] == 1 and after["state"]["ema_updates"] == 2
+    rows = [r for r in MetricsLog.read_rows(tmp_path / "run" / "metrics.csv") if r["split"] == "train"]
+    assert [int(r["skipped_steps"]) for r in rows] == [0, 0, 1, 1]
+    assert all(torch.isfinite(p).all() for p in vitkit.load(result.last_dir).parameters())
+    final = load_train_state(tmp_path / "run" / "ckpt" / "step-0000004")
+    assert not torch.equal(final["model"]["head.weight"], after["model"]["head.weight"])  # it went on
+
+
+def test_steps_skipped_in_a_row_stop_the_run_naming_the_last_checkpoint(tmp_path):
+    base = synthetic_dataset(64, seed=4)
+    order = epoch_order(64, seed=0, epoch=0)
+    data = PoisonedAt(base, [int(order[40]), int(order[50])])  # steps 2 and 3
+    cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=1", "eval_every=100", "keep_last=5",
+                "max_skipped_steps=2")
+    with pytest.raises(TrainingDiverged, match=r"gradient norm was nan or infinite at steps 3 to 4 \(2 in "
+                                               r"a row, each skipped; epoch 1.00\).*the last good checkpoint "
+                                               r"is .*step-0000003"):
         train(cfg, tmp_path / "run", train_set=data, progress=False)
-    good = latest_checkpoint(tmp_path / "run")
-    assert good.name == "step-0000002"
-    model = vitkit.load(good / "model")
+    model = vitkit.load(latest_checkpoint(tmp_path / "run") / "model")
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_a_loss_that_turns_nan_before_any_checkpoint_says_to_start_again(tmp_path):
+def test_a_non_finite_gradient_before_any_checkpoint_says_to_start_again(tmp_path):
     base = synthetic_dataset(64, seed=4)
     data = PoisonedAt(base, [int(epoch_order(64, seed=0, epoch=0)[0])])  # in the first batch
-    cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=100", "eval_every=100")
+    cfg = plain("demo-tiny", "batch_size=16", "steps=4", "ckpt_every=100", "eval_every=100",
+                "max_skipped_steps=1")
     with pytest.raises(TrainingDiverged,
-                       match=r"at step 1 .*no checkpoint was written yet. Start again with a "
+                       match=r"at step 1 \(1 in a row.*no checkpoint was written yet. Start again with a "
                              r"lower optim.lr .*the same --out will do") as e:
         train(cfg, tmp_path / "run", train_set=data, progress=False)
     assert "--resume" not in str(e.value)
+
+
+class _Watched(torch.Tensor):
+    """A loss tensor that notes every operation on it (reading it back to the host is one)."""
+
+    uses: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _Watched.uses.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_the_loss_is_read_back_only_at_log_steps(tmp_path, monkeypatch):
+    """Reading the loss back each step would stall a GPU's queue: the trainer touches the step's loss only at
+    the steps that log it (every log_every-th and the last)."""
+    real = loop.forward_backward
+    per_step: list[list[str]] = []
+
+    def watched(*args, **kwargs):
+        loss = real(*args, **kwargs).as_subclass(_Watched)
+        _Watched.uses = []  # what is done with this step's loss from here on
+        per_step.append(_Watched.uses)
+        return loss
+
+    monkeypatch.setattr(loop, "forward_backward", watched)
+    train(plain("demo-tiny", "steps=7", "log_every=3", "eval_every=100", "ckpt_every=100"),
+          tmp_path / "run", train_set=synthetic_dataset(64, seed=0), progress=False)
+    assert [i + 1 for i, uses in enumerate(per_step) if uses] == [3, 6, 7]
 
 
 def test_a_fine_tuning_recipe_without_init_is_refused_before_any_work(tmp_path):
@@ -370,8 +427,8 @@ def test_bf16_native_trains_under_autocast_where_the_cpu_has_it(tmp_path, monkey
     dtypes = []
     original = vitkit.VisionTransformer.forward
 
-    def spy(self, x):
-        logits = original(self, x)
+    def spy(self, x, streams=None):
+        logits = original(self, x, streams)
         dtypes.append(logits.dtype)
         return logits
 
@@ -466,8 +523,8 @@ def test_folder_batches_after_a_resume_are_the_ones_an_unbroken_epoch_makes(work
     resumed = {step: b for step, b in source.epoch(1, plan, 3, 6)}
     assert list(resumed) == [3, 4, 5]
     for step, micro_batches in resumed.items():
-        for (x, y), (x0, y0) in zip(micro_batches, whole[step], strict=True):
-            assert torch.equal(x, x0) and torch.equal(y, y0), step
+        for (x, y, s), (x0, y0, s0) in zip(micro_batches, whole[step], strict=True):
+            assert torch.equal(x, x0) and torch.equal(y, y0) and torch.equal(s, s0), step
     other_epoch = next(iter(source.epoch(2, plan, 3, 4)))[1][0][0]
     assert not torch.equal(other_epoch, resumed[3][0][0])
 

@@ -13,14 +13,16 @@ from train_helpers import fake_data_overrides, write_fake_fashion_mnist
 from vitkit.train import get_recipe, train
 from vitkit.train.checkpoints import list_checkpoints
 
-# fashion-mnist-tiny with every kind of state: AdamW moments, the EMA, drop-path and augmentation draws.
+# fashion-mnist-tiny with every kind of state and every random draw: AdamW moments, the EMA, PatchDropout,
+# drop-path, dropout, the augmentation, random erasing, MixUp and CutMix.
 STEPS = 60
 
 
 def overrides(data):
     return fake_data_overrides(data) + ["deterministic=true", "threads=1", f"steps={STEPS}", "ckpt_every=5",
                                         "eval_every=30", "keep_last=3", "model.drop_path=0.1",
-                                        "augment.random_erasing=0.25", "ema=0.9"]
+                                        "model.dropout=0.1", "augment.random_erasing=0.25",
+                                        "augment.mixup=0.8", "augment.cutmix=1.0", "ema=0.9"]
 
 
 def command(data, out, *extra):

@@ -76,8 +76,8 @@ def test_a_resumed_epoch_makes_the_same_batches_with_any_number_of_workers(tmp_p
     resumed = dict(source.epoch(1, plan, 4, 6))
     assert sorted(resumed) == [4, 5]
     for step, batches in resumed.items():
-        for (x, y), (x0, y0) in zip(batches, whole[step], strict=True):
-            assert torch.equal(x, x0) and torch.equal(y, y0)
+        for (x, y, s), (x0, y0, s0) in zip(batches, whole[step], strict=True):
+            assert torch.equal(x, x0) and torch.equal(y, y0) and torch.equal(s, s0)
     assert not torch.equal(whole[4][0][0], whole[5][0][0])
 
 

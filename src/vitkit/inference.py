@@ -71,11 +71,12 @@ def _cast_bf16(model: nn.Module) -> nn.Module:
     # logits through forward_head, so these three cover every path in.
     embed, forward_features, forward_head = model.embed, model.forward_features, model.forward_head
 
-    def embed_bf16(x: torch.Tensor) -> torch.Tensor:
-        return embed(_to_bf16(x))
+    def embed_bf16(x: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
+        return embed(_to_bf16(x), streams)
 
-    def forward_features_fp32(x: torch.Tensor, return_attention: bool = False):
-        out = forward_features(x, return_attention)
+    def forward_features_fp32(x: torch.Tensor, return_attention: bool = False,
+                              streams: torch.Tensor | None = None):
+        out = forward_features(x, return_attention, streams)
         if return_attention:
             tokens, attentions = out
             return tokens.float(), [a.float() for a in attentions]

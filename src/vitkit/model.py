@@ -21,6 +21,7 @@ from .config import ViTConfig, check_image_batch, gap_drops_class_token, get_con
 from .hybrid import HybridEmbed
 from .init import lecun_normal_, mimetic_init_
 from .posemb import sincos_2d
+from .streams import bits, fold_in, uniform
 
 
 class PatchEmbed(nn.Module):
@@ -132,23 +133,31 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
-def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Stochastic depth: drop a residual branch for a whole sample with probability p, rescale the rest."""
+def drop_path(x: torch.Tensor, p: float, training: bool, stream: torch.Tensor | None = None) -> torch.Tensor:
+    """Stochastic depth: drop a residual branch for a whole sample with probability p, rescale the rest. The
+    draws come from each image's `stream` ((B, 2), vitkit.streams) when given, else from torch's generator."""
     if p == 0.0 or not training:
         return x
-    keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
+    shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+    if stream is None:
+        keep = x.new_empty(shape).bernoulli_(1.0 - p)
+    else:
+        keep = (uniform(stream, 1) >= p).to(x.dtype).view(shape)
     return x * keep.div_(1.0 - p)  # rescale the (B, 1, 1) mask, not the (B, T, D) x: one pass over x
 
 
-def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool) -> torch.Tensor:
+def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool,
+                  stream: torch.Tensor | None = None) -> torch.Tensor:
     """PatchDropout: keep the `num_prefix` leading tokens (class token) and a random round((1 - p) N) of the N
-    patch tokens of each image, in their original order. (B, prefix + N, D) -> (B, prefix + kept, D)."""
+    patch tokens of each image, in their original order. (B, prefix + N, D) -> (B, prefix + kept, D). The
+    draws come from each image's `stream` ((B, 2), vitkit.streams) when given, else from torch's generator."""
     if p == 0.0 or not training:
         return x
     B, T, D = x.shape
     n = T - num_prefix
     keep = max(1, round((1.0 - p) * n))
-    idx = torch.rand(B, n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values + num_prefix
+    scores = torch.rand(B, n, device=x.device) if stream is None else bits(stream, n)
+    idx = scores.argsort(dim=1, stable=True)[:, :keep].sort(dim=1).values + num_prefix
     patches = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, D))
     return torch.cat([x[:, :num_prefix], patches], dim=1)
 
@@ -164,14 +173,16 @@ class Block(nn.Module):
         self.mlp = Mlp(cfg)
         self.drop_path = drop_path
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None,
+                stream: torch.Tensor | None = None):
         """(B, T, D) -> (B, T, D); with `queries`, only the first `queries` tokens are updated: (B, queries,
-        D)."""
+        D). `stream`: each image's random stream for drop-path (see VisionTransformer.forward)."""
         y, attn = self.attn(self.norm1(x), return_attention, queries)
         if queries is not None:
             x = x[:, :queries]
-        x = x + drop_path(y, self.drop_path, self.training)  # (2)
-        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # (3)
+        s2, s3 = (None, None) if stream is None else (fold_in(stream, 2), fold_in(stream, 3))
+        x = x + drop_path(y, self.drop_path, self.training, s2)  # (2)
+        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training, s3)  # (3)
         return x, attn
 
 
@@ -181,7 +192,12 @@ class VisionTransformer(nn.Module):
 
     `forward` takes only the class token through the last block (eq. 4 reads z_L^0 alone): a hook on the last
     block or on `norm` sees (B, 1, D) there; `forward_features` computes every token. A block returns
-    (tokens, attention or None), so `nn.Sequential(*model.blocks)` does not chain them."""
+    (tokens, attention or None), so `nn.Sequential(*model.blocks)` does not chain them.
+
+    In training, drop-path and PatchDropout draw from torch's generator, or, given `streams` ((B, 2) int64,
+    vitkit.streams), from each image's own stream: vitkit's trainer keys them by the image's place in the
+    global batch, so that an image's masks do not depend on the process or micro-batch it falls in. Dropout
+    always draws from torch's generator."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -280,7 +296,7 @@ class VisionTransformer(nn.Module):
         return None
 
     # --- forward ----------------------------------------------------------------------------------
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, x: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         """Eq. 1: patches, class token, position embedding. (B, C, H, W) -> (B, T, D); in training with
         PatchDropout (rate `self.patch_drop_rate`, from cfg.patch_dropout), fewer patch tokens."""
         check_image_batch(tuple(x.shape), self.cfg.in_chans, self.cfg.image_size)
@@ -290,16 +306,23 @@ class VisionTransformer(nn.Module):
         pos = self.position_table()
         if pos is not None:
             x = x + pos
-        x = patch_dropout(x, self.patch_drop_rate, self.cfg.num_prefix_tokens, self.training)
+        x = patch_dropout(x, self.patch_drop_rate, self.cfg.num_prefix_tokens, self.training,
+                          None if streams is None else fold_in(streams, 0))
         return self.pos_drop(x)
 
-    def forward_features(self, x: torch.Tensor, return_attention: bool = False):
+    @staticmethod
+    def block_stream(streams: torch.Tensor | None, i: int) -> torch.Tensor | None:
+        """Block i's random streams, derived from the model's (None without)."""
+        return None if streams is None else fold_in(streams, 1 + i)
+
+    def forward_features(self, x: torch.Tensor, return_attention: bool = False,
+                         streams: torch.Tensor | None = None):
         """All tokens after the final LayerNorm, (B, T, D); with return_attention, also every block's
         attention weights, a list of (B, heads, T, T)."""
-        x = self.embed(x)
+        x = self.embed(x, streams)
         attentions = []
-        for block in self.blocks:
-            x, attn = block(x, return_attention)  # (2), (3)
+        for i, block in enumerate(self.blocks):
+            x, attn = block(x, return_attention, stream=self.block_stream(streams, i))  # (2), (3)
             attentions.append(attn)
         x = self.norm(x)  # (4), applied to every token so that GAP and the analyses see normalised tokens
         return (x, attentions) if return_attention else x
@@ -317,16 +340,17 @@ class VisionTransformer(nn.Module):
             x = torch.tanh(self.pre_logits(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         if self.cfg.pool != "token" or len(self.blocks) == 0:
-            return self.forward_head(self.forward_features(x))
+            return self.forward_head(self.forward_features(x, streams=streams))
         # Eq. 4 reads only the class token z_L^0, so the last block need only update that token (its attention
         # still reads every token, so only the keys and values are projected for all): the same logits for
         # about a sixth of the last block's FLOPs.
-        x = self.embed(x)
-        for block in self.blocks[:-1]:
-            x, _ = block(x)
-        x, _ = self.blocks[-1](x, queries=1)  # (B, 1, D)
+        x = self.embed(x, streams)
+        for i, block in enumerate(self.blocks[:-1]):
+            x, _ = block(x, stream=self.block_stream(streams, i))
+        last = len(self.blocks) - 1
+        x, _ = self.blocks[last](x, queries=1, stream=self.block_stream(streams, last))  # (B, 1, D)
         return self.forward_head(self.norm(x))
 
     # --- utilities --------------------------------------------------------------------------------

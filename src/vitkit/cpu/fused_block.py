@@ -87,14 +87,15 @@ class FusedBlock(Block):
                    else qkv.bias.detach().float()[2 * D:].reshape(heads, 1, D // heads))
             self.register_buffer("value_bias", None if b_v is None else b_v.clone(), persistent=False)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None,
+                stream: torch.Tensor | None = None):
         if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             # The packed and int8 layers compute in fp32 only: as an fp32 model's own kernels would, the block
             # ignores autocast (which would hand them bf16 attention outputs).
             with torch.autocast("cpu", enabled=False):
-                return self.forward(x.float(), return_attention, queries)
+                return self.forward(x.float(), return_attention, queries, stream)
         if return_attention or self.training:
-            return super().forward(x, return_attention, queries)
+            return super().forward(x, return_attention, queries, stream)
         if self.int8_kernel and queries is None:
             return int8_block(self, x), None
         heads, h = self.attn.num_heads, self.norm1(x)

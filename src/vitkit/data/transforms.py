@@ -1,7 +1,8 @@
 """Image transforms for training and evaluation, in two forms.
 
 * Per sample, with torchvision.transforms.v2 (PIL images or uint8 tensors in, normalised float tensors out):
-  `build_train_transform`, `build_eval_transform`, and `build_batch_transform` for MixUp/CutMix on batches.
+  `build_train_transform`, `build_eval_transform`. (MixUp and CutMix mix pairs of a batch:
+  vitkit.data.mixing.)
 * Per batch, for in-memory uint8 datasets (Fashion-MNIST, CIFAR), where a per-sample pipeline in DataLoader
   workers is the bottleneck on a few CPU cores: `augment_batch` (random crop, flip, RandAugment, each with its
   own random draw per image, not one draw for the whole batch as a v2 transform would make),
@@ -25,6 +26,7 @@ from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2 import functional as TF
 
 from ..config import ViTConfig
+from ..streams import Draws
 from .augment import AugmentConfig
 
 ERASE_SCALE = (0.02, 1 / 3)  # area fraction of an erased rectangle (Zhong et al. 2020; timm and torchvision)
@@ -128,34 +130,34 @@ def build_eval_transform(cfg: ViTConfig) -> v2.Compose:
     return v2.Compose([v2.ToImage(), _channel_transform(cfg.in_chans), fit, *_to_float_normalized(cfg)])
 
 
-def build_batch_transform(
-    aug: AugmentConfig, num_classes: int
-) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
-    """MixUp and/or CutMix on a batch: (images (B, C, H, W), int labels (B,)) -> (images, soft labels
-    (B, num_classes)); None when both are off. One mixing weight per batch, as in the two papers."""
-    ops: list[nn.Module] = []
-    if aug.mixup > 0:
-        ops.append(v2.MixUp(alpha=aug.mixup, num_classes=num_classes))
-    if aug.cutmix > 0:
-        ops.append(v2.CutMix(alpha=aug.cutmix, num_classes=num_classes))
-    if not ops:
-        return None
-    return ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
-
-
 # --- whole-batch augmentation of uint8 tensors ------------------------------------------------------------
-def _uniform(n: int, lo: float, hi: float, generator: torch.Generator | None, device) -> torch.Tensor:
-    return lo + (hi - lo) * torch.rand(n, generator=generator, device=device)
+# Every random draw below is one value (or a few) per image, from `generator`: a torch.Generator (or None:
+# torch's global one) draws for the whole batch at once, a vitkit.streams.Draws from each image's own stream,
+# so that an image's augmentation does not depend on the other images of its batch.
+Source = torch.Generator | Draws | None
 
 
-def _randint(high: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One integer in [0, high[i]) per entry (high >= 1)."""
-    u = torch.rand(high.shape, generator=generator, device=high.device)
+def _rand(generator: Source, b: int, *per_image: int, device=None) -> torch.Tensor:
+    """Uniform draws in [0, 1), (b, *per_image)."""
+    if isinstance(generator, Draws):
+        if len(generator) != b:
+            raise ValueError(f"{len(generator)} random streams for a batch of {b} images")
+        return generator.rand(*per_image).to(device)
+    return torch.rand((b, *per_image), generator=generator, device=device)
+
+
+def _uniform(b: int, per_image: int, lo: float, hi: float, generator: Source, device) -> torch.Tensor:
+    return lo + (hi - lo) * _rand(generator, b, per_image, device=device)
+
+
+def _randint(high: torch.Tensor, generator: Source) -> torch.Tensor:
+    """One integer in [0, high[i]) per image (high: (B,), >= 1)."""
+    u = _rand(generator, high.shape[0], device=high.device)
     return torch.minimum((u * high).long(), high - 1)
 
 
 def random_pad_crop_batch(images: torch.Tensor, pad: int,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
+                          generator: Source = None) -> torch.Tensor:
     """Pad each image with `pad` zeros per side and crop it back to its size at a random offset of its own:
     a random translation by up to `pad` pixels in each direction."""
     if pad == 0:
@@ -172,14 +174,13 @@ def random_pad_crop_batch(images: torch.Tensor, pad: int,
 
 
 def _rectangle_draws(b: int, area: int, scale: tuple[float, float], ratio: tuple[float, float],
-                     generator: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+                     generator: Source, device) -> tuple[torch.Tensor, torch.Tensor]:
     """RRC_ATTEMPTS rectangles per image as torchvision's RandomResizedCrop and RandomErasing draw them: an
     area a = `area` x uniform(`scale`) and a log-uniform aspect ratio r in `ratio`; returns round(sqrt(a r))
     and round(sqrt(a / r)), each (B, RRC_ATTEMPTS) (RandomResizedCrop takes the first as the width,
     RandomErasing as the height)."""
-    a = area * _uniform(b * RRC_ATTEMPTS, *scale, generator, device).view(b, RRC_ATTEMPTS)
-    r = torch.exp(_uniform(b * RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, device))
-    r = r.view(b, RRC_ATTEMPTS)
+    a = area * _uniform(b, RRC_ATTEMPTS, *scale, generator, device)
+    r = torch.exp(_uniform(b, RRC_ATTEMPTS, math.log(ratio[0]), math.log(ratio[1]), generator, device))
     return torch.round(torch.sqrt(a * r)), torch.round(torch.sqrt(a / r))
 
 
@@ -191,7 +192,7 @@ def _first_fitting(sides: torch.Tensor, fits: torch.Tensor) -> torch.Tensor:
 
 def random_resized_crop_boxes(
     b: int, h: int, w: int, scale: tuple[float, float], ratio: tuple[float, float],
-    generator: torch.Generator | None = None, device=None,
+    generator: Source = None, device=None,
 ) -> torch.Tensor:
     """Per image a crop box (x1, y1, x2, y2) in pixels, drawn as torchvision's RandomResizedCrop does: area
     fraction uniform in `scale`, log aspect ratio uniform in log `ratio`, the first of RRC_ATTEMPTS draws that
@@ -219,7 +220,7 @@ def random_resized_crop_boxes(
 
 def random_resized_crop_batch(
     images: torch.Tensor, scale: tuple[float, float], ratio: tuple[float, float],
-    generator: torch.Generator | None = None,
+    generator: Source = None,
 ) -> torch.Tensor:
     """RandomResizedCrop per image, back to the input size; bilinear, averaging several samples per output
     pixel when a crop shrinks (torchvision.ops.roi_align with adaptive sampling)."""
@@ -232,9 +233,9 @@ def random_resized_crop_batch(
 
 
 def random_hflip_batch(images: torch.Tensor, p: float,
-                       generator: torch.Generator | None = None) -> torch.Tensor:
+                       generator: Source = None) -> torch.Tensor:
     """Flip each image left-right with probability p, independently."""
-    flip = torch.rand(images.shape[0], generator=generator, device=images.device) < p
+    flip = _rand(generator, images.shape[0], device=images.device) < p
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
 
@@ -298,7 +299,7 @@ def _apply_ra_op(x: torch.Tensor, name: str, v: float) -> torch.Tensor:
 
 
 def randaugment_batch(images: torch.Tensor, num_ops: int, magnitude: int,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+                      generator: Source = None) -> torch.Tensor:
     """RandAugment with its own draws per image: `num_ops` rounds, in each every image gets a random op of
     RANDAUGMENT_LEVELS-scaled strength `magnitude` and, for signed ops, a random sign. The images that drew
     the same (op, sign) are transformed together, so a round costs at most 2 x 14 batched calls, not B
@@ -306,8 +307,12 @@ def randaugment_batch(images: torch.Tensor, num_ops: int, magnitude: int,
     b, _, h, w = images.shape
     out = images.clone()
     for _ in range(num_ops):
-        op = torch.randint(len(_RA_OPS), (b,), generator=generator, device=images.device)
-        negative = torch.rand(b, generator=generator, device=images.device) < 0.5
+        if isinstance(generator, Draws):
+            u = _rand(generator, b, device=images.device)
+            op = (u * len(_RA_OPS)).long().clamp_(max=len(_RA_OPS) - 1)
+        else:
+            op = torch.randint(len(_RA_OPS), (b,), generator=generator, device=images.device)
+        negative = _rand(generator, b, device=images.device) < 0.5
         for k, (name, strength, signed) in enumerate(_RA_OPS):
             for neg in ((False, True) if signed else (False,)):
                 sel = op == k
@@ -322,7 +327,7 @@ def randaugment_batch(images: torch.Tensor, num_ops: int, magnitude: int,
 
 
 def augment_batch(images: torch.Tensor, aug: AugmentConfig,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+                  generator: Source = None) -> torch.Tensor:
     """Random crop ('pad-crop' or 'rrc'), horizontal flip and RandAugment of a uint8 batch (B, C, H, W), each
     image with its own random draws, all from `generator` (torch's global one if None; it must live on the
     images' device, so that a batch already on the GPU is augmented there). Returns uint8 of the same shape.
@@ -345,7 +350,7 @@ def augment_batch(images: torch.Tensor, aug: AugmentConfig,
 
 
 def random_erase_batch(
-    x: torch.Tensor, p: float, generator: torch.Generator | None = None,
+    x: torch.Tensor, p: float, generator: Source = None,
     scale: tuple[float, float] = ERASE_SCALE, ratio: tuple[float, float] = ERASE_RATIO, value: float = 0.0,
 ) -> torch.Tensor:
     """Random erasing (Zhong et al. 2020) per image: with probability p, one rectangle of area fraction in
@@ -360,7 +365,7 @@ def random_erase_batch(
     eh, ew = _first_fitting(eh, fits).long(), _first_fitting(ew, fits).long()
     top = _randint((h - eh + 1).clamp(min=1), generator)
     left = _randint((w - ew + 1).clamp(min=1), generator)
-    erase = (torch.rand(b, generator=generator, device=dev) < p) & fits.any(dim=1)
+    erase = (_rand(generator, b, device=dev) < p) & fits.any(dim=1)
     ys = torch.arange(h, device=dev)[None, :]
     xs = torch.arange(w, device=dev)[None, :]
     in_rows = (ys >= top[:, None]) & (ys < (top + eh)[:, None])  # (B, H)
@@ -397,7 +402,7 @@ def normalize_batch(images: torch.Tensor, cfg: ViTConfig) -> torch.Tensor:
 
 
 def train_batch(images: torch.Tensor, cfg: ViTConfig, aug: AugmentConfig,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                generator: Source = None) -> torch.Tensor:
     """The whole per-batch training pipeline: augment_batch, normalize_batch, random_erase_batch."""
     x = normalize_batch(augment_batch(images, aug, generator), cfg)
     return random_erase_batch(x, aug.random_erasing, generator)

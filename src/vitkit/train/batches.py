@@ -6,15 +6,17 @@ order[s*B : (s+1)*B] (the last incomplete batch is dropped); process r of W take
 it, cut into micro-batches for gradient accumulation. The union over processes and micro-batches is the global
 batch, which is why W processes with accumulation compute the gradient of one process with the whole batch.
 
-Augmentation draws are stateless, so resuming needs no augmentation state: a whole in-memory micro-batch draws
-from a generator seeded by (seed, epoch, step, rank, micro-batch), an image of any other dataset from one
-seeded by (seed, epoch, step, its place in the global batch), whichever DataLoader worker makes it. So image
-folders draw the same augmentations for any number of processes and micro-batch size, while in-memory data,
-augmented a micro-batch at a time, draws others when these change (the same batches, differently augmented).
-Two sources of batches:
+Every random draw of a step belongs to an image and is keyed by (seed, epoch, step, the image's place in the
+global batch) (vitkit.streams): the augmentation, random erasing, the MixUp/CutMix partner and its draws
+(vitkit.data.mixing), and, through the stream each micro-batch carries to the model, drop-path and
+PatchDropout. So a run draws the same for any number of processes and micro-batch size, no two images share a
+draw, and resuming needs no random state. An in-memory micro-batch is augmented at once with each image's
+stream (`vitkit.data.transforms.train_batch` with a `Draws`); an image of any other dataset goes through the
+per-image transform with torch's generator seeded from the same four numbers, whichever DataLoader worker
+makes it. Three sources of batches, each yielding (images, labels, streams) micro-batches:
 
 * `MemoryBatches`, for datasets held as a uint8 tensor (Fashion-MNIST, CIFAR): whole batches are augmented at
-  once (`vitkit.data.transforms.train_batch`), no worker processes. The fast path on a few CPU cores.
+  once, no worker processes. The fast path on a few CPU cores.
 * `LoaderBatches`, for any other dataset (image folders): per-image torchvision v2 transforms in a DataLoader.
 * `ShardBatches` (shard_batches.py), for tar shards: the same per-image transforms, streamed from the tars.
 
@@ -30,20 +32,19 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import ViTConfig
 from ..data.augment import AugmentConfig
+from ..data.mixing import mix_pairs
 from ..data.shards import ShardSet
-from ..data.transforms import (
-    build_batch_transform,
-    build_train_transform,
-    train_batch,
-)
+from ..data.transforms import build_train_transform, train_batch
+from ..streams import AUGMENT, Draws, fold_in
 from .order import (
     Batch,
     BatchPlan,
     epoch_order,
+    first_position,
     make_plan,
+    micro_batch_streams,
     rank_indices,
     sample_seed,
-    step_generator,
     steps_per_epoch,
 )
 from .shard_batches import ShardBatches
@@ -51,7 +52,7 @@ from .stopping import ignore_stop_signals
 
 # The plan's names, which the trainer and the tests take from here.
 __all__ = ["Batch", "BatchPlan", "LoaderBatches", "MemoryBatches", "ShardBatches", "batch_source",
-           "epoch_order", "is_in_memory", "make_plan", "rank_indices", "sample_seed", "step_generator",
+           "epoch_order", "is_in_memory", "make_plan", "micro_batch_streams", "rank_indices", "sample_seed",
            "steps_per_epoch"]
 
 
@@ -68,8 +69,7 @@ class MemoryBatches:
     def __init__(self, dataset: Dataset, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int,
                  seed: int):
         self.images, self.targets = dataset.images, dataset.targets
-        self.cfg, self.aug, self.seed = model_cfg, aug, seed
-        self.mix = build_batch_transform(aug, num_classes)
+        self.cfg, self.aug, self.seed, self.num_classes = model_cfg, aug, seed, num_classes
 
     def __len__(self) -> int:
         return len(self.images)
@@ -80,12 +80,11 @@ class MemoryBatches:
         for step in range(start_step, num_steps):
             micro_batches = []
             for j, idx in enumerate(rank_indices(order, step, plan)):
-                g = step_generator(self.seed, epoch, step, plan.rank, j)
-                x = train_batch(self.images[idx], self.cfg, self.aug, g)
-                y = self.targets[idx]
-                if self.mix is not None:
-                    x, y = self.mix(x, y)
-                micro_batches.append((x, y))
+                streams = micro_batch_streams(self.seed, epoch, step, plan, j)
+                x = train_batch(self.images[idx], self.cfg, self.aug, Draws(fold_in(streams, AUGMENT)))
+                x, y = mix_pairs(x, self.targets[idx], streams, first_position(plan, j), self.aug,
+                                 self.num_classes)
+                micro_batches.append((x, y, streams))
             yield step, micro_batches
 
 
@@ -100,9 +99,9 @@ class _IndexBatches(torch.utils.data.Sampler):
 
     def __iter__(self):
         for step in range(self.start, self.stop):
-            first = self.plan.rank * self.plan.per_rank  # this process's place in the global batch
             for j, idx in enumerate(rank_indices(self.order, step, self.plan)):
-                yield [(sample_seed(self.seed, self.epoch, step, first + j * self.plan.micro + i), index)
+                first = first_position(self.plan, j)  # the micro-batch's place in the global batch
+                yield [(sample_seed(self.seed, self.epoch, step, first + i), index)
                        for i, index in enumerate(idx.tolist())]
 
     def __len__(self) -> int:
@@ -135,8 +134,7 @@ class LoaderBatches:
         from ..data import TransformedDataset
 
         self.dataset = TransformedDataset(dataset, build_train_transform(model_cfg, aug))
-        self.seed, self.workers = seed, workers
-        self.mix = build_batch_transform(aug, num_classes)
+        self.seed, self.workers, self.aug, self.num_classes = seed, workers, aug, num_classes
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -146,19 +144,18 @@ class LoaderBatches:
         order = epoch_order(len(self), self.seed, epoch)
         sampler = _IndexBatches(order, plan, start_step, num_steps, self.seed, epoch)
         # The loader's own generator: without one, each iterator draws its workers' base seed from the global
-        # RNG, which dropout and drop-path also draw from, so a resumed run would drop other units (the items
-        # are seeded by _SeededItems; the base seed only has to leave the global RNG alone).
+        # RNG (the items are seeded by _SeededItems; the base seed only has to leave the global RNG alone).
         loader = DataLoader(_SeededItems(self.dataset), batch_sampler=sampler, num_workers=self.workers,
                             persistent_workers=False, worker_init_fn=ignore_stop_signals,
                             generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
         it = iter(loader)
         for step in range(start_step, num_steps):
             micro_batches = []
-            for _ in range(plan.accum):
+            for j in range(plan.accum):
                 x, y = next(it)
-                if self.mix is not None:
-                    x, y = self.mix(x, y)
-                micro_batches.append((x, y))
+                streams = micro_batch_streams(self.seed, epoch, step, plan, j)
+                x, y = mix_pairs(x, y, streams, first_position(plan, j), self.aug, self.num_classes)
+                micro_batches.append((x, y, streams))
             yield step, micro_batches
 
 

@@ -16,10 +16,9 @@ checkpoints. DCP loads in place: the optimizer's state must exist before the loa
 sees to (it steps the fresh optimizer once at learning rate 0). DCP's files are not promised to load under
 another PyTorch version: state.json records the version, and a resume under another says so.
 
-Generators on resume: with as many processes as wrote the checkpoint, each takes back its own states, so the
-run goes on as if never stopped. With another number, fresh streams are drawn, the same on every process as
-at a run's start, from (seed, step) (`resume_seed`): the run continues, but not bit for bit as an unbroken
-one.
+Generators on resume: with as many processes as wrote the checkpoint, each takes back its own states. With
+another number there is nothing to take back: the trainer's draws are functions of (seed, epoch, step, the
+image's place in the global batch) (vitkit.streams), so they do not depend on the generators' states.
 """
 
 from __future__ import annotations
@@ -131,7 +130,7 @@ def read_state(ckpt: Path) -> dict[str, Any]:
 
 
 def load_sharded_train_state(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ema: EMA | None,
-                             rank: int, world: int, seed: int) -> tuple[dict[str, Any], list[str]]:
+                             rank: int, world: int) -> tuple[dict[str, Any], list[str]]:
     """Load a sharded checkpoint into `model`, `optimizer` and `ema` in place, and the generator states (see
     the module's docstring). Returns state.json and the notes a resumed run prints. A collective. Errors
     (CheckpointError) name the file."""
@@ -159,21 +158,12 @@ def load_sharded_train_state(ckpt: Path, model: nn.Module, optimizer: torch.opti
     if ema is not None:
         set_model_state_dict(ema.module, tensors["ema"])
         ema.updates = meta["ema_updates"]
-    before = meta.get("processes", 1)
-    if before == world:
+    if meta.get("processes", 1) == world:
         rng_file = _rng_path(ckpt, rank, "safetensors")
         try:
             restore_rng(load_file(str(rng_file)), json.loads(_rng_path(ckpt, rank, "json").read_text()))
         except Exception as e:
             raise CheckpointError(f"{rng_file}: unreadable ({e})") from None
-    else:
-        from .prepare import seed_everything
-
-        seed_everything(resume_seed(seed, meta["step"]))
-        notes.append(f"note: {ckpt.name} was written by {before} process(es) and the run goes on with "
-                     f"{world}: the weights, optimizer, EMA, schedule and data position carry over; the "
-                     f"random generators start fresh from seed {seed} and step {meta['step']}, so the run "
-                     "goes on differently from an unbroken one")
     return meta, notes
 
 
@@ -181,11 +171,6 @@ def _last_line(error: BaseException, limit: int = 300) -> str:
     """The last line of an error's message, where DCP puts the reason under each process's traceback."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
     return lines[-1][:limit]
-
-
-def resume_seed(seed: int, step: int) -> int:
-    """The seed every process's generators restart from when a run resumes on another number of processes."""
-    return (seed * 1_000_003 + step) % 2**32
 
 
 def read_full_tensors(ckpt: Path) -> dict[str, Any]:

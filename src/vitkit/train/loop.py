@@ -35,12 +35,12 @@ from ..cpu import accelerate
 from ..model import VisionTransformer
 from . import distributed, sharding
 from .batches import (
+    Batch,
     BatchPlan,
     LoaderBatches,
     MemoryBatches,
     ShardBatches,
     batch_source,
-    is_in_memory,
     make_plan,
     steps_per_epoch,
 )
@@ -54,6 +54,7 @@ from .one_step import (
     autocast_dtype,
     compiled,
     forward_backward,
+    gradient_norm,
     optimizer_step,
     quiet_same_layout_stride_warnings,
 )
@@ -82,8 +83,8 @@ from .stopping import StopRequests, TrainingStopped
 
 
 class TrainingDiverged(ValueError):
-    """The loss became nan or infinite; the message says at which step and which checkpoint is the last
-    good."""
+    """The gradient norm was nan or infinite for `max_skipped_steps` steps in a row; the message says at which
+    step and which checkpoint is the last good."""
 
 
 @dataclass
@@ -146,6 +147,8 @@ class Run:
     step: int = 0
     best: float | None = None
     elapsed_before: float = 0.0  # the seconds trained before the run was resumed
+    skipped: int = 0  # steps skipped for a non-finite gradient norm, in all
+    skipped_in_a_row: int = 0  # ... and in a row, up to this step
 
     @property
     def fsdp(self) -> bool:
@@ -240,7 +243,7 @@ def resume_state(run: Run, newest: Path) -> None:
     if run.fsdp:
         try:
             state, notes = load_sharded_train_state(newest, run.model, run.optimizer, run.ema, run.ctx.rank,
-                                                    world, run.cfg.seed)
+                                                    world)
         except CheckpointError as e:
             raise damaged_checkpoint(run.out, newest, e) from None
     else:
@@ -253,16 +256,17 @@ def resume_state(run: Run, newest: Path) -> None:
         state = ck["state"]
     run.step, run.best = state["step"], state["best_top1"]
     run.elapsed_before = state.get("seconds", 0.0)
+    run.skipped, run.skipped_in_a_row = state.get("skipped_steps", 0), state.get("skipped_in_a_row", 0)
     before = state.get("processes", world)
-    if not run.fsdp and before != world and is_in_memory(run.train_set):
-        notes.append(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
-                     f"{world}: the batches are the same, but in-memory augmentation is drawn per process "
-                     "and micro-batch, so the run goes on differently from an unbroken one")
-    elif before != world and isinstance(run.source, ShardBatches):
+    if before != world and isinstance(run.source, ShardBatches):
         notes.append(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
                      f"{world}: shards are split per process, so the rest of this epoch comes from the new "
                      "split (some of its samples may come twice, others not at all); the epochs after it are "
                      "whole")
+    elif before != world and (run.cfg.model.dropout or run.cfg.model.attn_dropout):
+        notes.append(f"note: {newest.name} was trained by {before} process(es), and the run goes on with "
+                     f"{world}: the batches and every per-image draw are the same, but dropout draws per "
+                     "micro-batch, so the run goes on differently from an unbroken one")
     if run.ctx.is_main:
         print(f"resuming {run.out} from {newest.name} (epoch {run.step / run.lengths.per_epoch:.2f})",
               flush=True)
@@ -324,31 +328,45 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
 
 
 # --- the steps of the loop ---------------------------------------------------------------------------------
-def train_one_step(run: Run, net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-                   loss_fn, stops: StopRequests) -> tuple[float, float, bool]:
+def train_one_step(run: Run, net: nn.Module, micro_batches: list[Batch], loss_fn,
+                   stops: StopRequests) -> tuple[float, float | None, bool]:
     """One optimizer step at `run.step` (see the module's docstring), which it then advances. Returns the
-    learning rate, the loss (the mean over the processes) and whether a process was asked to stop."""
+    learning rate, the loss (the mean over the processes; None except at a log step, the only steps that read
+    it back from the device) and whether a process was asked to stop.
+
+    A step whose gradient norm is not finite is skipped: the weights, the optimizer and the EMA stay as they
+    were (the schedule and the data move on), `run.skipped` counts it, and after `max_skipped_steps` of them
+    in a row the run stops (TrainingDiverged) naming the step and the last checkpoint."""
     cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
     lr = lr_at(run.step, lengths.total, cfg.optim.lr, lengths.warmup, cfg.optim.schedule, cfg.optim.min_lr)
     set_lr(run.optimizer, lr)
     run.model.patch_drop_rate = 0.0 if run.step >= lengths.full_tokens_from else cfg.model.patch_dropout
     # Under FSDP each micro-batch's gradients are reduce-scattered into the shards as its backward ends.
     loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, run.ddp)
-    # Whether the loss is finite here, and whether a signal asked this process to stop: under DDP summed over
-    # the processes, which must all stop together, at the same step. The loss rides along, so that the one
-    # logged is the mean over the processes, not the main process's share.
-    flags = torch.stack([torch.isfinite(loss).float(), loss.new_tensor(float(stops.requested)),
-                         torch.nan_to_num(loss.float())])
+    norm = gradient_norm(run.model, cfg.optim.clip_grad_norm)  # the same on every process (averaged grads)
+    # Whether the gradients are finite and whether a signal asked this process to stop, summed over the
+    # processes, which must all skip or stop together, at the same step; at a log step the loss rides along,
+    # so that the one logged is the mean over the processes, not the main process's share.
+    logged = (run.step + 1) % cfg.log_every == 0 or run.step + 1 == lengths.total
+    flags = [torch.isfinite(norm).float(), norm.new_tensor(float(stops.requested))]
+    flags = torch.stack(flags + ([loss.float().to(norm.device)] if logged else []))
     if ctx.distributed:
         flags = distributed.all_reduce_sum(flags)
-    finite, stop, loss_sum = flags.tolist()
-    if finite < ctx.world:
-        raise TrainingDiverged(diverged_message(float(loss), run.step, lengths.per_epoch, run.out))
-    optimizer_step(run.model, run.optimizer, cfg.optim.clip_grad_norm)
-    if run.ema is not None:
-        run.ema.update(run.model)
+    finite, stop, *loss_sum = flags.tolist()
+    if finite == ctx.world:
+        optimizer_step(run.model, run.optimizer)
+        if run.ema is not None:
+            run.ema.update(run.model)
+        run.skipped_in_a_row = 0
+    else:
+        run.optimizer.zero_grad(set_to_none=True)
+        run.skipped += 1
+        run.skipped_in_a_row += 1
+        if run.skipped_in_a_row >= cfg.max_skipped_steps:
+            raise TrainingDiverged(diverged_message(run.step, run.skipped_in_a_row, lengths.per_epoch,
+                                                    run.out))
     run.step += 1
-    return lr, loss_sum / ctx.world, stop > 0
+    return lr, (loss_sum[0] / ctx.world if loss_sum else None), stop > 0
 
 
 def evaluate_and_keep_best(run: Run, report: Report, loss_fn) -> EvalResult | None:
@@ -398,7 +416,8 @@ def train_state(run: Run) -> dict[str, Any]:
     return {"epoch": run.step // per_epoch, "step_in_epoch": run.step % per_epoch,
             "total_steps": run.lengths.total,
             "best_top1": run.best, "ema_updates": run.ema.updates if run.ema else 0, "seconds": run.seconds(),
-            "processes": run.ctx.world}
+            "processes": run.ctx.world, "skipped_steps": run.skipped,
+            "skipped_in_a_row": run.skipped_in_a_row}
 
 
 def write_end_of_run(run: Run, result: EvalResult | None, names: list[str], seconds: float) -> None:
@@ -442,18 +461,19 @@ class Report:
     def print(self, message: str) -> None:
         (self.bar.write if self.bar else print)(message)
 
-    def after_step(self, run: Run, lr: float, loss: float) -> None:
-        """The bar moves on; every `log_every` steps and at the last, a row of the loss, the learning rate and
-        the images per second since the last row."""
+    def after_step(self, run: Run, lr: float, loss: float | None) -> None:
+        """The bar moves on; every `log_every` steps and at the last (the steps with a `loss`), a row of the
+        loss, the learning rate, the images per second since the last row and the steps skipped so far."""
         self.window_n += run.cfg.batch_size
-        self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
         if self.bar is not None:
             self.bar.update(1)
-        if run.step % run.cfg.log_every == 0 or run.step == run.lengths.total:
+        if loss is not None:
+            self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
             ips = self.window_n / max(time.time() - self.window_t, 1e-9)
             self.window_t, self.window_n = time.time(), 0
             epoch = run.step / run.lengths.per_epoch
-            self.log.write(run.step, epoch, "train", loss=loss, lr=lr, img_per_s=ips)
+            self.log.write(run.step, epoch, "train", loss=loss, lr=lr, img_per_s=ips,
+                           skipped_steps=run.skipped)
             if self.bar is not None:
                 self.bar.set_postfix(loss=f"{self.loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
                                      epoch=f"{epoch:.2f}")

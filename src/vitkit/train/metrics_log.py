@@ -12,7 +12,8 @@ from ..files import atomic_write
 class MetricsLog:
     """Metrics to RUN/metrics.csv and TensorBoard (RUN/tb); only the main process writes."""
 
-    COLUMNS = ("time", "step", "epoch", "split", "loss", "lr", "img_per_s", "top1", "top5")
+    COLUMNS = ("time", "step", "epoch", "split", "loss", "lr", "img_per_s", "top1", "top5", "skipped_steps")
+    REQUIRED = COLUMNS[:4]  # every row has these (a file written before a column was added lacks it)
 
     def __init__(self, run_dir: Path, enabled: bool, resume_step: int):
         self.enabled = enabled
@@ -40,7 +41,7 @@ class MetricsLog:
             text = text[:text.rfind("\n") + 1]
         rows = []
         for r in csv.DictReader(text.splitlines(), restkey="_extra"):
-            if "_extra" in r or any(r.get(c) is None for c in cls.COLUMNS):
+            if "_extra" in r or any(r.get(c) is None for c in cls.REQUIRED):
                 continue
             try:
                 int(r["step"])

@@ -1,6 +1,6 @@
 """One optimizer step's parts: the autocast dtype of a precision, the compiled model (without the notes of
-torch's that say nothing about the run), forward and backward over the step's micro-batches, and the clipped
-optimizer step."""
+torch's that say nothing about the run), forward and backward over the step's micro-batches, the gradient norm
+(and clipping), and the optimizer step."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from ..cpu.build import cxx_compiler
 from ..cpu.hardware import cpu_has_native_bf16
+from ..streams import DROPOUT, fold_in
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -84,19 +85,36 @@ def quiet_same_layout_stride_warnings(model: nn.Module) -> Iterator[None]:
         yield
 
 
-def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+def dropout_seed(streams: torch.Tensor) -> int:
+    """The seed of torch's generator for one micro-batch's dropout: drawn from its first image's stream, so
+    that no two micro-batches, and no two processes, share one, and a resumed run draws the same."""
+    a, b = fold_in(streams[:1], DROPOUT)[0].tolist()
+    return (a << 32) | b
+
+
+def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, ...]],
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
                      amp: torch.dtype | None, ddp: bool = False) -> torch.Tensor:
     """Forward and backward over one step's micro-batches; each loss is divided by their number so that the
     gradients add up to the mean over all of them. Under DDP the gradients are averaged over the processes on
-    the last micro-batch only. Returns the mean loss (a 0-d tensor, not synchronised)."""
+    the last micro-batch only. Returns the mean loss (a 0-d tensor on `device`, not synchronised).
+
+    A micro-batch is (images, labels) or (images, labels, streams): with the images' random streams
+    (vitkit.streams), the model draws its drop-path and PatchDropout masks from them and torch's generator is
+    seeded from them for dropout (`dropout_seed`), so every draw of the step is a function of the images'
+    places in the global batch."""
     total = torch.zeros((), device=device)
-    for j, (x, y) in enumerate(micro_batches):
+    for j, (x, y, *rest) in enumerate(micro_batches):
+        streams = rest[0] if rest else None
+        kwargs = {}
+        if streams is not None:
+            torch.manual_seed(dropout_seed(streams))
+            kwargs["streams"] = streams.to(device, non_blocking=True)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         sync = not ddp or j == len(micro_batches) - 1
         with contextlib.nullcontext() if sync else net.no_sync():
             with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
-                logits = net(x)
+                logits = net(x, **kwargs)
             # Soft labels (MixUp/CutMix) and integer labels alike; the loss in fp32 even under autocast.
             loss = loss_fn(logits, y)
             (loss / len(micro_batches)).backward()
@@ -104,9 +122,24 @@ def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, tor
     return total / len(micro_batches)
 
 
+def gradient_norm(model: nn.Module, max_norm: float = 0.0) -> torch.Tensor:
+    """The global L2 norm of `model`'s gradients (a 0-d tensor on their device, not synchronised; over every
+    process's shard under FSDP, whose gradients are DTensors), taken before clipping; with `max_norm` > 0 the
+    gradients are then scaled down to that norm where it is larger (a non-finite norm makes them non-finite:
+    the trainer skips such a step)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = nn.utils.get_total_norm(grads)
+    if max_norm:
+        nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor under FSDP: the replicated value
+    return full_tensor() if callable(full_tensor) else norm
+
+
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_grad_norm: float = 0.0) -> None:
     """Clip the global gradient norm (when asked), step, and clear the gradients."""
     if clip_grad_norm:
-        nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+        gradient_norm(model, clip_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,7 +1,7 @@
 """The order in which a run sees its data, as pure functions of (seed, epoch, step, ...): how a global batch
 is split over processes and micro-batches (`BatchPlan`), the permutation of an epoch, each process's indices
-of a step, and the seeds of the augmentation draws. batches.py and shard_batches.py make batches from them;
-their docstrings say why resuming from (epoch, step) is exact.
+of a step, each image's random stream (vitkit.streams) and the seed of a per-image transform. batches.py and
+shard_batches.py make batches from them; their docstrings say why resuming from (epoch, step) is exact.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+from ..streams import image_streams
+
+# A micro-batch: images, labels (integers, or soft labels after MixUp/CutMix) and each image's random stream.
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _MIX = 1_000_003  # a prime, to spread (seed, epoch, step, ...) over the seed space
 
 
@@ -67,12 +70,19 @@ def rank_indices(order: torch.Tensor, step: int, plan: BatchPlan) -> list[torch.
     return list(mine.split(plan.micro))
 
 
-def step_generator(seed: int, epoch: int, step: int, rank: int, micro: int) -> torch.Generator:
-    """The augmentation generator of one micro-batch."""
-    key = (((seed * _MIX + epoch) * _MIX + step) * _MIX + rank) * 131 + micro
-    return torch.Generator().manual_seed(key % (2**63 - 1))
+def first_position(plan: BatchPlan, micro: int) -> int:
+    """The place in the global batch of the first image of this process's micro-batch `micro`."""
+    return plan.rank * plan.per_rank + micro * plan.micro
+
+
+def micro_batch_streams(seed: int, epoch: int, step: int, plan: BatchPlan, micro: int) -> torch.Tensor:
+    """The random streams (B, 2) of the images of this process's micro-batch `micro` of step `step`: keyed by
+    their places in the global batch, so the same on any number of processes."""
+    first = first_position(plan, micro)
+    return image_streams(seed, epoch, step, torch.arange(first, first + plan.micro))
 
 
 def sample_seed(seed: int, epoch: int, step: int, position: int) -> int:
-    """The augmentation seed of the image at `position` of step `step`'s global batch."""
+    """The seed of torch's generator while the per-image transform (torchvision v2) of the image at `position`
+    of step `step`'s global batch runs."""
     return ((((seed * _MIX + epoch) * _MIX + step) * _MIX + position) * 131 + 127) % (2**63 - 1)

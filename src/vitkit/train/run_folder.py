@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -178,10 +177,14 @@ def write_final_outputs(out: Path, names: list[str], model: nn.Module | None, cl
         (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def diverged_message(loss: float, step: int, per_epoch: int, out: Path) -> str:
+def diverged_message(step: int, in_a_row: int, per_epoch: int, out: Path) -> str:
+    """The one line of a run stopped at `step` (0-based) after `in_a_row` steps skipped in a row for a
+    non-finite gradient norm: where, and what to do with which checkpoint."""
     good = latest_checkpoint(out)
-    kind = "nan" if math.isnan(loss) else "infinite"
-    said = f"the loss became {kind} at step {step + 1} (epoch {step / per_epoch:.2f}); training stopped and "
+    first = step + 2 - in_a_row  # 1-based, as the progress bar counts
+    steps = f"step {step + 1}" if in_a_row == 1 else f"steps {first} to {step + 1}"
+    said = (f"the gradient norm was nan or infinite at {steps} ({in_a_row} in a row, each skipped; epoch "
+            f"{(step + 1) / per_epoch:.2f}); training stopped and ")
     if good is None:
         return said + ("no checkpoint was written yet. Start again with a lower optim.lr or with "
                        "optim.clip_grad_norm set (the same --out will do: it holds no checkpoint)")

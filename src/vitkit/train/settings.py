@@ -220,6 +220,9 @@ class TrainConfig:
     trains eagerly.
     `fast`: train with vitkit's CPU kernels swapped in (`vitkit.accelerate`: the same function and gradients,
     faster); nothing is swapped on a GPU. `--no-fast` (or `--set fast=false`) trains the plain model.
+    `max_skipped_steps`: a step whose gradient norm is nan or infinite is skipped (the weights, optimizer and
+    EMA untouched; counted as `skipped_steps` in metrics.csv); after this many in a row the run stops, naming
+    the step and the last checkpoint.
     `parallel`: how several processes share the training. 'ddp': each holds the whole model, optimizer and
     EMA, and the gradients are averaged. 'fsdp': FSDP2 shards them over the processes, per block and at the
     root (vitkit.train.sharding), and the checkpoints are sharded too (vitkit.train.dcp_checkpoints).
@@ -247,6 +250,7 @@ class TrainConfig:
     keep_last: int = 2
     log_every: int = 20
     deterministic: bool = False
+    max_skipped_steps: int = 5
     compile: bool = False
     fast: bool = True
     parallel: Parallel = "ddp"
@@ -289,6 +293,7 @@ TRAIN_RANGES = {
     "seed": Range(0, 2**32, integer=True, open_high=True), "threads": Range(0, integer=True),
     "eval_every": Range(0, integer=True), "ckpt_every": Range(0, integer=True),
     "keep_last": Range(1, integer=True), "log_every": Range(1, integer=True),
+    "max_skipped_steps": Range(1, integer=True),
 }
 
 

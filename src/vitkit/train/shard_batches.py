@@ -34,9 +34,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..config import ViTConfig
 from ..data.augment import AugmentConfig
+from ..data.mixing import mix_pairs
 from ..data.shards import ShardSet, decode_sample, read_shard
-from ..data.transforms import build_batch_transform, build_train_transform
-from .order import _MIX, Batch, BatchPlan, sample_seed
+from ..data.transforms import build_train_transform
+from .order import _MIX, Batch, BatchPlan, first_position, micro_batch_streams, sample_seed
 from .stopping import ignore_stop_signals
 
 KEY_LOG_ENV = "VITKIT_KEY_LOG"
@@ -122,7 +123,7 @@ class _ShardMicroBatches(IterableDataset):
     def _make(self, i: int, items: list[tuple[int, dict]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         """Micro-batch `i`: its samples decoded and augmented, each image with its own seeded generator."""
         step, j = divmod(i, self.plan.accum)
-        first = self.plan.rank * self.plan.per_rank + j * self.plan.micro  # its place in the global batch
+        first = first_position(self.plan, j)  # its place in the global batch
         images, labels, keys = [], [], []
         for n, (k, sample) in enumerate(items):
             name = self.shards.paths[k].name
@@ -142,7 +143,7 @@ class ShardBatches:
                  seed: int, workers: int = 0):
         self.shards, self.seed, self.workers = shards, seed, workers
         self.transform = build_train_transform(model_cfg, aug)
-        self.mix = build_batch_transform(aug, num_classes)
+        self.aug, self.num_classes = aug, num_classes
         self.key_log = os.environ.get(KEY_LOG_ENV) or None
 
     def __len__(self) -> int:
@@ -152,18 +153,18 @@ class ShardBatches:
               num_steps: int) -> Iterator[tuple[int, list[Batch]]]:
         data = _ShardMicroBatches(self.shards, self.transform, self.seed, epoch, plan, start_step, num_steps)
         # batch_size=None: each worker yields whole micro-batches. The loader's own generator leaves the
-        # global RNG, which dropout and drop-path draw from, alone (as in batches.LoaderBatches).
+        # global RNG alone (as in batches.LoaderBatches).
         loader = DataLoader(data, batch_size=None, num_workers=self.workers, persistent_workers=False,
                             worker_init_fn=ignore_stop_signals,
                             generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
         it = iter(loader)
         for step in range(start_step, num_steps):
             micro_batches, keys = [], []
-            for _ in range(plan.accum):
+            for j in range(plan.accum):
                 x, y, k = next(it)
-                if self.mix is not None:
-                    x, y = self.mix(x, y)
-                micro_batches.append((x, y))
+                streams = micro_batch_streams(self.seed, epoch, step, plan, j)
+                x, y = mix_pairs(x, y, streams, first_position(plan, j), self.aug, self.num_classes)
+                micro_batches.append((x, y, streams))
                 keys += k
             if self.key_log:
                 log_keys(Path(self.key_log), plan.rank, epoch, step, keys)
