@@ -1,18 +1,23 @@
 """FSDP against DDP (vitkit.train's `parallel` setting) at 2 CPU processes: step time, peak memory, and the
 bytes of parameters, gradients and optimizer state each process holds.
 
-Each cell (model x strategy) is a fresh `torchrun --standalone --nproc_per_node 2` of this file's worker:
-the model as the trainer builds it (`vitkit.accelerate`, then DDP or `vitkit.train.sharding.shard`), the
-trainer's AdamW, one step's forward and backward through `forward_backward` and `optimizer_step`, on a random
-batch at 224 px. One step warms up; the step time is the median of the timed steps on process 0. Peak RSS
-is each process's high-water mark (`ru_maxrss`) over the whole cell, model building included (every process
-builds the whole model before it is sharded, as the trainer does); beside it the RSS after the steps, once
-glibc has returned the memory freed.
-The state bytes are counted tensor by tensor on each process (its shard's under FSDP): parameters, gradients
-(before they are cleared) and the optimizer's moments; DDP's gradient buckets, a further gradient-sized
-buffer, are not counted.
+Each cell (model x strategy) is a fresh `torchrun --standalone --nproc_per_node 2` of this file's worker,
+which builds the model as the trainer does: under DDP every process builds it whole (`vitkit.accelerate`,
+then DistributedDataParallel); under FSDP only process 0 does, and every process receives its shards
+(`vitkit.train.sharding.shard_from_main`, then `vitkit.accelerate`), with large blocks given back to the
+kernel as the trainer's FSDP processes do (`vitkit.cpu.allocator.return_large_blocks`). Then the trainer's
+AdamW, and each step's forward and backward through `forward_backward` and `optimizer_step` on a random
+batch at 224 px. One step warms up; the step time is the median of the timed steps on process 0. Peak RSS is
+each process's high-water mark (VmHWM in /proc/self/status) over the whole cell, model building included;
+beside it the RSS after the steps, once glibc has returned the memory freed. The state bytes are counted
+tensor by tensor on each process (its shard's under FSDP): parameters, gradients (before they are cleared)
+and the optimizer's moments; DDP's gradient buckets, a further gradient-sized buffer, are not counted.
+
+A cell whose processes together hold more than `--rss-limit-gib` is stopped (the machine would otherwise
+run out of memory) and recorded as such, with the resident memory it had reached.
 
     python benchmarks/bench_parallel.py --json $(python benchmarks/records.py name parallel)
+    python benchmarks/bench_parallel.py --models ViT-H/14 --batch 2 --steps 2
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import argparse
 import contextlib
 import json
 import os
-import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -29,8 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-MODELS = ("ViT-S/16", "ViT-B/16")
+MODELS = ("ViT-B/16", "ViT-L/16")
 STRATEGIES = ("ddp", "fsdp")
+GIB = 2**30
 
 
 def local_bytes(tensors) -> int:
@@ -55,6 +61,14 @@ def rss_now() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def status_bytes(field: str, pid: int | str = "self") -> int:
+    """A memory field of /proc/PID/status (VmHWM: the peak resident memory; VmRSS: now), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # the kernel counts kB
+    raise ValueError(f"/proc/{pid}/status has no {field}")
+
+
 def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> None:
     """One cell, run by each of torchrun's processes; process 0 writes the cell's figures to `out`."""
     import torch
@@ -63,6 +77,8 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> 
     from torch.nn.parallel import DistributedDataParallel
 
     import vitkit
+    from vitkit.config import get_config
+    from vitkit.cpu.allocator import return_large_blocks
     from vitkit.train import distributed, sharding
     from vitkit.train.one_step import forward_backward, optimizer_step
     from vitkit.train.optim import build_optimizer
@@ -71,10 +87,15 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> 
     torch.set_num_threads(1)
     ctx = distributed.setup("cpu")
     torch.manual_seed(0)
-    model = vitkit.accelerate(vitkit.create_model(model_name))
-    if parallel == "fsdp":
-        net = sharding.shard(model, sharding.device_mesh(ctx.device, ctx.world))
+    if parallel == "fsdp":  # as the trainer builds it: whole on process 0 only, large blocks given back
+        return_large_blocks()
+        whole = vitkit.create_model(model_name) if ctx.is_main else None
+        mesh = sharding.device_mesh(ctx.device, ctx.world)
+        model = sharding.shard_from_main(whole, get_config(model_name), mesh, ctx.device)
+        del whole
+        net = vitkit.accelerate(model)
     else:
+        model = vitkit.accelerate(vitkit.create_model(model_name))
         net = DistributedDataParallel(model)
     optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05))
     per_process = batch // ctx.world
@@ -90,7 +111,7 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> 
         times.append(time.perf_counter() - start)
     state = local_bytes(v for s in optimizer.state.values() for v in s.values()
                         if torch.is_tensor(v) and v.dim() > 0)
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts kilobytes
+    peak_rss = status_bytes("VmHWM")
     mine = {"params_bytes": local_bytes(model.parameters()), "grads_bytes": grads,
             "optimizer_state_bytes": state, "peak_rss_bytes": peak_rss, "rss_after_steps_bytes": rss_now()}
     mine["params_grads_optimizer_bytes"] = mine["params_bytes"] + grads + state
@@ -104,13 +125,49 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> 
     distributed.teardown()
 
 
-def run_cell(model_name: str, parallel: str, batch: int, steps: int, nproc: int) -> dict:
+def descendants(pid: int) -> list[int]:
+    """The processes started, directly or not, by `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def run_cell(model_name: str, parallel: str, batch: int, steps: int, nproc: int, rss_limit: int) -> dict:
+    """One cell's figures; a cell whose processes together exceed `rss_limit` bytes is stopped and returned
+    as {'stopped': ...} with the memory reached."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cell.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                __file__, "--worker", model_name, parallel, str(batch), str(steps), str(out)]
-        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        return json.loads(out.read_text())
+        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+        reached = 0
+        while proc.poll() is None:
+            held = 0
+            for pid in descendants(proc.pid):
+                with contextlib.suppress(OSError, ValueError):
+                    held += status_bytes("VmRSS", pid)
+            reached = max(reached, held)
+            if held > rss_limit:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return {"model": model_name, "parallel": parallel, "processes": nproc, "batch": batch,
+                        "stopped": f"the {nproc} processes held {held / GIB:.1f} GiB, over the limit of "
+                                   f"{rss_limit / GIB:.1f} GiB, before the cell ended",
+                        "rss_reached_bytes": reached}
+            time.sleep(0.2)
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
+        cell = json.loads(out.read_text())
+        cell["rss_reached_bytes"] = reached  # the processes' summed RSS, sampled every 0.2 s
+        return cell
 
 
 def main() -> None:
@@ -119,6 +176,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4, help="the global batch (split over the processes)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per cell, after one of warm-up")
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--rss-limit-gib", type=float, default=20.0,
+                   help="stop a cell whose processes together hold more than this (GiB)")
     p.add_argument("--json", default=None, help="write the record here")
     p.add_argument("--worker", nargs=5, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -130,9 +189,21 @@ def main() -> None:
 
     from vitkit.bench import machine_info, write_json
 
-    rows = [run_cell(m, s, args.batch, args.steps, args.nproc) for m in args.models for s in STRATEGIES]
+    limit = int(args.rss_limit_gib * GIB)
+    rows = [run_cell(m, s, args.batch, args.steps, args.nproc, limit)
+            for m in args.models for s in STRATEGIES]
+    for row in rows:
+        if "stopped" in row:
+            print(f"{row['model']} {row['parallel']}: stopped: {row['stopped']}")
+            continue
+        peaks = [c["peak_rss_bytes"] / GIB for c in row["per_process"]]
+        state = max(c["params_grads_optimizer_bytes"] for c in row["per_process"]) / GIB
+        print(f"{row['model']} {row['parallel']}: {row['step_ms']:.0f} ms/step, peak RSS per process "
+              f"{', '.join(f'{p:.2f}' for p in peaks)} GiB, params+grads+optimizer {state:.2f} GiB")
     for m in args.models:
         ddp, fsdp = (next(r for r in rows if r["model"] == m and r["parallel"] == s) for s in STRATEGIES)
+        if "stopped" in ddp or "stopped" in fsdp:
+            continue
         state = [max(c["params_grads_optimizer_bytes"] for c in r["per_process"]) for r in (ddp, fsdp)]
         rss = [max(c["peak_rss_bytes"] for c in r["per_process"]) for r in (ddp, fsdp)]
         after = [max(c["rss_after_steps_bytes"] for c in r["per_process"]) for r in (ddp, fsdp)]
@@ -140,12 +211,9 @@ def main() -> None:
         fsdp["peak_rss_vs_ddp"] = rss[1] / rss[0]
         fsdp["rss_after_steps_vs_ddp"] = after[1] / after[0]
         fsdp["step_time_vs_ddp"] = fsdp["step_ms"] / ddp["step_ms"]
-        for r, s, m_rss, m_after in zip((ddp, fsdp), state, rss, after, strict=True):
-            print(f"{m} {r['parallel']}: {r['step_ms']:.0f} ms/step, peak RSS {m_rss / 2**20:.0f} MiB, RSS "
-                  f"after the steps {m_after / 2**20:.0f} MiB, params+grads+optimizer {s / 2**20:.0f} MiB "
-                  "per process")
-        print(f"{m} fsdp/ddp: state {fsdp['state_vs_ddp']:.3f}, peak RSS {fsdp['peak_rss_vs_ddp']:.3f}, "
-              f"RSS after {fsdp['rss_after_steps_vs_ddp']:.3f}, step time {fsdp['step_time_vs_ddp']:.3f}")
+        print(f"{m} fsdp/ddp: state {fsdp['state_vs_ddp']:.3f}, peak RSS (the larger process's) "
+              f"{fsdp['peak_rss_vs_ddp']:.3f}, RSS after {fsdp['rss_after_steps_vs_ddp']:.3f}, step time "
+              f"{fsdp['step_time_vs_ddp']:.3f}")
     record = {"machine": machine_info(), "torch": torch.__version__, "command": " ".join(sys.argv),
               "rows": rows}
     if args.json:

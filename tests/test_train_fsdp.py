@@ -229,3 +229,64 @@ def test_a_damaged_sharded_checkpoint_is_refused_with_what_to_do(tmp_path):
     shutil.rmtree(newest)
     assert train(cfg, run, resume=True, progress=False).steps == 4
     assert read_state(list_checkpoints(run)[-1])["step"] == 4
+
+
+def _build_worker(rank: int, world: int, port: int, folder: str) -> None:
+    """How the trainer builds an FSDP run, in each of `world` processes: which processes initialised a whole
+    model, and process 0's check that the shards and the EMA's hold the weights DDP starts from."""
+    import dataclasses
+    import json
+
+    from train_helpers import synthetic_dataset
+    from vitkit.model import VisionTransformer
+    from vitkit.train import distributed, loop, prepare
+
+    _join(rank, world, port)
+    whole = []  # one entry per VisionTransformer built: whether it was built with values (not on meta)
+    init_weights = VisionTransformer.init_weights
+
+    def noted(self):
+        whole.append(not self.norm.weight.is_meta)
+        init_weights(self)
+
+    VisionTransformer.init_weights = noted
+    try:
+        cfg = get_recipe("demo-tiny", ["device=cpu", "threads=1", "parallel=fsdp", "ema=0.9"])
+        prepare.set_up_process(cfg)
+        model, model_cfg = prepare.build_process_model(cfg, 10, rank, world)
+        cfg = dataclasses.replace(cfg, model=model_cfg)
+        data = synthetic_dataset(64, seed=0)
+        run = loop.build_run(cfg, Path(folder), distributed.setup("cpu"), "val", data, None, data.classes,
+                             model, time.time())
+        del model
+        built = list(whole)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True)
+        weights = get_model_state_dict(run.model, options=options)
+        ema = get_model_state_dict(run.ema.module, options=options)
+        local = sum(p.to_local().numel() for p in run.model.parameters())
+        report = {"built": built, "local": local, "total": sum(t.numel() for t in weights.values())}
+        if rank == 0:
+            prepare.seed_everything(cfg.seed)
+            reference = prepare.build_model(cfg, 10).state_dict()  # what DDP starts from
+            report["equal"] = all(torch.equal(reference[k], weights[k]) and torch.equal(reference[k], ema[k])
+                                  for k in reference) and reference.keys() == weights.keys()
+        (Path(folder) / f"rank-{rank}.json").write_text(json.dumps(report))
+    finally:
+        VisionTransformer.init_weights = init_weights
+        dist.destroy_process_group()
+
+
+def test_fsdp_builds_the_model_whole_on_the_main_process_only(tmp_path):
+    """Under FSDP the other processes never hold the model whole: they build on the meta device and receive
+    their shards, which (and the EMA's) start at exactly the weights DDP starts from with the same seed."""
+    import json
+
+    mp.spawn(_build_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    main, other = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2))
+    assert main["built"] == [True, False, False]  # its model whole; the shards and the EMA's on meta
+    assert other["built"] == [False, False]
+    assert main["equal"]
+    for r in (main, other):
+        assert abs(r["local"] / r["total"] - 0.5) < 0.1  # each holds about half the parameters

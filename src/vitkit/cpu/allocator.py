@@ -11,7 +11,15 @@ for reuse instead of returning it: what PyTorch's CPU performance guide gets fro
 LD_PRELOAD, without a preload. It is process-wide and one-way: the process keeps its peak memory. `vitkit
 bench` (for every contender alike), `vitkit eval` and `vitkit predict` call it; a Python program calls it once
 at start. Training is left alone: on the Fashion-MNIST models it changed nothing beyond noise (2 threads).
-Where the C library is not glibc it does nothing and returns False.
+
+`return_large_blocks()` is the opposite trade, for sharded training (`parallel=fsdp`), where memory is the
+point: FSDP gathers each block's weights and reduce-scatters its gradients into blocks of a few tens of MB,
+allocated and freed at every step. Under glibc's rising threshold they land in the heap, between tensors that
+outlive them, and fragment it: ViT-B/16 on 2 processes peaked at 2.4 GiB a process, against 1.8 GiB with
+blocks above 8 MiB always mmapped and given back (benchmarks/bench_parallel.py; docs/training.md), for steps
+about a fifth slower. The trainer calls it under FSDP on the CPU.
+
+Where the C library is not glibc both do nothing and return False.
 """
 
 from __future__ import annotations
@@ -63,3 +71,16 @@ def retain_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: in
         ok_mmap = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_FALLBACK) == 1
     ok_trim = libc.mallopt(M_TRIM_THRESHOLD, int(trim_threshold)) == 1
     return ok_mmap and ok_trim
+
+
+# Blocks above this are mmapped and given back under `return_large_blocks`: FSDP's per-block buffers
+# (ViT-B/16: 28 MB) are; most activations of a small batch are not.
+LARGE_BLOCK = 8 << 20
+
+
+def return_large_blocks(threshold: int = LARGE_BLOCK) -> bool:
+    """Serve every block above `threshold` bytes with an mmap of its own and give it back to the kernel when
+    freed, the threshold fixed (glibc otherwise raises it as blocks are freed): see the module docstring.
+    Process-wide. Returns whether glibc took the setting."""
+    libc = _glibc()
+    return libc is not None and libc.mallopt(M_MMAP_THRESHOLD, int(threshold)) == 1

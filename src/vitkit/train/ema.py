@@ -15,18 +15,19 @@ class EMA:
     (fp32 in vitkit's training, whose mixed precision keeps fp32 weights and autocasts the computation).
 
     `module` is a copy of the model holding the averaged parameters (buffers are copied, not averaged); use it
-    for evaluation. The first updates use a smaller decay, min(decay, (1 + n) / (10 + n)) after n updates, so
-    that the random initialisation is forgotten quickly (as TensorFlow's ExponentialMovingAverage with
-    num_updates). That ramp is slow for decays near 1: with the paper's Polyak factor 0.9999 the decay is
+    for evaluation. It is a deep copy of `model`, or the copy given (under FSDP, one sharded alike:
+    sharding.sharded_copy). The first updates use a smaller decay, min(decay, (1 + n) / (10 + n)) after n
+    updates, so that the random initialisation is forgotten quickly (as TensorFlow's ExponentialMovingAverage
+    with num_updates). That ramp is slow for decays near 1: with the paper's Polyak factor 0.9999 the decay is
     still 0.99955 after 20k steps (an average over the last ~2k steps, not ~10k).
     """
 
-    def __init__(self, model: nn.Module, decay: float):
+    def __init__(self, model: nn.Module, decay: float, module: nn.Module | None = None):
         if not 0 < decay < 1:
             raise ValueError(f"EMA decay={decay}: need 0 < decay < 1")
         self.decay = decay
         self.updates = 0
-        self.module = copy.deepcopy(model).eval()
+        self.module = (copy.deepcopy(model) if module is None else module).eval()
         for p in self.module.parameters():
             p.requires_grad_(False)
 

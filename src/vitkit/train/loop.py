@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 
 from ..checkpoint import CheckpointError
 from ..cpu import accelerate
+from ..cpu.allocator import return_large_blocks
 from ..model import VisionTransformer
 from . import distributed, sharding
 from .batches import (
@@ -60,7 +61,7 @@ from .one_step import (
 )
 from .optim import build_optimizer, lr_at, set_lr
 from .prepare import (
-    build_model,
+    build_process_model,
     device_unavailable,
     evaluated_split,
     load_data,
@@ -201,13 +202,16 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, train_set: Da
 def _train(cfg: TrainConfig, out: Path, resume: bool, train_set: Dataset | None, val_set: Dataset | None,
            progress: bool | None, ctx: distributed.Context, held: contextlib.ExitStack) -> RunResult:
     t_start = time.time()
+    if cfg.parallel == "fsdp" and ctx.distributed and ctx.device.type == "cpu":
+        return_large_blocks()  # FSDP's per-block buffers would fragment the heap (vitkit.cpu.allocator)
     set_up_process(cfg)
     split = evaluated_split(cfg, train_set, val_set)
     train_set, val_set, classes = load_data(cfg, train_set, val_set)
-    model = build_model(cfg, len(classes))
-    cfg = dataclasses.replace(cfg, model=model.cfg)  # the resolved config: what actually runs
+    model, model_cfg = build_process_model(cfg, len(classes), ctx.rank, ctx.world)
+    cfg = dataclasses.replace(cfg, model=model_cfg)  # the resolved config: what actually runs
     newest = open_run_folder(cfg, out, resume, ctx, held)
     run = build_run(cfg, out, ctx, split, train_set, val_set, classes, model, t_start)
+    del model  # under FSDP the main process's whole model: the run holds its shards only
     if resume and newest is not None:
         resume_state(run, newest)
     if run.step >= run.lengths.total:
@@ -216,20 +220,26 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set: Dataset | None,
 
 
 def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, split: str, train_set: Dataset,
-              val_set: Dataset | None, classes: list[str], model: VisionTransformer, t_start: float) -> Run:
-    """The run at step 0: its batches and lengths, the model on its device with a new optimizer and EMA; with
-    `parallel=fsdp` on several processes the model and the EMA are sharded alike (sharding.py), the EMA so
-    that it costs each process its share only, updated shard by shard with no communication."""
+              val_set: Dataset | None, classes: list[str], model: VisionTransformer | None,
+              t_start: float) -> Run:
+    """The run at step 0: its batches and lengths, the model on its device with a new optimizer and EMA. With
+    `parallel=fsdp` on several processes, `model` is the main process's (None on the others) and the run
+    holds its shards instead, the EMA sharded alike (sharding.py), so that it costs each process its share
+    only, updated shard by shard with no communication."""
     plan = make_plan(cfg.batch_size, cfg.micro_batch, ctx.world, ctx.rank)
     source = batch_source(train_set, cfg.model, cfg.augment, len(classes), cfg.seed, cfg.data.workers)
-    model.to(ctx.device)
-    if cfg.fast:
-        accelerate(model)  # vitkit's CPU kernels, in place (nothing is swapped on a GPU)
-    ema = EMA(model, cfg.ema) if cfg.ema else None
     if cfg.parallel == "fsdp" and ctx.distributed:
         mesh, policy = sharding.device_mesh(ctx.device, ctx.world), sharding.mixed_precision(ctx.device)
-        for module in (model, *([ema.module] if ema else [])):
-            sharding.shard(module, mesh, policy)
+        model = sharding.shard_from_main(model, cfg.model, mesh, ctx.device, policy)
+        ema_module = sharding.sharded_copy(model, mesh, ctx.device, policy) if cfg.ema else None
+    else:
+        model.to(ctx.device)
+        ema_module = None
+    if cfg.fast:
+        accelerate(model)  # vitkit's CPU kernels, in place (nothing is swapped on a GPU)
+        if ema_module is not None:
+            accelerate(ema_module)
+    ema = EMA(model, cfg.ema, ema_module) if cfg.ema else None
     optimizer = build_optimizer(model, cfg.optim)
     return Run(cfg, out, ctx, split, train_set, val_set, classes, model, optimizer, ema, source, plan,
                Lengths.of(cfg, len(source)), autocast_dtype(cfg.precision, ctx.device), t_start)

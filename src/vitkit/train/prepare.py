@@ -4,6 +4,7 @@ for, the training and validation data, and the model (from scratch or from a che
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import warnings
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from ..config import ViTConfig
 from ..data import resolve
 from ..data.datasets import split_name
 from ..data.subsets import spread_subset
@@ -94,6 +96,22 @@ def skipped_images(dataset: Dataset) -> list:
     while dataset is not None and not hasattr(dataset, "skipped"):
         dataset = getattr(dataset, "dataset", None)
     return list(dataset.skipped) if dataset is not None else []
+
+
+def build_process_model(cfg: TrainConfig, num_classes: int, rank: int,
+                        world: int) -> tuple[VisionTransformer | None, ViTConfig]:
+    """This process's model as `build_model` makes it, and its resolved config. Under `parallel=fsdp` on
+    several processes only the main one builds it (None elsewhere) and hands its config to the others, which
+    build their shards on the meta device (sharding.shard_from_main): no other process holds the model whole.
+    A collective then."""
+    if cfg.parallel != "fsdp" or world == 1:
+        model = build_model(cfg, num_classes)
+        return model, model.cfg
+    from .distributed import broadcast_string
+
+    model = build_model(cfg, num_classes) if rank == 0 else None
+    text = broadcast_string(json.dumps(model.cfg.to_dict()) if model is not None else "")
+    return model, ViTConfig.from_dict(json.loads(text))
 
 
 def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:

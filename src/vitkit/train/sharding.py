@@ -8,9 +8,15 @@ backward), so a process holds whole parameters for one block at a time; gradient
 backward needs them at once. The mesh is named explicitly on the CPU (gloo; pytorch#132471), and on GPUs
 (nccl) the parameters compute in bf16 and the gradients reduce in fp32 (`MixedPrecisionPolicy`).
 
+No process builds the whole model unless it must: `shard_from_main` builds the model on the meta device
+(shapes only), shards it, allocates each process's shards, and fills them from the main process, the only one
+that built the model whole (with the seed, or from a checkpoint: the weights DDP starts from); the EMA is
+sharded alike from the model's shards (`sharded_copy`). Peak memory is then a process's shards, plus the main
+process's whole model while it is handed out, as in torchtitan.
+
 vitkit's CPU kernels (`vitkit.accelerate`) compose with it: they swap module classes and keep the parameter
-objects, `fully_shard` then swaps the block's class again (FSDPBlock) and the kernels see the whole
-parameters that FSDP gathers for the forward. So `accelerate` runs first, then `shard`.
+objects, whether before `fully_shard` (which swaps the block's class again, FSDPBlock) or after it; either
+way the kernels see the whole parameters that FSDP gathers for the forward.
 
 A single process has nothing to shard: `shard` is only called with two or more, and a one-process
 `parallel=fsdp` run trains the plain model (its checkpoints are still sharded ones, so that it resumes on more
@@ -22,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..config import ViTConfig
 from ..model import VisionTransformer
 
 
@@ -52,6 +59,53 @@ def shard(model: VisionTransformer, mesh, policy=None) -> VisionTransformer:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(model.blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def empty_sharded(cfg: ViTConfig, mesh, device: torch.device, policy=None) -> VisionTransformer:
+    """A model of `cfg`, sharded over `mesh`, with this process's shards allocated on `device` and not set
+    (buffers included): built on the meta device, so no process holds it whole."""
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+    shard(model, mesh, policy)
+    return model.to_empty(device=device)
+
+
+def shard_from_main(model: VisionTransformer | None, cfg: ViTConfig, mesh, device: torch.device,
+                    policy=None) -> VisionTransformer:
+    """The main process's `model` (None on the others), sharded over `mesh` on every process: an
+    `empty_sharded` model whose shards each process receives from the main one, tensor by tensor
+    (set_model_state_dict with broadcast_from_rank0), buffers included. A collective."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    main = model is not None
+    sharded = empty_sharded(cfg, mesh, device, policy)
+    full = {k: v.to(device) for k, v in model.state_dict().items()} if main else {}
+    set_model_state_dict(sharded, full, options=StateDictOptions(full_state_dict=True,
+                                                                 broadcast_from_rank0=True))
+    del full
+    with torch.no_grad():  # the buffers (the fixed sin-cos table) are not sharded, nor all in the state dict
+        for name, buffer in sharded.named_buffers():
+            if main:
+                buffer.copy_(model.get_buffer(name))
+            dist.broadcast(buffer, src=0)
+    if main:
+        sharded.patch_drop_rate = model.patch_drop_rate
+    sharded.train(model.training if main else True)
+    return sharded
+
+
+def sharded_copy(model: VisionTransformer, mesh, device: torch.device, policy=None) -> VisionTransformer:
+    """A copy of a sharded `model`, sharded alike: each process copies its own shards, with no communication
+    and no whole model anywhere (the EMA's module under FSDP)."""
+    copy = empty_sharded(model.cfg, mesh, device, policy)
+    with torch.no_grad():
+        for mine, theirs in zip(copy.parameters(), model.parameters(), strict=True):
+            mine.copy_(theirs)
+        for mine, theirs in zip(copy.buffers(), model.buffers(), strict=True):
+            mine.copy_(theirs)
+    copy.patch_drop_rate = model.patch_drop_rate
+    return copy
 
 
 def is_sharded(model: nn.Module) -> bool:
