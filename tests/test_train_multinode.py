@@ -139,8 +139,8 @@ def test_a_stopped_run_of_several_machines_says_to_launch_them_again():
     from vitkit.cli.train import continue_hint
 
     out = Path("runs/x")
-    one = continue_hint("demo", out, ["seed=1"], {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
-    assert one == "vitkit train demo --out runs/x --resume --set seed=1 --nproc 2"
-    assert continue_hint("demo", out, [], {}) == "vitkit train demo --out runs/x --resume"
-    several = continue_hint("demo", out, [], {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+    one = continue_hint("demo", out, {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert one == "vitkit train demo --out runs/x --resume --nproc 2"  # the run's config.json has the rest
+    assert continue_hint("demo", out, {}) == "vitkit train demo --out runs/x --resume"
+    several = continue_hint("demo", out, {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
     assert several.startswith("the same torchrun command on every machine, with --resume")

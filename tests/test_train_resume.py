@@ -74,7 +74,7 @@ def test_resume_of_a_finished_run_and_of_a_different_config(tmp_path):
                                                                    "optim.weight_decay=0.3"])
     import pytest
 
-    with pytest.raises(ValueError, match="config differs .* optim.weight_decay"):
+    with pytest.raises(ValueError, match=r"config differs .*: optim.weight_decay=0.3 \(the run has 0.05\)"):
         train(changed, tmp_path / "run", resume=True, progress=False)
     # A lower learning rate and clipping are what a diverged run needs to go on (the message says so).
     calmer = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4", "optim.lr=1e-4",
@@ -226,3 +226,52 @@ def test_metrics_of_a_killed_run_keep_their_complete_rows_only(tmp_path):
         f.write("garbage,not-a-step\n")
     MetricsLog(tmp_path, True, 2).close()
     assert [r["step"] for r in MetricsLog.read_rows(path)] == ["1", "2"]
+
+
+def test_a_bare_resume_goes_on_with_the_runs_own_config(tmp_path, capsys):
+    """`vitkit train RECIPE --out D --resume` continues the run config.json describes, --set options and all;
+    the same --set again is accepted, one that changes a value is refused naming it and both values, and so
+    is another recipe."""
+    import json
+    import shutil
+
+    import pytest
+    from typer.testing import CliRunner
+
+    from vitkit.cli.main import app
+
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=128, n_test=32)
+    sets = fake_data_overrides(data) + ["threads=1", "steps=4", "ckpt_every=2", "batch_size=32", "seed=3",
+                                        "optim.lr=0.003", "model.depth=1"]
+    args = ["train", "demo-tiny", "--no-progress", *(a for s in sets for a in ("--set", s))]
+    runner = CliRunner()
+    assert runner.invoke(app, args + ["--out", str(tmp_path / "ref")]).exit_code == 0
+    # the run as a stop after step 2's checkpoint leaves it
+    run = tmp_path / "run"
+    shutil.copytree(tmp_path / "ref", run)
+    shutil.rmtree(list_checkpoints(run)[-1])
+    for name in ("last", "best", "result.json", "confusion.png"):
+        path = run / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    assert list_checkpoints(run)[-1].name == "step-0000002"
+
+    bare = runner.invoke(app, ["train", "demo-tiny", "--out", str(run), "--resume", "--no-progress"])
+    assert bare.exit_code == 0, bare.output
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["seed"] == 3 and saved["model"]["depth"] == 1 and saved["optim"]["lr"] == 0.003
+    a = load_file(str(tmp_path / "ref" / "last" / "model.safetensors"))
+    b = load_file(str(run / "last" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+    same = runner.invoke(app, ["train", "demo-tiny", "--out", str(run), "--resume", "--no-progress", "--set",
+                               "seed=3", "--set", "model.depth=1"])
+    assert same.exit_code == 0, same.output  # already complete: nothing changes
+    from vitkit.cli.main import main
+
+    for argv, said in ((["demo-tiny", "--resume", "--set", "seed=4"], "seed=4 (the run has 3)"),
+                       (["demo", "--resume"], "holds a run of the demo-tiny recipe, not demo")):
+        with pytest.raises(SystemExit) as e:
+            main(["train", argv[0], "--out", str(run), *argv[1:]])
+        err = capsys.readouterr().err
+        assert e.value.code != 0 and said in err and err.count("error:") == 1 and "Traceback" not in err

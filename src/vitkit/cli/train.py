@@ -60,22 +60,21 @@ def launch_torchrun(nproc: int, train_args: list[str]) -> int:
     return 128 - code if code < 0 else code  # killed by a signal: the shell's code for it
 
 
-def resume_command(recipe: str, out: Path, overrides: list[str], nproc: int) -> str:
-    """The command that continues a stopped run: the same recipe, folder and settings, with --resume."""
+def resume_command(recipe: str, out: Path, nproc: int) -> str:
+    """The command that continues a stopped run: a bare --resume, which goes on with the run's config.json."""
     import shlex
 
     return shlex.join(["vitkit", "train", recipe, "--out", str(out), "--resume",
-                       *(a for o in overrides for a in ("--set", o)),
                        *(["--nproc", str(nproc)] if nproc > 1 else [])])
 
 
-def continue_hint(recipe: str, out: Path, overrides: list[str], env: dict[str, str]) -> str:
-    """How to continue a stopped run: its `vitkit train` command on one machine; on several (torchrun's
+def continue_hint(recipe: str, out: Path, env: dict[str, str]) -> str:
+    """How to continue a stopped run: its `vitkit train ... --resume` on one machine; on several (torchrun's
     LOCAL_WORLD_SIZE below its WORLD_SIZE), each machine's torchrun command again, with --resume."""
     world = int(env.get("WORLD_SIZE", "1"))
     if int(env.get("LOCAL_WORLD_SIZE", str(world))) < world:
         return "the same torchrun command on every machine, with --resume (docs/distributed.md)"
-    return resume_command(recipe, out, overrides, world)
+    return resume_command(recipe, out, world)
 
 
 # torchrun's own main, without the traceback of its ChildFailedError or SignalException: a worker that fails
@@ -110,7 +109,8 @@ def train(
     out: Path = typer.Option(..., "--out", "-o",
                              help="Run folder: checkpoints, logs, the best and last models."),
     resume: bool = typer.Option(False, "--resume",
-                                help="Continue from the newest complete checkpoint in --out."),
+                                help="Continue from the newest complete checkpoint in --out, with the run's "
+                                     "own config.json (a --set that changes one of its values is refused)."),
     overrides: list[str] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE",
                                         help="Override a setting, e.g. --set optim.lr=0.002 --set "
                                              "model.depth=4 (repeatable; unknown keys are rejected with the "
@@ -135,6 +135,7 @@ def train(
     data-parallel (gloo on CPUs, nccl on GPUs)."""
     from ..train import get_recipe
     from ..train import train as run
+    from ..train.run_folder import config_to_resume
     from ..train.stopping import TrainingStopped
     from .main import UsageError
 
@@ -143,7 +144,9 @@ def train(
     if not fast:
         overrides = [*(overrides or []), "fast=false"]
     try:
-        cfg = get_recipe(recipe, overrides or [])
+        # resuming: the run's own config.json, with any --set applied to it; else the recipe's
+        cfg = (config_to_resume(out, recipe, overrides or []) if resume else None) \
+            or get_recipe(recipe, overrides or [])
     except ValueError as e:
         raise UsageError(str(e), "see `vitkit train --help`; keys are dotted, e.g. optim.lr") from None
     if show:
@@ -166,8 +169,7 @@ def train(
         result = run(cfg, out, resume=resume, progress=progress)
     except TrainingStopped as e:
         if os.environ.get("RANK", "0") == "0":
-            typer.echo(f"{e}\ncontinue with: {continue_hint(recipe, out, overrides or [], dict(os.environ))}",
-                       err=True)
+            typer.echo(f"{e}\ncontinue with: {continue_hint(recipe, out, dict(os.environ))}", err=True)
         raise typer.Exit(e.exit_code) from None
     if os.environ.get("RANK", "0") != "0":  # under torchrun, the main process reports
         return

@@ -104,10 +104,41 @@ def check_same_run(saved_cfg: Path, cfg: TrainConfig) -> None:
     except (OSError, ValueError) as e:  # a truncated or hand-damaged file
         raise ValueError(f"--resume: {saved_cfg} is unreadable ({e}); put back the run's config, or start a "
                          "new run in another --out") from None
-    changed = [k for k in config_differences(saved, json.loads(cfg.to_json())) if k not in RESUMABLE_CHANGES]
+    now = json.loads(cfg.to_json())
+    changed = [k for k in config_differences(saved, now) if k not in RESUMABLE_CHANGES]
     if changed:
-        raise ValueError(f"--resume: the config differs from the one {saved_cfg.parent} was started with, in "
-                         f"{', '.join(changed)}; resume with the same recipe and --set options")
+        values = "; ".join(f"{k}={json.dumps(dotted(now, k))} (the run has {json.dumps(dotted(saved, k))})"
+                           for k in changed)
+        raise ValueError(f"--resume: the config differs from the one {saved_cfg.parent} was started with: "
+                         f"{values}; a bare --resume goes on with the run's own config.json")
+
+
+def dotted(d: dict[str, Any], key: str) -> Any:
+    """The value at a dotted key of a nested config dict (None where there is none)."""
+    for part in key.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def config_to_resume(out: Path, recipe: str, overrides: list[str]) -> TrainConfig | None:
+    """What `vitkit train RECIPE --out OUT --resume [--set ...]` resumes: the run's own config.json, the truth
+    of the run, with the `--set` overrides applied (a value the run already has is accepted; one that changes
+    it is refused when the run resumes, naming it: check_same_run). None when OUT holds no config.json (a new
+    run: the recipe's config). ValueError for another recipe or an unreadable file, naming it."""
+    from .overrides import apply_overrides
+
+    path = out / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        saved = TrainConfig.from_dict(saved_config(path))
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"--resume: {path} is unreadable ({e}); put back the run's config, or start a new "
+                         "run in another --out") from None
+    if saved.recipe and recipe != saved.recipe:
+        raise ValueError(f"--resume: {out} holds a run of the {saved.recipe} recipe, not {recipe}; resume "
+                         f"it with `vitkit train {saved.recipe} --out {out} --resume`")
+    return apply_overrides(saved, overrides)
 
 
 def read_resume_checkpoint(out: Path, newest: Path, with_ema: bool) -> dict[str, Any]:
