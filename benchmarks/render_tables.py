@@ -12,7 +12,9 @@ made from (WHERE and DATE of their file names, benchmarks/results/README.md):
 
 Tables: `speed` (inference and training-step ratios to the fastest of timm, Hugging Face and torchvision, the
 range over the runs of one day), `speed-runs` (the same, run by run), `agreement` (int8 against fp32),
-`recipes` (what each training recipe reached, in how long, where) and `gpu` (ViT-B/16 against timm on a GPU).
+`recipes` (what each training recipe reached, in how long, where, and the split it chose on), `recipe-seeds`
+(the test top-1 of runs that chose on a held-out part, mean ± sd over their seeds) and `gpu` (ViT-B/16
+against timm on a GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 import textwrap
 from collections.abc import Callable
@@ -170,17 +173,55 @@ def minutes_of(d: dict) -> float:
     return d["train_minutes"] if "train_minutes" in d else d["seconds"] / 60
 
 
+def chosen_on(d: dict) -> str:
+    """The split a recipe record's run chose best/ (and any setting) on: its held-out part, or, for the
+    records that predate it (no `val_split`), the test split."""
+    return d.get("val_split", "test")
+
+
 def recipes(recs: list[Record], *whats: str) -> str:
-    lines = ["| recipe | command | test top-1 | time | machine | date |", "|---|---|---:|---:|---|---|"]
+    """Every recipe record, one row each: the test top-1 of the run's final model, and the split its best/
+    was chosen on."""
+    lines = ["| recipe | command | test top-1 | chosen on | time | machine | date |",
+             "|---|---|---:|---|---:|---|---|"]
     rows = [(r, load(r)) for r in recs if r.what.startswith("recipe-") and (not whats or r.what in whats)]
     for rec, d in sorted(rows, key=lambda rd: (rd[0].what, minutes_of(rd[1]))):
         top1 = d.get("test_top1", 100 * d.get("top1", 0.0))
         minutes = minutes_of(d)
         command = d.get("command", f"vitkit train {d['recipe']}")
         lines.append(
-            f"| `{d['recipe']}` | `{command}` | {top1:.2f} % | {minutes:.1f} min | "
+            f"| `{d['recipe']}` | `{command}` | {top1:.2f} % | {chosen_on(d)} | {minutes:.1f} min | "
             f"{machine_name(d, rec)} | {rec.date} |"
         )
+    return "\n".join(lines)
+
+
+def without_seed(command: str) -> str:
+    return re.sub(r" --set seed=\d+", "", command)
+
+
+def recipe_seeds(recs: list[Record], *whats: str) -> str:
+    """The recipe records of runs that chose on a held-out part, grouped by command (but its seed) and
+    machine: the test top-1 of the final model as mean and sample standard deviation over the seeds, the
+    best held-out top-1, and the time."""
+    groups: dict[tuple[str, str, str], list[tuple[Record, dict]]] = {}
+    for rec in recs:
+        if not rec.what.startswith("recipe-") or (whats and rec.what not in whats):
+            continue
+        d = load(rec)
+        if "val_split" in d:
+            key = (d["recipe"], without_seed(d["command"]), machine_name(d, rec))
+            groups.setdefault(key, []).append((rec, d))
+    lines = ["| recipe | command | seeds | test top-1, final model | best held-out top-1 | time | machine | "
+             "date |", "|---|---|---:|---:|---:|---:|---|---|"]
+    for (recipe, command, machine), runs in sorted(groups.items()):
+        tests = [d["test_top1"] for _, d in runs]
+        vals = [d["best_val_top1"] for _, d in runs]
+        minutes = statistics.mean(minutes_of(d) for _, d in runs)
+        spread = f" ± {statistics.stdev(tests):.2f}" if len(tests) > 1 else ""
+        dates = ", ".join(sorted({rec.date for rec, _ in runs}))
+        lines.append(f"| `{recipe}` | `{command}` | {len(runs)} | {statistics.mean(tests):.2f}{spread} % | "
+                     f"{statistics.mean(vals):.2f} % | {minutes:.1f} min | {machine} | {dates} |")
     return "\n".join(lines)
 
 
@@ -220,6 +261,7 @@ TABLES: dict[str, Callable[..., str]] = {
     "speed-runs": speed_runs,
     "agreement": agreement,
     "recipes": recipes,
+    "recipe-seeds": recipe_seeds,
     "gpu": gpu,
 }
 

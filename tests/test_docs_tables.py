@@ -70,13 +70,26 @@ def test_speed_table_is_the_range_over_the_runs():
 def test_recipes_table_reads_both_kinds_of_record():
     table = render.recipes(records.records(FIXTURES))
     assert (
-        "| `demo` | `vitkit train demo --out runs/demo` | 87.68 % | 1.0 min | one NVIDIA H200 | 2026-11-30 |"
-        in table
+        "| `demo` | `vitkit train demo --out runs/demo` | 87.68 % | test | 1.0 min | one NVIDIA H200 | "
+        "2026-11-30 |" in table
     )
     assert (
-        "| `fashion-mnist` | `vitkit train fashion-mnist --out runs/fmnist --nproc 2` | 93.29 % | 26.2 min |"
-        in table
+        "| `fashion-mnist` | `vitkit train fashion-mnist --out runs/fmnist --nproc 2` | 93.29 % | test | "
+        "26.2 min |" in table
     )
+    # a run that chose on its held-out part says so
+    assert ("| `fashion-mnist` | `vitkit train fashion-mnist --out runs/fmnist --nproc 2 --set seed=1` | "
+            "93.20 % | holdout |") in table
+
+
+def test_recipe_seeds_table_gives_mean_and_spread_over_the_seeds():
+    """Three seeds of one command (tests/fixtures/records/recipe-fashion-mnist_*_2026-12-05_seed*.json): one
+    row, their mean test top-1 and sample standard deviation; the records that chose on the test set are not
+    in it."""
+    table = render.recipe_seeds(records.records(FIXTURES))
+    rows = [line for line in table.splitlines()[2:]]
+    assert rows == ["| `fashion-mnist` | `vitkit train fashion-mnist --out runs/fmnist --nproc 2` | 3 | "
+                    "93.20 ± 0.20 % | 93.90 % | 29.0 min | AMD EPYC, 2 cores | 2026-12-05 |"]
 
 
 def test_check_finds_a_stale_table_and_rendering_fixes_it(tmp_path, capsys):

@@ -106,7 +106,8 @@ def test_the_unreadable_files_every_process_skipped_are_listed(tmp_path):
     (tmp_path / "data" / "test" / "a" / "a-first.png").write_bytes(b"")
     (tmp_path / "data" / "test" / "b" / "z-last.png").write_bytes(b"not a png")
     overrides = ["device=cpu", "threads=1", "steps=1", "batch_size=4", f"data.name={tmp_path / 'data'}",
-                 "data.skip_bad_images=true", "data.limit=0", "data.val_limit=0", "model.in_chans=1"]
+                 "data.skip_bad_images=true", "data.limit=0", "data.val_limit=0", "model.in_chans=1",
+                 "data.val_split=test"]
     mp.spawn(_worker, args=(2, _free_port(), overrides, str(tmp_path / "run")), nprocs=2, join=True)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["skipped"] == 2 and result["count"] == 8

@@ -255,9 +255,9 @@ def _build_worker(rank: int, world: int, port: int, folder: str) -> None:
         prepare.set_up_process(cfg)
         model, model_cfg = prepare.build_process_model(cfg, 10, rank, world)
         cfg = dataclasses.replace(cfg, model=model_cfg)
-        data = synthetic_dataset(64, seed=0)
-        run = loop.build_run(cfg, Path(folder), distributed.setup("cpu"), "val", data, None, data.classes,
-                             model, time.time())
+        images = synthetic_dataset(64, seed=0)
+        data = prepare.RunData(images, None, None, images.classes)
+        run = loop.build_run(cfg, Path(folder), distributed.setup("cpu"), data, model, time.time())
         del model
         built = list(whole)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

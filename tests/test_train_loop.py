@@ -12,7 +12,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import vitkit
-from train_helpers import synthetic_dataset, synthetic_images
+from train_helpers import fake_data_overrides, synthetic_dataset, synthetic_images, write_fake_fashion_mnist
 from vitkit.cpu import build
 from vitkit.data import FASHION_MNIST_CLASSES
 from vitkit.train import TrainingDiverged, get_recipe, loop, one_step, prepare, train
@@ -319,13 +319,40 @@ def test_a_run_saved_before_newer_settings_resumes_with_their_defaults(tmp_path)
     assert "removed_setting" in saved_config(tmp_path / "config.json")
 
 
-def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_images(tmp_path):
-    for c in range(2):
-        (tmp_path / "flat" / f"class{c}").mkdir(parents=True)
-        Image.new("L", (16, 16), 40 + 100 * c).save(tmp_path / "flat" / f"class{c}" / "0.png")
-    cfg = get_recipe("demo-tiny", [f"data.name={tmp_path / 'flat'}"])
-    with pytest.warns(UserWarning, match="the test split is the training images themselves"):
-        prepare.load_data(cfg)
+def test_a_run_validates_on_held_out_data_and_tests_once_on_the_test_split(tmp_path):
+    """Which splits a run trains, validates (chooses best/) and tests on, with no setting: a folder's own val/
+    and test/ where it has them, else a fixed part of its training images, each class in its share; the named
+    datasets hold 5,000 training images out and test on their test split."""
+    write_class_folders(tmp_path / "flat", ["a", "b"], per_class=8)
+    data = prepare.load_data(plain("demo-tiny", f"data.name={tmp_path / 'flat'}", "data.holdout=4"))
+    assert (data.val_split, data.test_split, len(data.train), len(data.val)) == ("holdout", "", 12, 4)
+    assert data.test is None
+    assert sorted(int(t) for t in data.val.targets) == [0, 0, 1, 1]  # each class in its share
+    again = prepare.load_data(plain("demo-tiny", f"data.name={tmp_path / 'flat'}", "data.holdout=4",
+                                    "seed=7"))
+    assert again.val.indices == data.val.indices  # the same part for every seed
+
+    for splits, expected in ((["train", "val"], ("val", "")), (["train", "val", "test"], ("val", "test")),
+                             (["train"], ("holdout", "")), (["train", "test"], ("holdout", "test"))):
+        root = tmp_path / "-".join(splits)
+        for split in splits:
+            write_class_folders(root / split, ["a", "b"], per_class=4)
+        got = prepare.load_data(plain("demo-tiny", f"data.name={root}", "data.holdout=2"))
+        assert (got.val_split, got.test_split) == expected, splits
+        assert len(got.train) == 8 - 2 * (expected[0] == "holdout")
+
+    named = ("train", "test")  # Fashion-MNIST's, CIFAR's
+    assert prepare.plan_splits("auto", "auto", 5000, named) == ("holdout", "test")
+    assert prepare.plan_splits("test", "auto", 5000, named) == ("test", "")  # asked for: not tested twice
+    assert prepare.plan_splits("auto", "auto", 0, ("train",)) == ("", "")
+    with pytest.raises(ValueError, match=r"data.val_split='val', but the data has no val split \(its splits: "
+                                         r"train, test\)"):
+        prepare.plan_splits("val", "auto", 5000, ("train", "test"))
+    with pytest.raises(ValueError, match="set data.holdout between 1 and 15"):
+        prepare.load_data(plain("demo-tiny", f"data.name={tmp_path / 'flat'}", "data.holdout=16"))
+
+
+def test_the_command_line_shows_warnings_as_one_line():
     import warnings
 
     from vitkit.cli.main import main, warning_line
@@ -335,11 +362,6 @@ def test_a_folder_without_split_folders_warns_that_it_validates_on_the_training_
     assert warnings.formatwarning is warning_line
     assert (warning_line(UserWarning("x has no train/"), UserWarning, "loop.py", 1)
             == "warning: x has no train/\n")
-    (tmp_path / "split" / "train").mkdir(parents=True)
-    (tmp_path / "flat").rename(tmp_path / "split" / "train" / "x")  # train/ without test/: refused as before
-    cfg = get_recipe("demo-tiny", [f"data.name={tmp_path / 'split'}"])
-    with pytest.raises(FileNotFoundError, match="no 'test' one"):
-        prepare.load_data(cfg)
 
 
 def test_a_run_gives_the_process_its_threads_and_determinism_back(tmp_path):
@@ -386,14 +408,14 @@ def test_full_token_epochs_turn_patch_dropout_off_for_the_last_steps(tmp_path, m
     the last steps see all 5 tokens, and evaluation always does."""
 
     seen: list[tuple[bool, int]] = []
-    build = loop.build_model
+    build = prepare.build_model
 
     def build_and_watch(cfg, num_classes):
         model = build(cfg, num_classes)
         model.blocks[0].register_forward_pre_hook(lambda m, args: seen.append((m.training, args[0].shape[1])))
         return model
 
-    monkeypatch.setattr(loop, "build_model", build_and_watch)
+    monkeypatch.setattr(prepare, "build_model", build_and_watch)
     data = synthetic_dataset(64, seed=4, size=8)
     # 64 images in batches of 32: 2 steps per epoch; 8 steps, the last 1.5 epochs (3 steps) with every token.
     cfg = get_recipe("fashion-mnist-tiny", ["model.image_size=8", "model.patch_size=4",
@@ -451,11 +473,10 @@ def test_val_folder_labels_follow_the_training_classes_by_name(tmp_path):
     the training split lacks is refused, named, before any training."""
     write_class_folders(tmp_path / "data" / "train", ["a", "b", "c"])
     write_class_folders(tmp_path / "data" / "val", ["a", "c"])
-    cfg = plain("demo-tiny", f"data.name={tmp_path / 'data'}", "data.val_split=val", "model.in_chans=1")
-    _, val, classes = prepare.load_data(cfg)
-    assert classes == ["a", "b", "c"] and prepare.evaluated_split(cfg) == "val"
-    # Fashion-MNIST's val is test
-    assert prepare.evaluated_split(plain("demo-tiny", "data.val_split=val")) == "test"
+    cfg = plain("demo-tiny", f"data.name={tmp_path / 'data'}", "model.in_chans=1")
+    data = prepare.load_data(cfg)
+    val, classes = data.val, data.classes
+    assert classes == ["a", "b", "c"] and data.val_split == "val"  # val/ with no setting
     assert val.classes == classes and [val[i][1] for i in range(len(val))] == [0, 0, 2, 2]
     write_class_folders(tmp_path / "data" / "val", ["d"])
     with pytest.raises(ValueError, match=r"the val split has classes that the training split lacks: d \("):
@@ -544,3 +565,31 @@ def test_compile_without_a_cpp_compiler_warns_and_trains_eagerly(monkeypatch):
 def test_the_fashion_mnist_recipe_compiles_and_its_tiny_twin_does_not():
     assert get_recipe("fashion-mnist").compile
     assert not get_recipe("fashion-mnist-tiny").compile
+
+
+def test_result_json_holds_the_held_out_choice_and_the_one_test(tmp_path):
+    """A run on (fake) Fashion-MNIST validates on its held-out part as it trains and evaluates the test split
+    once, with the final weights: result.json's headline is the test's, its `val` the held-out part's."""
+    data = write_fake_fashion_mnist(tmp_path / "data", n_train=160, n_test=48)
+    cfg = get_recipe("demo-tiny", fake_data_overrides(data) + ["threads=1", "steps=4", "eval_every=2"])
+    result = train(cfg, tmp_path / "run", progress=False)
+    assert (result.split, result.test_split) == ("holdout", "test")
+    assert result.final.count == 32 and result.test.count == 48  # the tiny twin holds 32 images out
+    summary = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert summary["split"] == "test" and summary["count"] == 48 and summary["top1"] == result.test.top1
+    assert summary["val"]["split"] == "holdout" and summary["val"]["count"] == 32
+    assert summary["val"]["best_top1"] == result.best_top1 and summary["test"]["count"] == 48
+    rows = MetricsLog.read_rows(tmp_path / "run" / "metrics.csv")
+    assert [r["split"] for r in rows if r["split"] != "train"] == ["val", "val"]  # steps 2 and 4: held out
+
+
+def test_eval_and_analyze_default_to_the_split_the_data_has(tmp_path):
+    from vitkit.data.datasets import evaluation_split
+
+    write_class_folders(tmp_path / "tv" / "train", ["a", "b"])
+    write_class_folders(tmp_path / "tv" / "val", ["a", "b"])
+    write_class_folders(tmp_path / "flat", ["a", "b"])
+    assert evaluation_split("fashion-mnist", "auto") == "test"
+    assert evaluation_split(tmp_path / "tv", "auto") == "val"
+    assert evaluation_split(tmp_path / "flat", "auto") == "train"
+    assert evaluation_split(tmp_path / "tv", "train") == "train"  # as asked

@@ -105,7 +105,7 @@ def test_resuming_a_run_killed_before_its_final_outputs_writes_them(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert ("already complete (4 of 4 steps); writing its missing last, result.json, confusion.png"
             in done.stdout)
-    assert (f"test top-1 {100 * first.final.top1:.2f} %" in done.stdout
+    assert (f"test top-1 {100 * first.test.top1:.2f} %" in done.stdout
             and f"last model: {run / 'last'}" in done.stdout)
     after = json.loads((run / "result.json").read_text())
     assert {k: after[k] for k in ("steps", "top1", "top5", "loss", "count")} == \

@@ -173,7 +173,8 @@ def test_ctrl_c_on_an_image_folder_run_with_workers(tmp_path):
     ckpt = latest_checkpoint(out)
     assert ckpt is not None and 0 < int(ckpt.name.split("-")[1]) < 100000
     assert f"stopped by SIGINT at step {int(ckpt.name.split('-')[1])} of 100000" in err
-    assert f"continue with: vitkit train demo-tiny --out {out} --resume\n" in err  # bare: config.json has the rest
+    # bare: the run's config.json has its --set options
+    assert f"continue with: vitkit train demo-tiny --out {out} --resume\n" in err
     # said by the main process, not by its worker too
     assert err.count("SIGINT: stopping after this step") == 1
     assert "Traceback" not in err and not _processes_of(out)

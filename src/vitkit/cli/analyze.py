@@ -73,7 +73,8 @@ def attention(
     data: str | None = typer.Option(None, "--data", "-d",
                                     help="Take the images from this dataset (name or folder) "
                                          "instead of files."),
-    split: str = typer.Option("test", help="With --data: test, val or train."),
+    split: str = typer.Option("auto", help="With --data: test, val or train; auto is the data's test split, "
+                                           "else its val split, else a folder's own images."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
     indices: str = typer.Option("0,1,2,3", help="With --data: which items, comma-separated."),
@@ -100,6 +101,7 @@ def attention(
     from ..analysis.inputs import load_image, to_display
     from ..analysis.rollout import attention_rollout, layer_attention
     from ..data import resolve
+    from ..data.datasets import evaluation_split
     from ..data.transforms import build_eval_transform
     from .main import UsageError
 
@@ -115,6 +117,7 @@ def attention(
     cfg = model.cfg
     transform = build_eval_transform(cfg)
     if data is not None:
+        split = evaluation_split(data, split)
         dataset = resolve(data, split, data_dir)
         picked = _parse_ints(indices, "--indices", minimum=0, example="0,1,6,8")
         bad = [i for i in picked if i >= len(dataset)]
@@ -201,7 +204,8 @@ def distance(
     ckpt: str = typer.Argument(..., help=CKPT_HELP),
     data: str = typer.Option(..., "--data", "-d",
                              help="Dataset name (fashion-mnist, cifar10, cifar100) or image folder."),
-    split: str = typer.Option("test", help="Split: test, val or train."),
+    split: str = typer.Option("auto", help="Split: test, val or train; auto is the data's test split, else "
+                                           "its val split, else a folder's own images."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
     num_images: int = typer.Option(256, "--num-images", "-n",
@@ -223,6 +227,7 @@ def distance(
     from ..analysis.features import iterate_batches
     from ..analysis.figures import plot_attention_distance, save_figure
     from ..data import resolve
+    from ..data.datasets import evaluation_split
     from ..data.subsets import spread_subset
     from ..data.transforms import build_eval_transform
     from .main import UsageError
@@ -232,6 +237,7 @@ def distance(
     dev = parse_device(device)
     model = _load(ckpt, fast, dev).eval()
     cfg = model.cfg
+    split = evaluation_split(data, split)
     dataset = spread_subset(resolve(data, split, data_dir), num_images)
     total = torch.zeros(cfg.depth, cfg.num_heads, dtype=torch.float64)
     seen = 0
@@ -286,10 +292,12 @@ def _train_and_test(data: str, train_split: str, test_split: str, data_dir: Path
     split's, by name (a folder numbers its own sub-folders), each cut to its --max-* images spread over it.
     A folder without split sub-folders would serve its own images as both: refused."""
     from ..data import resolve
+    from ..data.datasets import evaluation_split
     from ..data.subsets import spread_subset
     from ..data.views import with_classes
     from .main import UsageError
 
+    test_split = evaluation_split(data, test_split)
     train_set, test_set = resolve(data, train_split, data_dir), resolve(data, test_split, data_dir)
     if getattr(test_set, "split_of_root", False):  # a folder without split folders: its own images
         raise UsageError(f"{data} has no {train_split}/ and {test_split}/ sub-folders: its {test_split} "
@@ -322,7 +330,8 @@ def fewshot(
     l2_reg: float = typer.Option(2.0**10, "--l2-reg", help="L2 regularisation of the least-squares fit "
                                  "(big_vision: 2^10)."),
     train_split: str = typer.Option("train", help="Split the shots are drawn from."),
-    test_split: str = typer.Option("test", help="Split the accuracy is measured on."),
+    test_split: str = typer.Option("auto", help="Split the accuracy is measured on (auto: the data's test "
+                                                "split, else its val split)."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
     max_train: int | None = typer.Option(None, min=1,
@@ -412,7 +421,8 @@ def probe(
     c: float | None = typer.Option(None, "--C", help="Inverse regularisation strength; default: chosen from "
                                    "0.01, 0.1, 1, 10 on a held-out tenth of the training features."),
     train_split: str = typer.Option("train", help="Split to fit on."),
-    test_split: str = typer.Option("test", help="Split to measure on."),
+    test_split: str = typer.Option("auto", help="Split to measure on (auto: the data's test split, else its "
+                                                "val split)."),
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Where to look for (and download) named datasets."),
     max_train: int | None = typer.Option(None, min=1,

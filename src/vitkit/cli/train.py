@@ -174,10 +174,12 @@ def train(
     if os.environ.get("RANK", "0") != "0":  # under torchrun, the main process reports
         return
     took = f"{result.seconds / 60:.1f} min" if result.seconds >= 60 else f"{result.seconds:.0f} s"
-    final = result.final
+    # the headline: the final weights on the test split where the run has one, else on its validation split
+    final, split = ((result.test, result.test_split) if result.test is not None
+                    else (result.final, result.split))
     if final is not None:
         skipped = f" ({final.skipped} unreadable skipped)" if final.skipped else ""
-        typer.echo(f"{result.split} {final.summary()} on {final.count} images{skipped}; {result.steps} steps "
+        typer.echo(f"{split} {final.summary()} on {final.count} images{skipped}; {result.steps} steps "
                    f"in {took}")
     models = [f"{kind} model: {path}" for kind, path in (("last", result.last_dir), ("best", result.best_dir))
               if path is not None and path.is_dir()]
@@ -188,7 +190,9 @@ def eval(
     checkpoint: str = typer.Argument(..., help="A checkpoint folder or file (anything `vitkit.load` reads)."),
     data: str = typer.Option(..., "--data", "-d",
                              help="Dataset name (fashion-mnist, cifar10, cifar100) or a folder."),
-    split: str = typer.Option("test", "--split", help="Split: test, val or train."),
+    split: str = typer.Option("auto", "--split",
+                              help="Split: test, val or train; auto is the data's test split, else its val "
+                                   "split, else a folder's own images."),
     data_dir: Path = typer.Option(None, "--data-dir",
                                   help="Where to look for (and download) named datasets."),
     batch_size: int = typer.Option(256, "--batch-size", "-b", min=1, help="Images per forward pass."),
@@ -211,6 +215,7 @@ def eval(
 ) -> None:
     """Top-1, top-5, loss and per-class accuracy on a dataset, and a confusion-matrix PNG."""
     from ..data import resolve
+    from ..data.datasets import evaluation_split
     from ..data.subsets import spread_subset
     from ..train.evaluate import confusion_png, evaluate
     from ..train.prepare import skipped_images
@@ -218,6 +223,7 @@ def eval(
 
     model = _load(checkpoint)
     cfg = model.cfg
+    split = evaluation_split(data, split)
     dataset = resolve(data, split, data_dir, skip_bad_images=skip_bad_images)
     try:
         dataset, note = match_classes(dataset, getattr(model, "class_names", None), cfg.num_classes, data,

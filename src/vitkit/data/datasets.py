@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from .cifar import load_cifar
 from .fashion_mnist import load_fashion_mnist
 from .folders import ImageFolderDataset
-from .hf_folder import HF_PREFIX, is_hf_folder, load_hf_folder
+from .hf_folder import HF_PREFIX, hf_split_names, is_hf_folder, load_hf_folder
 from .locations import check_split
 from .shards import SHARDS_PREFIX, ShardSet, open_shards
 
@@ -44,6 +44,38 @@ def _split_folder(root: Path, split: str) -> Path:
     if present:
         raise FileNotFoundError(f"{root} has split folders {', '.join(present)} but no {split!r} one")
     return root
+
+
+def own_splits(data: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The splits, of train, val and test, that `data` has of its own (without reading an image): the named
+    datasets have train and test; a folder the split sub-folders it has (train alone where its class folders
+    lie in it directly); a Hugging Face dataset folder its DatasetDict's splits (train alone for a single
+    dataset); shards train alone."""
+    text = str(data).strip()
+    if text.startswith(SHARDS_PREFIX):
+        return ("train",)
+    key = text.lower().replace("_", "-")
+    path = Path(text.removeprefix(HF_PREFIX)).expanduser()
+    if key in _ALIASES and not path.is_dir():
+        return ("train", "test")
+    if text.startswith(HF_PREFIX) or is_hf_folder(path):
+        names = hf_split_names(path)
+        return tuple(s for s, aliases in _SPLIT_FOLDERS.items() if any(a in names for a in aliases)) \
+            if names else ("train",)
+    if path.is_dir():
+        found = tuple(s for s, aliases in _SPLIT_FOLDERS.items() if any((path / a).is_dir() for a in aliases))
+        return found or ("train",)
+    raise FileNotFoundError(f"{data}: not a folder, and not a dataset name ({', '.join(DATASET_NAMES)}), "
+                            "hf:FOLDER or shards:PATTERN")
+
+
+def evaluation_split(data: str | os.PathLike[str], split: str) -> str:
+    """`split` itself, or for 'auto' the split that evaluating `data` means: its test split where it has one,
+    else its val split, else its training images (a folder of class folders)."""
+    if split != "auto":
+        return split
+    own = own_splits(data)
+    return next(s for s in ("test", "val", "train") if s in own)
 
 
 def split_name(data: str | os.PathLike[str] | Dataset, split: str) -> str:

@@ -9,6 +9,7 @@ The Arrow files are memory-mapped, so the workers share them without copying.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +24,17 @@ def is_hf_folder(path: Path) -> bool:
     """Whether `path` is a folder that `datasets.load_from_disk` reads."""
     return path.is_dir() and ((path / "dataset_info.json").is_file() and (path / "state.json").is_file()
                               or (path / "dataset_dict.json").is_file())
+
+
+def hf_split_names(path: Path) -> tuple[str, ...]:
+    """The split names of the DatasetDict saved in `path` (its dataset_dict.json); () for a single dataset."""
+    index = Path(path) / "dataset_dict.json"
+    if not index.is_file():
+        return ()
+    try:
+        return tuple(json.loads(index.read_text()).get("splits", ()))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{index}: unreadable ({e})") from None
 
 
 class HFImageDataset(Dataset):

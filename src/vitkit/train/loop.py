@@ -61,14 +61,15 @@ from .one_step import (
 )
 from .optim import build_optimizer, lr_at, set_lr
 from .prepare import (
+    RunData,
     build_process_model,
     device_unavailable,
-    evaluated_split,
     load_data,
     set_up_process,
     skipped_images,
 )
 from .recipes import missing_init
+from .report import Report, progress_bar
 from .run_folder import (
     FINAL_OUTPUTS,
     check_run_folder,
@@ -90,8 +91,10 @@ class TrainingDiverged(ValueError):
 
 @dataclass
 class RunResult:
-    """What a run ended with. `final`: the last evaluation, on the split named `split` (None without one, or
-    when a resumed run was already complete with all of its outputs)."""
+    """What a run ended with. `final`: the last evaluation as it trained, on the split named `split` (its
+    held-out part, or a val split), whose best top-1 `best_top1` chose best/; `test`: the final weights on the
+    split named `test_split`, evaluated once at the end. Each None without such a split, or when a resumed
+    run was already complete with all of its outputs."""
 
     run_dir: Path
     steps: int
@@ -101,6 +104,8 @@ class RunResult:
     last_dir: Path
     best_dir: Path | None
     split: str = "val"
+    test: EvalResult | None = None
+    test_split: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,10 +138,12 @@ class Run:
     cfg: TrainConfig
     out: Path
     ctx: distributed.Context
-    split: str  # the name of the split evaluated on
+    split: str  # the name of the split evaluated as it trains ('holdout': a part of the training split)
     train_set: Dataset
     val_set: Dataset | None
     classes: list[str]
+    test_split: str  # the name of the split evaluated once at the end ('' for none)
+    test_set: Dataset | None
     model: VisionTransformer
     optimizer: torch.optim.Optimizer
     ema: EMA | None
@@ -205,12 +212,11 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set: Dataset | None,
     if cfg.parallel == "fsdp" and ctx.distributed and ctx.device.type == "cpu":
         return_large_blocks()  # FSDP's per-block buffers would fragment the heap (vitkit.cpu.allocator)
     set_up_process(cfg)
-    split = evaluated_split(cfg, train_set, val_set)
-    train_set, val_set, classes = load_data(cfg, train_set, val_set)
-    model, model_cfg = build_process_model(cfg, len(classes), ctx.rank, ctx.world)
+    data = load_data(cfg, train_set, val_set)
+    model, model_cfg = build_process_model(cfg, len(data.classes), ctx.rank, ctx.world)
     cfg = dataclasses.replace(cfg, model=model_cfg)  # the resolved config: what actually runs
     newest = open_run_folder(cfg, out, resume, ctx, held)
-    run = build_run(cfg, out, ctx, split, train_set, val_set, classes, model, t_start)
+    run = build_run(cfg, out, ctx, data, model, t_start)
     del model  # under FSDP the main process's whole model: the run holds its shards only
     if resume and newest is not None:
         resume_state(run, newest)
@@ -219,15 +225,14 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, train_set: Dataset | None,
     return train_steps(run, progress)
 
 
-def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, split: str, train_set: Dataset,
-              val_set: Dataset | None, classes: list[str], model: VisionTransformer | None,
-              t_start: float) -> Run:
+def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, data: RunData,
+              model: VisionTransformer | None, t_start: float) -> Run:
     """The run at step 0: its batches and lengths, the model on its device with a new optimizer and EMA. With
     `parallel=fsdp` on several processes, `model` is the main process's (None on the others) and the run
     holds its shards instead, the EMA sharded alike (sharding.py), so that it costs each process its share
     only, updated shard by shard with no communication."""
     plan = make_plan(cfg.batch_size, cfg.micro_batch, ctx.world, ctx.rank)
-    source = batch_source(train_set, cfg.model, cfg.augment, len(classes), cfg.seed, cfg.data.workers)
+    source = batch_source(data.train, cfg.model, cfg.augment, len(data.classes), cfg.seed, cfg.data.workers)
     if cfg.parallel == "fsdp" and ctx.distributed:
         mesh, policy = sharding.device_mesh(ctx.device, ctx.world), sharding.mixed_precision(ctx.device)
         model = sharding.shard_from_main(model, cfg.model, mesh, ctx.device, policy)
@@ -241,8 +246,9 @@ def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, split: str,
             accelerate(ema_module)
     ema = EMA(model, cfg.ema, ema_module) if cfg.ema else None
     optimizer = build_optimizer(model, cfg.optim)
-    return Run(cfg, out, ctx, split, train_set, val_set, classes, model, optimizer, ema, source, plan,
-               Lengths.of(cfg, len(source)), autocast_dtype(cfg.precision, ctx.device), t_start)
+    return Run(cfg, out, ctx, data.val_split, data.train, data.val, data.classes, data.test_split, data.test,
+               model, optimizer, ema, source, plan, Lengths.of(cfg, len(source)),
+               autocast_dtype(cfg.precision, ctx.device), t_start)
 
 
 def resume_state(run: Run, newest: Path) -> None:
@@ -287,7 +293,7 @@ def resume_state(run: Run, newest: Path) -> None:
 def finish_complete_run(run: Run) -> RunResult:
     """A resumed run that has trained all of its steps: write only the end-of-run outputs it lacks (it was
     stopped between its last checkpoint and them), evaluating its final weights again when they need it."""
-    missing = missing_final_outputs(run.out, run.val_set is not None)
+    missing = missing_final_outputs(run.out, run.val_set is not None or run.test_set is not None)
     if run.ctx.is_main:
         print(f"{run.out} is already complete ({run.step} of {run.lengths.total} steps)"
               + (f"; writing its missing {', '.join(missing)}" if missing else ""), flush=True)
@@ -295,10 +301,9 @@ def finish_complete_run(run: Run) -> RunResult:
     if missing and run.val_set is not None:  # as the run's own end would: its final weights on the val split
         result = evaluate(run.eval_model, run.val_set, run.cfg.model, run.cfg.data.eval_batch_size,
                           run.ctx.device, run.amp, run.ctx.rank, run.ctx.world)
-    if missing:
-        write_end_of_run(run, result, missing, run.elapsed_before)
+    test = write_end_of_run(run, result, missing, run.elapsed_before) if missing else None
     distributed.barrier()
-    return run_result(run, run.elapsed_before, result)
+    return run_result(run, run.elapsed_before, result, test)
 
 
 def train_steps(run: Run, progress: bool | None) -> RunResult:
@@ -332,9 +337,9 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
             if skipped and ctx.is_main:
                 report.print(f"skipped {len(skipped)} unreadable image(s) so far, e.g. {skipped[0]}")
     seconds = run.seconds()
-    write_end_of_run(run, result, list(FINAL_OUTPUTS), seconds)
+    test = write_end_of_run(run, result, list(FINAL_OUTPUTS), seconds)
     distributed.barrier()  # every process returns with the run folder complete: its `last` may be read next
-    return run_result(run, seconds, result)
+    return run_result(run, seconds, result, test)
 
 
 # --- the steps of the loop ---------------------------------------------------------------------------------
@@ -430,65 +435,31 @@ def train_state(run: Run) -> dict[str, Any]:
             "skipped_in_a_row": run.skipped_in_a_row}
 
 
-def write_end_of_run(run: Run, result: EvalResult | None, names: list[str], seconds: float) -> None:
-    """The end-of-run outputs among `names` (FINAL_OUTPUTS), written by the main process."""
+def write_end_of_run(run: Run, result: EvalResult | None, names: list[str],
+                     seconds: float) -> EvalResult | None:
+    """The end-of-run outputs among `names` (FINAL_OUTPUTS), written by the main process, after the final
+    weights' one evaluation on the test split (when the run has one and result.json is to be written; every
+    process evaluates its share). Returns that evaluation."""
+    test = None
+    if run.test_set is not None and "result.json" in names:
+        test = evaluate(run.eval_model, run.test_set, run.cfg.model, run.cfg.data.eval_batch_size,
+                        run.ctx.device, run.amp, run.ctx.rank, run.ctx.world,
+                        loss_fn=classification_loss(run.cfg.optim.loss))
+        if run.ctx.is_main:
+            print(f"{run.test_split} {test.summary()} on {test.count} images (final weights)", flush=True)
     # Each process skipped the bad files of its own share of the data: the list is all of theirs.
-    local = [str(p) for p in skipped_images(run.train_set) + skipped_images(run.val_set)]
+    local = [str(p) for data in (run.train_set, run.val_set, run.test_set) for p in skipped_images(data)]
     skipped = list(dict.fromkeys(distributed.gather_strings(local)))
     model = run.eval_model if "last" in names else None
     if run.ctx.is_main:
         write_final_outputs(run.out, names, model, run.classes, result, recipe=run.cfg.recipe,
                             step=run.step, seconds=seconds, processes=run.ctx.world, best_top1=run.best,
-                            skipped=skipped)
+                            skipped=skipped, val_split=run.split, test=test, test_split=run.test_split)
+    return test
 
 
-def run_result(run: Run, seconds: float, final: EvalResult | None) -> RunResult:
+def run_result(run: Run, seconds: float, final: EvalResult | None,
+               test: EvalResult | None = None) -> RunResult:
     best_dir = run.out / "best" if (run.out / "best").is_dir() else None
-    return RunResult(run.out, run.step, seconds, final, run.best, run.out / "last", best_dir, run.split)
-
-
-# --- what the run reports as it goes ------------------------------------------------------------------------
-def progress_bar(run: Run, progress: bool | None):
-    """The main process's progress bar on stderr, or None: always with `progress` True, never with False, and
-    with None only where stderr is a terminal (a log file would keep every frame the bar draws)."""
-    if progress is False or not run.ctx.is_main:
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(total=run.lengths.total, initial=run.step, desc=run.cfg.recipe or "train", unit="step",
-               dynamic_ncols=True, mininterval=1.0, disable=None if progress is None else False)
-    return None if bar.disable else bar
-
-
-class Report:
-    """What a run reports as it trains: the rows of RUN/metrics.csv (`log`), the progress bar (`bar`, or None)
-    and messages, written through the bar, which lifts itself first, when there is one."""
-
-    def __init__(self, log: MetricsLog, bar):
-        self.log, self.bar = log, bar
-        self.window_t, self.window_n, self.loss_ema = time.time(), 0, None  # throughput window, smoothed loss
-
-    def print(self, message: str) -> None:
-        (self.bar.write if self.bar else print)(message)
-
-    def after_step(self, run: Run, lr: float, loss: float | None) -> None:
-        """The bar moves on; every `log_every` steps and at the last (the steps with a `loss`), a row of the
-        loss, the learning rate, the images per second since the last row and the steps skipped so far."""
-        self.window_n += run.cfg.batch_size
-        if self.bar is not None:
-            self.bar.update(1)
-        if loss is not None:
-            self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
-            ips = self.window_n / max(time.time() - self.window_t, 1e-9)
-            self.window_t, self.window_n = time.time(), 0
-            epoch = run.step / run.lengths.per_epoch
-            self.log.write(run.step, epoch, "train", loss=loss, lr=lr, img_per_s=ips,
-                           skipped_steps=run.skipped)
-            if self.bar is not None:
-                self.bar.set_postfix(loss=f"{self.loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
-                                     epoch=f"{epoch:.2f}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self.log.close()
+    return RunResult(run.out, run.step, seconds, final, run.best, run.out / "last", best_dir, run.split, test,
+                     run.test_split)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,8 +15,8 @@ from torch.utils.data import Dataset
 
 from ..config import ViTConfig
 from ..data import resolve
-from ..data.datasets import split_name
-from ..data.subsets import spread_subset
+from ..data.datasets import own_splits
+from ..data.subsets import holdout_split, spread_subset
 from ..data.views import with_classes
 from ..model import VisionTransformer
 from .settings import TrainConfig
@@ -51,44 +51,77 @@ def device_unavailable(name: str) -> str | None:
     return None
 
 
-def evaluated_split(cfg: TrainConfig, train_set: Dataset | None = None,
-                    val_set: Dataset | None = None) -> str:
-    """The name of the split a run evaluates on (`cfg.data.val_split`, or 'val' for datasets given to train):
-    the one read, e.g. 'test' for Fashion-MNIST's val, which is its test split."""
-    if train_set is None and val_set is None and cfg.data.val_split:
-        return split_name(cfg.data.name, cfg.data.val_split)
-    return "val"
+@dataclass
+class RunData:
+    """What a run trains and evaluates on: the training set, the set it evaluates as it trains (`val`, which
+    chooses best/; None without one) and the one it evaluates once at the end (`test`; None without one),
+    the names of those two splits ('holdout' for a part held out of the training split) and the classes."""
+
+    train: Dataset
+    val: Dataset | None
+    test: Dataset | None
+    classes: list[str]
+    val_split: str = ""
+    test_split: str = ""
 
 
-def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None):
-    """The training and validation datasets (None when there is no validation) and the class names.
+def plan_splits(val_split: str, test_split: str, holdout: int, own: tuple[str, ...]) -> tuple[str, str]:
+    """The splits a run evaluates on, named ('' for none), given the data's own splits `own` (of train, val
+    and test): 'auto' validation is the data's val split, else `holdout` images of its training split
+    ('holdout'); 'auto' test is its test split. A split the data lacks is refused, naming those it has."""
+    val = val_split
+    if val == "auto":
+        val = "val" if "val" in own else ("holdout" if holdout else "")
+    test = test_split
+    if test == "auto":
+        test = "test" if "test" in own and val != "test" else ""
+    for key, name in (("val_split", val), ("test_split", test)):
+        if name and name != "holdout" and name not in own:
+            have = ", ".join(own)
+            raise ValueError(f"data.{key}={name!r}, but the data has no {name} split (its splits: {have}); "
+                             f"leave data.{key}=auto" + (", which holds a part of the training split out"
+                                                         if key == "val_split" else ""))
+    if test == "holdout":
+        raise ValueError("data.test_split='holdout': the held-out part is for validation (data.val_split)")
+    return val, test
 
-    The validation labels index the training classes, matched by name: an image folder numbers its classes by
-    position among its own sub-folders, so a val/ lacking one of train/'s classes would shift every label
-    after it. A validation class the training data lacks is refused, named (see with_classes)."""
+
+def load_data(cfg: TrainConfig, train_set: Dataset | None = None, val_set: Dataset | None = None) -> RunData:
+    """The training, validation and test sets and the class names, as `cfg.data` asks (plan_splits); with
+    datasets given (`train_set`, and `val_set` or none), those alone: no part held out, no test.
+
+    The held-out part is drawn before `data.limit` applies to the rest. The validation and test labels index
+    the training classes, matched by name: an image folder numbers its classes by position among its own
+    sub-folders, so a val/ lacking one of train/'s classes would shift every label after it. A class the
+    training data lacks is refused, named (see with_classes)."""
     d = cfg.data
-    split = evaluated_split(cfg, train_set, val_set)
-    if train_set is None:
+    test_set = None
+    if train_set is not None:
+        val_name, test_name = ("val" if val_set is not None else ""), ""
+    else:
         if not d.name:
             raise ValueError("no training data: set data.name to a dataset name or a folder "
                              "(e.g. --set data.name=/data/imagenet)")
-        train_set = resolve(d.name, d.train_split, d.data_dir, d.download, d.skip_bad_images)
-        if val_set is None and d.val_split:
-            val_set = resolve(d.name, d.val_split, d.data_dir, d.download, d.skip_bad_images)
-            if getattr(val_set, "split_of_root", False):  # a folder without split folders: its own images
-                warnings.warn(f"{d.name} has no {d.train_split}/ and {d.val_split}/ sub-folders: the "
-                              f"{d.val_split} split is the training images themselves, so its accuracy (and "
-                              "the choice of best/) says how well they are fitted, not how the model "
-                              f"generalises; give the folder {d.train_split}/ and {d.val_split}/ "
-                              "sub-folders, or set data.val_split='' to train without evaluation",
-                              stacklevel=2)
+        val_name, test_name = plan_splits(d.val_split, d.test_split, d.holdout, own_splits(d.name))
+
+        def read(split: str) -> Dataset:
+            return resolve(d.name, split, d.data_dir, d.download, d.skip_bad_images)
+
+        train_set = read(d.train_split)
+        if val_name == "holdout":
+            train_set, val_set = holdout_split(train_set, d.holdout)
+        elif val_name:
+            val_set = read(val_name)
+        test_set = read(test_name) if test_name else None
     classes = list(getattr(train_set, "classes", None) or [])
     if not classes:
         raise ValueError("the training set has no `.classes`; give it a list of class names")
     if val_set is not None:
-        val_set = with_classes(val_set, classes, f"the {split} split", "the training split")
-        val_set = spread_subset(val_set, d.val_limit)
-    return spread_subset(train_set, d.limit), val_set, classes
+        what = "the held-out part" if val_name == "holdout" else f"the {val_name} split"
+        val_set = spread_subset(with_classes(val_set, classes, what, "the training split"), d.val_limit)
+    if test_set is not None:
+        test_set = with_classes(test_set, classes, f"the {test_name} split", "the training split")
+    return RunData(spread_subset(train_set, d.limit), val_set, test_set, classes, val_name, test_name)
 
 
 def skipped_images(dataset: Dataset) -> list:

@@ -38,7 +38,7 @@ def pretrain() -> TrainConfig:
         model=get_config("ViT-B/16", representation_size=768, num_classes=1000, dropout=0.1),
         optim=OptimConfig(name="adamw", lr=1e-3, weight_decay=0.03, betas=(0.9, 0.999), schedule="linear",
                           warmup_steps=10_000, clip_grad_norm=1.0, loss="sigmoid", head_bias=-10.0),
-        data=DataConfig(name="", val_split="val", workers=8),
+        data=DataConfig(name="", workers=8),
         augment=AugmentConfig(crop="rrc", hflip=0.5),
         epochs=90.0, batch_size=4096, micro_batch=64, ckpt_every=5000, eval_every=5000,
     )
@@ -62,7 +62,7 @@ def finetune() -> TrainConfig:
         model=get_config("ViT-B/16", image_size=384, num_classes=10),
         optim=OptimConfig(name="sgd", lr=0.003, weight_decay=0.0, momentum=0.9, schedule="cosine",
                           warmup_steps=500, clip_grad_norm=1.0),
-        data=DataConfig(name="cifar10", val_split="test", workers=4),
+        data=DataConfig(name="cifar10", workers=4),
         augment=AugmentConfig(crop="rrc", crop_scale=(0.05, 1.0), hflip=0.5),
         init="", posemb_interpolation="bilinear-corners", steps=10_000, batch_size=512, micro_batch=32,
         ckpt_every=500, eval_every=1000,
@@ -99,7 +99,7 @@ def fashion_mnist() -> TrainConfig:
                                 patch_dropout=0.5, attn_init="mimetic"),
         optim=OptimConfig(name="adamw", lr=4e-3, weight_decay=0.05, schedule="cosine", warmup_epochs=2.0,
                           clip_grad_norm=1.0, label_smoothing=0.1),
-        data=DataConfig(name="fashion-mnist", val_split="test"),
+        data=DataConfig(name="fashion-mnist"),
         augment=AugmentConfig(crop="pad-crop", pad=2, hflip=0.5, random_erasing=0.25),
         # eval_every: every 3 epochs of Fashion-MNIST's 60,000 training images at batch 256 (a step count: it
         # is not rescaled when data.limit or batch_size is changed).
@@ -142,7 +142,7 @@ def demo() -> TrainConfig:
         model=fashion_mnist_vit(depth=4, name="vit-fashion-mnist-demo"),
         optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.05, schedule="cosine", warmup_epochs=0.5,
                           clip_grad_norm=1.0, label_smoothing=0.1),
-        data=DataConfig(name="fashion-mnist", val_split="test"),
+        data=DataConfig(name="fashion-mnist"),
         augment=AugmentConfig(crop="none", hflip=0.5),
         epochs=6.0, batch_size=128, log_every=50,
     )
@@ -163,7 +163,8 @@ def _tiny(cfg: TrainConfig, image_size: int, patch: int, batch: int = 32, micro:
         optim=dataclasses.replace(cfg.optim,
                                   warmup_steps=2 if cfg.optim.warmup_steps or cfg.optim.warmup_epochs else 0,
                                   warmup_epochs=0.0),
-        data=dataclasses.replace(cfg.data, limit=256, val_limit=128, workers=0, eval_batch_size=128),
+        data=dataclasses.replace(cfg.data, limit=256, val_limit=128, holdout=min(cfg.data.holdout, 32),
+                                 workers=0, eval_batch_size=128),
         epochs=0.0, steps=16, batch_size=batch, micro_batch=micro, ckpt_every=4, eval_every=8, log_every=4,
         ema=cfg.ema and 0.9, compile=False,  # a few dozen steps: not worth a compilation
     )
@@ -174,7 +175,7 @@ def pretrain_tiny() -> TrainConfig:
     base = pretrain()
     cfg = _tiny(base, 16, 4, batch=32, micro=8)
     return dataclasses.replace(cfg, model=cfg.model.replace(in_chans=1, num_classes=10),
-                               data=dataclasses.replace(cfg.data, name="fashion-mnist", val_split="test"))
+                               data=dataclasses.replace(cfg.data, name="fashion-mnist", val_split="auto"))
 
 
 def finetune_tiny() -> TrainConfig:

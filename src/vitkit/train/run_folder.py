@@ -190,21 +190,35 @@ def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
 
 def write_final_outputs(out: Path, names: list[str], model: nn.Module | None, classes: list[str],
                         result: EvalResult | None, *, recipe: str, step: int, seconds: float, processes: int,
-                        best_top1: float | None, skipped: list[str]) -> None:
+                        best_top1: float | None, skipped: list[str], val_split: str = "val",
+                        test: EvalResult | None = None, test_split: str = "") -> None:
     """Write the end-of-run outputs among `names` (see FINAL_OUTPUTS): the last model (`last/`, a plain
-    vitkit checkpoint with the final metrics), the confusion matrix of the final evaluation, and result.json
-    (the final metrics with the confusion matrix left out, and every unreadable image file skipped)."""
+    vitkit checkpoint with the final metrics), the confusion matrix of the final evaluation, and result.json.
+
+    result.json holds the final weights' metrics on the validation split (`val`: `result`, with the best
+    top-1 that chose best/) and on the test split (`test`), and at its top level the run's headline figure:
+    the test split's where the run has one, else the validation split's, named by `split` (the confusion
+    matrix left out; every unreadable image file skipped listed)."""
+    def metrics(r: EvalResult, split: str, **more) -> dict:
+        d = {"split": split, **more, **r.to_dict()}
+        d.pop("confusion", None)
+        return d
+
+    headline, headline_split = (test, test_split) if test is not None else (result, val_split)
     if "last" in names:
-        extra = {"train": {"step": step, "seconds": seconds, **(result.to_dict() if result else {})}}
-        save_model_atomically(model, out / "last", classes, extra)
-    if "confusion.png" in names and result is not None:
-        confusion_png(result, out / "confusion.png", f"{recipe}: top-1 {100 * result.top1:.2f} % "
-                                                     f"on {result.count} images")
+        final = {**(metrics(result, val_split) if result else {}),
+                 **({"test": metrics(test, test_split)} if test else {})}
+        save_model_atomically(model, out / "last", classes, {"train": {"step": step, "seconds": seconds,
+                                                                       **final}})
+    if "confusion.png" in names and headline is not None:
+        title = f"{recipe}: {headline_split} top-1 {100 * headline.top1:.2f} % on {headline.count} images"
+        confusion_png(headline, out / "confusion.png", title)
     if "result.json" in names:
         summary = {"recipe": recipe, "steps": step, "seconds": round(seconds, 1), "processes": processes,
-                   "best_top1": best_top1, **(result.to_dict() if result else {})}
-        summary.pop("confusion", None)
-        summary["skipped_images"] = skipped
+                   **(metrics(headline, headline_split) if headline else {}),
+                   "val": metrics(result, val_split, best_top1=best_top1) if result else None,
+                   "test": metrics(test, test_split) if test else None,
+                   "skipped_images": skipped}
         (out / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -167,7 +167,13 @@ class DataConfig:
 
     `name`: a dataset name (fashion-mnist, cifar10, cifar100), a folder of class sub-folders, a Hugging Face
     dataset folder (`hf:FOLDER`) or tar shards (`shards:PATTERN`, see `vitkit shard`; training only, with
-    val_split ''); see `vitkit.data.resolve`. `val_split`: evaluated during training ('' for none).
+    val_split ''); see `vitkit.data.resolve`.
+    `val_split`: what the run evaluates as it trains, which chooses `best/`: 'auto' is the data's own val
+    split where it has one (a folder's val/), else `holdout` images held out of the training split
+    ('holdout': a fixed part, each class in its share, the same for every seed; the run trains on the rest);
+    or a split by name ('val', 'test'), or '' for none. `test_split`: evaluated once, with the final weights,
+    at the end ('auto': the data's test split where it has one, else none; '' for none): the figure the run
+    reports, never used to choose anything.
     `limit`/`val_limit`: use only N images (0: all), for quick runs, spread evenly over the split so that a
     folder's classes all keep their share (vitkit.data.subsets). `workers`: DataLoader processes, used for
     datasets that are not held in memory (image folders, shards); in-memory datasets are augmented whole
@@ -177,7 +183,9 @@ class DataConfig:
     name: str = "fashion-mnist"
     data_dir: str | None = None
     train_split: str = "train"
-    val_split: str = "test"
+    val_split: str = "auto"
+    test_split: str = "auto"
+    holdout: int = 5000
     download: bool = True
     skip_bad_images: bool = False
     limit: int = 0
@@ -192,6 +200,7 @@ class DataConfig:
 
 
 DATA_RANGES = {"limit": Range(0, integer=True), "val_limit": Range(0, integer=True),
+               "holdout": Range(0, integer=True),
                "workers": Range(0, integer=True), "eval_batch_size": Range(1, integer=True)}
 
 
