@@ -197,13 +197,15 @@ def recipes(recs: list[Record], *whats: str) -> str:
 
 
 def without_seed(command: str) -> str:
-    return re.sub(r" --set seed=\d+", "", command)
+    """A run's command with its own folder and seed generalised: what its seeds have in common."""
+    command = re.sub(r" --out \S+", " --out DIR", command)
+    return re.sub(r" --set seed=\d+", "", command) + " --set seed=S"
 
 
 def recipe_seeds(recs: list[Record], *whats: str) -> str:
-    """The recipe records of runs that chose on a held-out part, grouped by command (but its seed) and
-    machine: the test top-1 of the final model as mean and sample standard deviation over the seeds, the
-    best held-out top-1, and the time."""
+    """The recipe records of runs that chose on a held-out part, grouped by command (but its folder and seed)
+    and machine: the test top-1 of the final model as mean and sample standard deviation over the seeds, the
+    best held-out top-1 (mean), and the time (mean)."""
     groups: dict[tuple[str, str, str], list[tuple[Record, dict]]] = {}
     for rec in recs:
         if not rec.what.startswith("recipe-") or (whats and rec.what not in whats):
@@ -212,15 +214,16 @@ def recipe_seeds(recs: list[Record], *whats: str) -> str:
         if "val_split" in d:
             key = (d["recipe"], without_seed(d["command"]), machine_name(d, rec))
             groups.setdefault(key, []).append((rec, d))
-    lines = ["| recipe | command | seeds | test top-1, final model | best held-out top-1 | time | machine | "
-             "date |", "|---|---|---:|---:|---:|---:|---|---|"]
+    lines = ["| recipe | command | seeds S | test top-1, final model | best held-out top-1 | time | "
+             "machine | date |", "|---|---|---|---:|---:|---:|---|---|"]
     for (recipe, command, machine), runs in sorted(groups.items()):
         tests = [d["test_top1"] for _, d in runs]
         vals = [d["best_val_top1"] for _, d in runs]
         minutes = statistics.mean(minutes_of(d) for _, d in runs)
         spread = f" ± {statistics.stdev(tests):.2f}" if len(tests) > 1 else ""
+        seeds = ", ".join(str(s) for s in sorted(d.get("seed", 0) for _, d in runs))
         dates = ", ".join(sorted({rec.date for rec, _ in runs}))
-        lines.append(f"| `{recipe}` | `{command}` | {len(runs)} | {statistics.mean(tests):.2f}{spread} % | "
+        lines.append(f"| `{recipe}` | `{command}` | {seeds} | {statistics.mean(tests):.2f}{spread} % | "
                      f"{statistics.mean(vals):.2f} % | {minutes:.1f} min | {machine} | {dates} |")
     return "\n".join(lines)
 

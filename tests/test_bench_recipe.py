@@ -1,6 +1,6 @@
-"""benchmarks/fashion_mnist.py, the script behind the recipe records: on the tiny twin and a small stand-in for
-Fashion-MNIST, its report names the split that chose best/ (the held-out part), reports the test split once
-with the final weights, and records the seed."""
+"""benchmarks/fashion_mnist.py, the script behind the recipe records: on the tiny twin and a small stand-in
+for Fashion-MNIST, its report names the split that chose best/ (the held-out part), reports the test split
+once with the final weights, and records the seed."""
 
 from __future__ import annotations
 

@@ -88,8 +88,8 @@ def test_recipe_seeds_table_gives_mean_and_spread_over_the_seeds():
     in it."""
     table = render.recipe_seeds(records.records(FIXTURES))
     rows = [line for line in table.splitlines()[2:]]
-    assert rows == ["| `fashion-mnist` | `vitkit train fashion-mnist --out runs/fmnist --nproc 2` | 3 | "
-                    "93.20 ± 0.20 % | 93.90 % | 29.0 min | AMD EPYC, 2 cores | 2026-12-05 |"]
+    assert rows == ["| `fashion-mnist` | `vitkit train fashion-mnist --out DIR --nproc 2 --set seed=S` | "
+                    "0, 1, 2 | 93.20 ± 0.20 % | 93.90 % | 29.0 min | AMD EPYC, 2 cores | 2026-12-05 |"]
 
 
 def test_check_finds_a_stale_table_and_rendering_fixes_it(tmp_path, capsys):
