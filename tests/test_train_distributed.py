@@ -3,8 +3,6 @@ GPUs, each process needs its own."""
 
 import contextlib
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from train_helpers import fake_data_overrides, write_fake_fashion_mnist
+from train_helpers import as_process, fake_data_overrides, free_port, write_fake_fashion_mnist
 from vitkit.train import get_recipe, train
 from vitkit.train.distributed import pick_device
 
@@ -25,15 +23,8 @@ COMMON = ["device=cpu", "augment.crop=none", "augment.hflip=0", "model.drop_path
           "optim.name=sgd", "optim.lr=0.05", "batch_size=32", "steps=4", "eval_every=2", "ckpt_every=4"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    as_process(rank, world, port)
     train(get_recipe("demo-tiny", overrides), out, progress=False)
 
 
@@ -42,7 +33,7 @@ def test_two_processes_equal_one(tmp_path):
     overrides = COMMON + fake_data_overrides(data)
     one = train(get_recipe("demo-tiny", overrides), tmp_path / "one", progress=False)
     # Two processes, each with 16 of the 32 images, as 2 micro-batches of 8 (accumulation under DDP too).
-    mp.spawn(_worker, args=(2, _free_port(), overrides + ["micro_batch=8"], str(tmp_path / "two")), nprocs=2,
+    mp.spawn(_worker, args=(2, free_port(), overrides + ["micro_batch=8"], str(tmp_path / "two")), nprocs=2,
              join=True)
     a = load_file(str(one.last_dir / "model.safetensors"))
     b = load_file(str(tmp_path / "two" / "last" / "model.safetensors"))
@@ -89,7 +80,7 @@ def test_every_process_returns_with_the_run_folder_complete(tmp_path):
     it written, on the processes that did not write it too."""
     data = write_fake_fashion_mnist(tmp_path / "data", n_train=64, n_test=32)
     overrides = COMMON + fake_data_overrides(data) + ["steps=2", "eval_every=2", "ckpt_every=2"]
-    mp.spawn(_slow_main_writer, args=(2, _free_port(), overrides, str(tmp_path / "run")), nprocs=2, join=True)
+    mp.spawn(_slow_main_writer, args=(2, free_port(), overrides, str(tmp_path / "run")), nprocs=2, join=True)
 
 
 def test_the_unreadable_files_every_process_skipped_are_listed(tmp_path):
@@ -108,7 +99,7 @@ def test_the_unreadable_files_every_process_skipped_are_listed(tmp_path):
     overrides = ["device=cpu", "threads=1", "steps=1", "batch_size=4", f"data.name={tmp_path / 'data'}",
                  "data.skip_bad_images=true", "data.limit=0", "data.val_limit=0", "model.in_chans=1",
                  "data.val_split=test"]
-    mp.spawn(_worker, args=(2, _free_port(), overrides, str(tmp_path / "run")), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), overrides, str(tmp_path / "run")), nprocs=2, join=True)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["skipped"] == 2 and result["count"] == 8
     assert sorted(Path(p).name for p in result["skipped_images"]) == ["a-first.png", "z-last.png"]
@@ -202,8 +193,7 @@ def test_nproc_refuses_a_batch_the_processes_cannot_share_before_starting_them(t
 
 
 def _worker_with_its_own_folder(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    as_process(rank, world, port)
     train(get_recipe("demo-tiny", overrides), f"{out}-{rank}", progress=False)
 
 
@@ -213,7 +203,7 @@ def test_processes_that_see_different_run_folders_are_refused_together(tmp_path)
     data = write_fake_fashion_mnist(tmp_path / "data", n_train=256, n_test=64)
     with pytest.raises(Exception,
                        match="--out must be a folder on a filesystem that every machine of the run"):
-        mp.spawn(_worker_with_its_own_folder, args=(2, _free_port(), COMMON + fake_data_overrides(data),
+        mp.spawn(_worker_with_its_own_folder, args=(2, free_port(), COMMON + fake_data_overrides(data),
                                                     str(tmp_path / "run")), nprocs=2, join=True)
 
 

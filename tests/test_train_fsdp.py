@@ -4,7 +4,6 @@ resume on another number of processes, and after a SIGKILL end bit for bit where
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from train_helpers import fake_data_overrides, write_fake_fashion_mnist
+from train_helpers import as_process, fake_data_overrides, free_port, write_fake_fashion_mnist
 from vitkit.train import get_recipe, train
 from vitkit.train.checkpoints import list_checkpoints
 from vitkit.train.dcp_checkpoints import read_full_tensors, read_state
@@ -29,17 +28,10 @@ EQUAL = ["device=cpu", "augment.crop=none", "augment.hflip=0", "model.drop_path=
          "full_token_epochs=1"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _join(rank: int, world: int, port: int) -> None:
     """Join a gloo group of `world` processes; train() leaves a group it did not start alone, so a worker
     can train several runs in it."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    as_process(rank, world, port)
     dist.init_process_group("gloo")
 
 
@@ -57,7 +49,7 @@ def spawn(world: int, runs: list[tuple[list[str], Path, bool]], recipes: list[tu
     folder), one after the other in `world` processes."""
     todo = [("demo-tiny", o, str(out), r) for o, out, r in runs] + [(n, o, str(out), False)
                                                                    for n, o, out in recipes]
-    mp.spawn(_runs, args=(world, _free_port(), todo), nprocs=world, join=True)
+    mp.spawn(_runs, args=(world, free_port(), todo), nprocs=world, join=True)
 
 
 def assert_relatively_close(a: dict, b: dict, tol: float, what: str) -> None:
@@ -197,7 +189,7 @@ def test_sigkill_then_resume_under_fsdp_equals_uninterrupted(tmp_path, capfd, mo
     todo = [("fashion-mnist-tiny", sets, str(tmp_path / "ref"), False),
             ("fashion-mnist-tiny", sets, str(out), True)]
     capfd.readouterr()
-    mp.spawn(_runs, args=(2, _free_port(), todo), nprocs=2, join=True)
+    mp.spawn(_runs, args=(2, free_port(), todo), nprocs=2, join=True)
     assert f"resuming {out} from {done[-1].name}" in capfd.readouterr().out
     final = list_checkpoints(out)[-1]
     assert final.name == f"step-{STEPS:07d}"
@@ -283,7 +275,7 @@ def test_fsdp_builds_the_model_whole_on_the_main_process_only(tmp_path):
     their shards, which (and the EMA's) start at exactly the weights DDP starts from with the same seed."""
     import json
 
-    mp.spawn(_build_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_build_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     main, other = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2))
     assert main["built"] == [True, False, False]  # its model whole; the shards and the EMA's on meta
     assert other["built"] == [False, False]

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from train_helpers import fake_data_overrides, write_fake_fashion_mnist
+from train_helpers import fake_data_overrides, free_port, write_fake_fashion_mnist
 from vitkit.train import get_recipe, train
 from vitkit.train.checkpoints import LOCK_NAME, list_checkpoints, step_of
 from vitkit.train.metrics_log import MetricsLog
@@ -27,12 +26,6 @@ STEPS = 24
 SETTINGS = ["device=cpu", "threads=1", "fast=false", "augment.crop=none", "augment.hflip=0",
             "model.drop_path=0", "optim.name=sgd", "optim.lr=0.05", "batch_size=32", f"steps={STEPS}",
             "ckpt_every=2", f"eval_every={STEPS}"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_command(port: int, out: Path, settings: list[str]) -> list[str]:
@@ -74,7 +67,7 @@ def test_two_nodes_restart_a_killed_worker_and_resume(tmp_path):
     settings = SETTINGS + fake_data_overrides(data)
     one = train(get_recipe("demo-tiny", settings), tmp_path / "one", progress=False)
 
-    out, port = tmp_path / "two", _free_port()
+    out, port = tmp_path / "two", free_port()
     # As docs/distributed.md says: without this, torchrun's restarted workers may read the addresses of the
     # workers they replace from the store torchrun keeps across restarts, and fail to connect.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",

@@ -4,16 +4,13 @@ with every regulariser on ends where the 1-process run ends."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 import vitkit.model
-from train_helpers import fake_data_overrides, write_fake_fashion_mnist
+from train_helpers import as_process, fake_data_overrides, free_port, write_fake_fashion_mnist
 from vitkit.train import get_recipe, train
 
 # SGD (see test_train_distributed.py: with Adam, float noise in a gradient near 0 is amplified) and every
@@ -49,15 +46,8 @@ def record_masks() -> list[tuple[str, torch.Tensor]]:
     return masks
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    as_process(rank, world, port)
     masks = record_masks()
     train(get_recipe("demo-tiny", overrides), out, progress=False)
     torch.save(masks, f"{out}-masks-{rank}.pt")
@@ -75,7 +65,7 @@ def runs(tmp_path_factory):
         mp_.setattr(vitkit.model, "drop_path", vitkit.model.drop_path)  # put back when the fixture ends
         mp_.setattr(vitkit.model, "patch_dropout", vitkit.model.patch_dropout)
         train(get_recipe("demo-tiny", overrides), tmp / "one", progress=False)
-    mp.spawn(_worker, args=(2, _free_port(), overrides + ["micro_batch=8"], str(tmp / "two")), nprocs=2,
+    mp.spawn(_worker, args=(2, free_port(), overrides + ["micro_batch=8"], str(tmp / "two")), nprocs=2,
              join=True)
     return tmp, masks, [torch.load(tmp / f"two-masks-{r}.pt") for r in range(2)]
 

@@ -5,6 +5,8 @@ without the real 30 MB download."""
 from __future__ import annotations
 
 import gzip
+import os
+import socket
 import struct
 from pathlib import Path
 
@@ -51,3 +53,17 @@ def write_fake_fashion_mnist(folder: Path, n_train: int = 512, n_test: int = 256
 
 def fake_data_overrides(folder: Path) -> list[str]:
     return [f"data.data_dir={folder}", "data.download=false"]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now, for a test's process group."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def as_process(rank: int, world: int, port: int) -> None:
+    """This process's environment as torchrun gives a worker: process `rank` of `world` on this machine,
+    meeting the others at 127.0.0.1:`port`."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
