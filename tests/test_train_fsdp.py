@@ -265,6 +265,7 @@ def _build_worker(rank: int, world: int, port: int, folder: str) -> None:
             report["equal"] = all(torch.equal(reference[k], weights[k]) and torch.equal(reference[k], ema[k])
                                   for k in reference) and reference.keys() == weights.keys()
         (Path(folder) / f"rank-{rank}.json").write_text(json.dumps(report))
+        dist.barrier()  # process 1 is done first: leaving the group while 0 still works aborts it (gloo)
     finally:
         VisionTransformer.init_weights = init_weights
         dist.destroy_process_group()
