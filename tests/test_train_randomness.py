@@ -61,9 +61,9 @@ def runs(tmp_path_factory):
     data = write_fake_fashion_mnist(tmp / "data", n_train=256, n_test=64)
     overrides = EVERY_REGULARISER + fake_data_overrides(data)
     with pytest.MonkeyPatch.context() as mp_:
-        masks = record_masks()
         mp_.setattr(vitkit.model, "drop_path", vitkit.model.drop_path)  # put back when the fixture ends
         mp_.setattr(vitkit.model, "patch_dropout", vitkit.model.patch_dropout)
+        masks = record_masks()
         train(get_recipe("demo-tiny", overrides), tmp / "one", progress=False)
     mp.spawn(_worker, args=(2, free_port(), overrides + ["micro_batch=8"], str(tmp / "two")), nprocs=2,
              join=True)
