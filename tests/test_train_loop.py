@@ -593,3 +593,18 @@ def test_eval_and_analyze_default_to_the_split_the_data_has(tmp_path):
     assert evaluation_split(tmp_path / "tv", "auto") == "val"
     assert evaluation_split(tmp_path / "flat", "auto") == "train"
     assert evaluation_split(tmp_path / "tv", "train") == "train"  # as asked
+
+
+def test_the_unreadable_files_of_a_held_out_folder_are_reported_as_they_are_found(tmp_path):
+    """The training and held-out parts of a folder are views of it: the files skipped while reading either are
+    the folder's, seen as they are found, not a list copied when the parts were made."""
+    write_class_folders(tmp_path / "flat", ["a", "b"], per_class=8)
+    (tmp_path / "flat" / "a" / "bad.png").write_bytes(b"not a png")
+    data = prepare.load_data(plain("demo-tiny", f"data.name={tmp_path / 'flat'}", "data.holdout=4",
+                                   "data.skip_bad_images=true"))
+    assert prepare.skipped_images(data.train) == prepare.skipped_images(data.val) == []
+    for part in (data.train, data.val):
+        for i in range(len(part)):
+            part[i]
+    for part in (data.train, data.val):
+        assert [p.name for p in prepare.skipped_images(part)] == ["bad.png"]

@@ -42,9 +42,8 @@ def take(dataset: Dataset, index: list[int]) -> Dataset:
     targets = getattr(dataset, "targets", None)
     if targets is not None:
         subset.targets = torch.as_tensor(targets)[torch.tensor(index, dtype=torch.int64)]
-    for name in ("skipped", "num_channels"):  # what the trainer asks of a folder
-        if hasattr(dataset, name) and not hasattr(subset, name):
-            setattr(subset, name, getattr(dataset, name))
+    if hasattr(dataset, "num_channels"):  # a folder's, which views of it report
+        subset.num_channels = dataset.num_channels
     return subset
 
 
