@@ -441,8 +441,11 @@ def write_end_of_run(run: Run, result: EvalResult | None, names: list[str],
     weights' one evaluation on the test split (when the run has one and result.json is to be written; every
     process evaluates its share). Returns that evaluation."""
     test = None
-    if run.test_set is not None and "result.json" in names:
-        test = evaluate(run.eval_model, run.test_set, run.cfg.model, run.cfg.data.eval_batch_size,
+    testing = run.test_set is not None and "result.json" in names
+    # the final weights once (under FSDP gathering them is a collective and a whole copy per process)
+    model = run.eval_model if testing or "last" in names else None
+    if testing:
+        test = evaluate(model, run.test_set, run.cfg.model, run.cfg.data.eval_batch_size,
                         run.ctx.device, run.amp, run.ctx.rank, run.ctx.world,
                         loss_fn=classification_loss(run.cfg.optim.loss))
         if run.ctx.is_main:
@@ -450,7 +453,6 @@ def write_end_of_run(run: Run, result: EvalResult | None, names: list[str],
     # Each process skipped the bad files of its own share of the data: the list is all of theirs.
     local = [str(p) for data in (run.train_set, run.val_set, run.test_set) for p in skipped_images(data)]
     skipped = list(dict.fromkeys(distributed.gather_strings(local)))
-    model = run.eval_model if "last" in names else None
     if run.ctx.is_main:
         write_final_outputs(run.out, names, model, run.classes, result, recipe=run.cfg.recipe,
                             step=run.step, seconds=seconds, processes=run.ctx.world, best_top1=run.best,
