@@ -180,7 +180,9 @@ class Block(nn.Module):
         y, attn = self.attn(self.norm1(x), return_attention, queries)
         if queries is not None:
             x = x[:, :queries]
-        s2, s3 = (None, None) if stream is None else (fold_in(stream, 2), fold_in(stream, 3))
+        # the streams of the two branches, made only where a mask is drawn (an eager forward's small ops)
+        s2, s3 = ((fold_in(stream, 2), fold_in(stream, 3)) if stream is not None and self.training
+                  and self.drop_path > 0 else (None, None))
         x = x + drop_path(y, self.drop_path, self.training, s2)  # (2)
         x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training, s3)  # (3)
         return x, attn
@@ -306,14 +308,17 @@ class VisionTransformer(nn.Module):
         pos = self.position_table()
         if pos is not None:
             x = x + pos
+        drawn = streams is not None and self.training and self.patch_drop_rate > 0
         x = patch_dropout(x, self.patch_drop_rate, self.cfg.num_prefix_tokens, self.training,
-                          None if streams is None else fold_in(streams, 0))
+                          fold_in(streams, 0) if drawn else None)
         return self.pos_drop(x)
 
-    @staticmethod
-    def block_stream(streams: torch.Tensor | None, i: int) -> torch.Tensor | None:
-        """Block i's random streams, derived from the model's (None without)."""
-        return None if streams is None else fold_in(streams, 1 + i)
+    def block_stream(self, streams: torch.Tensor | None, i: int) -> torch.Tensor | None:
+        """Block i's random streams, derived from the model's; None without them, or where the block draws no
+        mask (in evaluation, or at drop-path rate 0: the first block's)."""
+        if streams is None or not self.training or self.blocks[i].drop_path == 0:
+            return None
+        return fold_in(streams, 1 + i)
 
     def forward_features(self, x: torch.Tensor, return_attention: bool = False,
                          streams: torch.Tensor | None = None):

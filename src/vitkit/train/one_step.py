@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..cpu.build import cxx_compiler
 from ..cpu.hardware import cpu_has_native_bf16
-from ..streams import DROPOUT, fold_in
+from ..streams import DROPOUT, MODEL, fold_in
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -109,7 +109,7 @@ def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, ...
         kwargs = {}
         if streams is not None:
             torch.manual_seed(dropout_seed(streams))
-            kwargs["streams"] = streams.to(device, non_blocking=True)
+            kwargs["streams"] = fold_in(streams, MODEL).to(device, non_blocking=True)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         sync = not ddp or j == len(micro_batches) - 1
         with contextlib.nullcontext() if sync else net.no_sync():
