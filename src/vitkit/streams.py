@@ -127,10 +127,6 @@ class Draws:
         self.values = torch.empty(len(self), 0, device=streams.device)  # made, not yet handed out
         self.made = 0  # values made per image so far: the stream's next index
 
-    @property
-    def device(self) -> torch.device:
-        return self.streams.device
-
     def __len__(self) -> int:
         return self.streams.shape[0]
 

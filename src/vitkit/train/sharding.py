@@ -89,9 +89,6 @@ def shard_from_main(model: VisionTransformer | None, cfg: ViTConfig, mesh, devic
             if main:
                 buffer.copy_(model.get_buffer(name))
             dist.broadcast(buffer, src=0)
-    if main:
-        sharded.patch_drop_rate = model.patch_drop_rate
-    sharded.train(model.training if main else True)
     return sharded
 
 
