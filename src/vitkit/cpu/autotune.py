@@ -160,11 +160,18 @@ def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable
     calls = candidates()
     if len(calls) == 1:
         return next(iter(calls))
-    with torch.random.fork_rng(devices=[]):  # candidates may draw (dropout): keep the global stream as it was
+    # Candidates may draw (dropout): the global stream is kept as it was. They save tensors for their own
+    # backward passes: plain hooks keep those out of an activation checkpoint around the layer, which
+    # would otherwise count them as the layer's (and recompute the layer when they are read).
+    with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(_as_is, _as_is):
         choice = pick(time_candidates(calls), default if default in calls else next(iter(calls)))
     choice = _store(key, choice)
     _choices[key] = _memo[memo] = choice
     return choice
+
+
+def _as_is(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def generator() -> torch.Generator:
