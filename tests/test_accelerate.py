@@ -14,6 +14,7 @@ from vitkit.cpu import accelerate, is_accelerated, plain
 from vitkit.cpu.attention import FastAttention
 from vitkit.cpu.linear import FastLinear
 from vitkit.model import Attention
+from vitkit.shortcut import ClassTokenShortcut
 
 TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=5)
 VARIANTS = {
@@ -98,7 +99,8 @@ def test_a_model_off_the_cpu_is_left_alone():
     with torch.device("meta"):
         model = vitkit.create_model("ViT-Ti/16", **TINY)
     accelerate(model)
-    assert not is_accelerated(model)
+    assert not is_accelerated(model)  # no CPU kernel; the class-token shortcut, which any device takes
+    assert type(model) is ClassTokenShortcut
 
 
 def test_save_and_load_an_accelerated_model(tmp_path):

@@ -20,6 +20,7 @@ from vitkit.config import PRESETS, VARIANTS
 from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine
 from vitkit.init import MIMETIC_QK, MIMETIC_VO, mimetic_factors
 from vitkit.model import VisionTransformer, drop_path, patch_dropout
+from vitkit.shortcut import ClassTokenShortcut, with_class_token_shortcut, without_class_token_shortcut
 
 POS_EMBEDS = ("learned", "learned-2d", "sincos-2d", "none")
 
@@ -175,24 +176,27 @@ def test_count_parameters_allocates_nothing_and_agrees_with_a_real_model():
     [("ViT-B/16", {}), ("ViT-S/32", dict(representation_size=384, image_size=(224, 320))), ("ViT-H/14", {})],
 )
 def test_count_flops_equals_torch_flop_counter(name, overrides):
-    """The closed form equals what torch counts for the matmuls, convolution and attention of a full forward
-    (every token through every block; `forward` itself skips most of the last block, see below)."""
+    """The closed form equals what torch counts for the matmuls, convolution and attention of the plain
+    forward (every token through every block; the class-token shortcut skips most of the last block, see
+    below)."""
     with torch.device("meta"):
         model = create_model(name, **overrides)
         x = torch.empty(1, 3, *model.cfg.image_size)
         with FlopCounterMode(display=False) as counter:
-            model.forward_head(model.forward_features(x))
+            model(x)
     assert count_flops(model.cfg) == counter.get_total_flops()
 
 
 @pytest.mark.parametrize("engine", ["plain", *TRAINING_ENGINES])
 def test_the_shortcut_in_float32_plain_and_accelerated(engine):
-    """In float32 (the plain model's PyTorch operators, or an accelerated model's linear layers on each
-    training engine, the last block's query rows a slice of its q;k;v weight) the shortcut's logits and
-    gradients match the full computation's."""
+    """In float32 (PyTorch's operators, or an accelerated model's linear layers on each training engine, the
+    last block's query rows a slice of its q;k;v weight) the shortcut's logits and gradients match the full
+    computation's."""
     torch.manual_seed(0)
     model = randomise_head(VisionTransformer(tiny(qkv_bias=True))).train()
-    if engine != "plain":
+    if engine == "plain":
+        with_class_token_shortcut(model)  # PyTorch's modules
+    else:
         vitkit.accelerate(model)
     x = torch.randn(4, 3, *model.cfg.image_size)
     with forced_training_engine("mkl" if engine == "plain" else engine):
@@ -208,10 +212,10 @@ def test_the_shortcut_in_float32_plain_and_accelerated(engine):
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(representation_size=24), dict(pool="gap")])
-def test_forward_updates_only_the_class_token_in_the_last_block(overrides):
-    """forward's shortcut (eq. 4 reads only z_L^0) gives the full computation's logits and gradients, and
-    saves the last block's queries, projection, MLP and all but one attention row."""
-    model = VisionTransformer(tiny(**overrides)).train()
+def test_the_shortcut_updates_only_the_class_token_in_the_last_block(overrides):
+    """The class-token shortcut (eq. 4 reads only z_L^0) gives the full computation's logits and gradients,
+    and saves the last block's queries, projection, MLP and all but one attention row."""
+    model = with_class_token_shortcut(VisionTransformer(tiny(**overrides)).train())
     nn.init.normal_(model.head.weight, std=0.5)
     x = torch.randn(3, 3, *model.cfg.image_size)
     with torch.no_grad():
@@ -226,7 +230,7 @@ def test_forward_updates_only_the_class_token_in_the_last_block(overrides):
     for a, b in zip(g_fast, g_full, strict=True):
         torch.testing.assert_close(a, b)
     with torch.device("meta"):
-        meta = VisionTransformer(model.cfg)
+        meta = with_class_token_shortcut(VisionTransformer(model.cfg))
         with FlopCounterMode(display=False) as counter:
             meta(torch.empty(1, 3, *model.cfg.image_size))
     cfg = model.cfg
@@ -234,6 +238,31 @@ def test_forward_updates_only_the_class_token_in_the_last_block(overrides):
     saved = 0 if cfg.pool == "gap" else 2 * ((T - 1) * (2 * D * D + 2 * D * cfg.mlp_dim)
                                              + 2 * (T - 1) * T * D)
     assert counter.get_total_flops() == count_flops(cfg) - saved
+
+
+def test_the_plain_model_runs_the_whole_last_block_and_the_speed_layers_swap_the_shortcut_in():
+    """A forward hook on the plain model's last block sees every token, (B, N, D), as Grad-CAM-style tools
+    expect; accelerate and optimize take the shortcut (the hook then sees the class token), plain() undoes
+    it, and a model that is not exactly a VisionTransformer is left alone."""
+    model = VisionTransformer(tiny())
+    seen = []
+    model.blocks[-1].register_forward_hook(lambda m, args, out: seen.append(tuple(out[0].shape)))
+    x = torch.randn(2, 3, 32, 32)
+    model(x)
+    assert seen == [(2, 17, 32)]
+    assert type(vitkit.optimize(model)) is ClassTokenShortcut and type(model) is VisionTransformer
+    vitkit.accelerate(model)
+    assert type(model) is ClassTokenShortcut and vitkit.cpu.is_accelerated(model)
+    model(x)
+    assert seen[-1] == (2, 1, 32)
+    vitkit.cpu.plain(model)
+    assert type(model) is VisionTransformer and not vitkit.cpu.is_accelerated(model)
+    assert type(without_class_token_shortcut(model)) is VisionTransformer
+
+    class Mine(VisionTransformer):
+        pass
+
+    assert type(with_class_token_shortcut(Mine(tiny()))) is Mine
 
 
 def test_hybrid_flops_add_the_resnet_stem_to_the_transformer():

@@ -447,14 +447,14 @@ def test_bf16_native_trains_under_autocast_where_the_cpu_has_it(tmp_path, monkey
     CPU; bf16 is only emulated, slowly, on those without) and the loss still goes down."""
     monkeypatch.setattr(one_step, "cpu_has_native_bf16", lambda: True)
     dtypes = []
-    original = vitkit.VisionTransformer.forward
+    original = vitkit.VisionTransformer.forward_head
 
-    def spy(self, x, streams=None):
-        logits = original(self, x, streams)
+    def spy(self, features, pre_logits=False):
+        logits = original(self, features, pre_logits)
         dtypes.append(logits.dtype)
         return logits
 
-    monkeypatch.setattr(vitkit.VisionTransformer, "forward", spy)
+    monkeypatch.setattr(vitkit.VisionTransformer, "forward_head", spy)
     losses = one_batch_losses(tmp_path, "eval_every=100", "precision=bf16-native")
     assert dtypes and all(d == torch.bfloat16 for d in dtypes), set(dtypes)
     assert losses[-1] < 0.5 * losses[0], losses

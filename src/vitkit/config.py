@@ -86,7 +86,10 @@ class ViTConfig:
     `image_size` is (height, width); an int means a square image. The class token exists when
     `class_token` is true; the paper's GAP variant (Appendix D.3) has none and averages the patch tokens.
     `hybrid_layers`, when set, replaces the patch projection by a BiT ResNet stem with that many units
-    per stage (Sec. 3.1, "Hybrid Architecture").
+    per stage (Sec. 3.1, "Hybrid Architecture"). `dynamic_img_size` (timm's name) lets the model take
+    images of any size whose sides are multiples of the patch stride: the position table is resampled to
+    each batch's grid as it runs (bicubic, antialiased, as timm); `image_size` stays the size it was
+    trained at, the grid its table is kept for.
     """
 
     image_size: tuple[int, int] = (224, 224)
@@ -118,6 +121,7 @@ class ViTConfig:
     # The ResNet's normalisation constants (HYBRID_NORMS): "timm", or "flax" as Google's .npz hybrids were
     # trained; they differ by ~1e-3 relative in the tokens. Only with hybrid_layers.
     hybrid_norm: HybridNorm = "timm"
+    dynamic_img_size: bool = False
     # Preprocessing that belongs to the weights (recorded in checkpoints).
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -213,7 +217,7 @@ class ViTConfig:
                 put(key, float(value))
             else:
                 errors.append(f"{key}={value!r} must be a finite number")
-        for key in ("class_token", "qkv_bias"):
+        for key in ("class_token", "qkv_bias", "dynamic_img_size"):
             if not isinstance(getattr(self, key), bool):
                 errors.append(f"{key}={getattr(self, key)!r} must be true or false")
         for key in ("pool", "pos_embed", "gelu", "attn_init", "hybrid_norm", "interpolation", "crop_mode",
@@ -439,9 +443,12 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
     return cfg.replace(**overrides) if overrides else cfg
 
 
-def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[int, int]) -> None:
-    """A ValueError that says what is wrong unless `shape` is a batch (B, in_chans, *image_size) of images."""
-    want = f"(B, {in_chans}, {image_size[0]}, {image_size[1]})"
+def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[int, int],
+                      any_multiple_of: int | None = None) -> None:
+    """A ValueError that says what is wrong unless `shape` is a batch (B, in_chans, *image_size) of images;
+    with `any_multiple_of`, of images of any size whose sides are multiples of it."""
+    h, w = ("H", "W") if any_multiple_of else image_size
+    want = f"(B, {in_chans}, {h}, {w})"
     if len(shape) != 4:
         raise ValueError(f"expected a batch of images {want}, got a tensor of shape {shape}; a single image "
                          f"needs a batch axis (x.unsqueeze(0))")
@@ -449,8 +456,15 @@ def check_image_batch(shape: tuple[int, ...], in_chans: int, image_size: tuple[i
         raise ValueError(f"expected images of shape {want}, got {shape}: {shape[1]} channels where the model "
                          f"takes {in_chans} (convert the images, e.g. grey to RGB, or build it with "
                          "in_chans=...)")
+    if any_multiple_of:
+        if shape[-2] % any_multiple_of or shape[-1] % any_multiple_of or min(shape[-2:]) < 1:
+            raise ValueError(f"expected images whose height and width are positive multiples of the patch "
+                             f"stride {any_multiple_of}, got {shape}; resize or pad them (e.g. to "
+                             f"{image_size[0]}x{image_size[1]})")
+        return
     if tuple(shape[-2:]) != tuple(image_size):
         raise ValueError(f"expected images of shape {want}, got {shape}; resize the images to "
                          f"{image_size[0]}x{image_size[1]}, or build the model at this size with "
                          "image_size=... (vitkit.transfer.prepare_finetune resamples a trained model's "
-                         "position embedding)")
+                         "position embedding), or with dynamic_img_size=True to take any multiple of the "
+                         "patch size")

@@ -28,8 +28,8 @@ def count_parameters(cfg: ViTConfig | str) -> int:
 
 def count_flops(cfg: ViTConfig | str) -> float:
     """FLOPs per image (2 per multiply-add) of the transformer, patch projection and head, for a config or a
-    preset name: of `forward_features` and `forward_head`, every token through every block. (`forward` itself
-    does less with token pooling: the last block updates only the class token, which eq. 4 reads.)
+    preset name: of the plain model's forward, every token through every block. (The class-token shortcut of
+    `vitkit.accelerate` and `vitkit.optimize` does less with token pooling: vitkit.shortcut.)
 
     Per layer: 12 T D^2 (qkv, projection, MLP at 4D) generalised to any MLP size, plus 2 T^2 D for the
     attention matrix and its product with the values. A hybrid's ResNet has no short closed form: its

@@ -2,6 +2,9 @@
 
 It returns a copy of the model for inference (eval mode, no gradients):
 
+Every precision takes the class-token shortcut (`vitkit.shortcut`: with token pooling the last block
+updates the class token only).
+
 - "fp32" (the default): the same function to within 1e-4. On a CPU the encoder blocks become FusedBlocks
   (`vitkit.cpu.fused_block`: residual adds fused into the output projections; the last block of a class-token
   model attends through the key and value projections for its one query), the patch convolution one linear
@@ -43,6 +46,7 @@ from .cpu.convert import fuse_blocks, pack_linears, quantize_linears_int8
 from .cpu.hardware import cpu_has_native_bf16
 from .cpu.private import onednn_packing_available
 from .model import VisionTransformer
+from .shortcut import with_class_token_shortcut
 
 Precision = Literal["fp32", "int8", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
@@ -142,7 +146,7 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     if precision == "int8" and compile is True:
         raise ValueError("compile=True with precision='int8' is not supported (only fp32 and bf16 compile); "
                          "use compile=False")
-    out = copy.deepcopy(model).eval()
+    out = with_class_token_shortcut(copy.deepcopy(model).eval())
     out.requires_grad_(False)
     if precision == "fp32" and device.type == "cpu" and onednn_packing_available():
         pack_linears(fuse_blocks(out))
@@ -156,7 +160,7 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     if do_compile:
         if precision == "fp32" and device.type == "cpu":
             # Inductor does its own weight packing from plain linear layers: start again from them.
-            out = copy.deepcopy(model).eval()
+            out = with_class_token_shortcut(copy.deepcopy(model).eval())
             out.requires_grad_(False)
         out = _compile(out, device)
     # No gradients flow through the optimized layers: an input that requires them is detached, so that a

@@ -16,11 +16,13 @@ import contextlib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig, check_image_batch, gap_drops_class_token, get_config
+from .features import OUTPUT_FORMATS, block_indices, split_tokens
 from .hybrid import HybridEmbed
 from .init import lecun_normal_, mimetic_init_
-from .posemb import sincos_2d
+from .posemb import resample_pos_embed, sincos_position_table
 from .streams import bits, fold_in, uniform
 
 
@@ -207,6 +209,7 @@ class VisionTransformer(nn.Module):
         D = cfg.dim
         # The PatchDropout rate in training; a training loop may change it (e.g. to 0 for the last epochs).
         self.patch_drop_rate = cfg.patch_dropout
+        self.grad_checkpointing = False  # set_grad_checkpointing
         self.patch_embed = build_patch_embed(cfg)
         # Eq. 1: the learnable class token whose final state is the image representation.
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
@@ -220,10 +223,9 @@ class VisionTransformer(nn.Module):
             if cfg.class_token:
                 self.pos_embed_cls = nn.Parameter(torch.zeros(1, 1, D))
         elif cfg.pos_embed == "sincos-2d":  # fixed, so a buffer; the class token gets no position
-            table = sincos_2d(cfg.grid_size, D)
-            if cfg.class_token:
-                table = torch.cat([torch.zeros(1, D), table])
-            self.register_buffer("pos_embed_fixed", table.unsqueeze(0), persistent=False)
+            self.register_buffer("pos_embed_fixed", sincos_position_table(cfg.grid_size, D,
+                                                                          cfg.num_prefix_tokens),
+                                 persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
         # Stochastic depth grows linearly with depth, as in DeiT and timm.
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
@@ -279,10 +281,19 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.head.bias)
 
     # --- position embedding --------------------------------------------------------------------------
-    def position_table(self) -> torch.Tensor | None:
+    def position_table(self, grid: tuple[int, int] | None = None) -> torch.Tensor | None:
         """E_pos as a (1, tokens, D) table, whatever its parameterisation (learned, learned-2d halves
-        concatenated, fixed sin-cos); None for pos_embed='none'."""
+        concatenated, fixed sin-cos); None for pos_embed='none'. For another `grid` of patches than the
+        configured one (dynamic_img_size): the learned tables resampled to it, the sin-cos one made for it."""
         cfg = self.cfg
+        if grid is not None and tuple(grid) != cfg.grid_size:
+            if cfg.pos_embed == "sincos-2d":
+                table = sincos_position_table(tuple(grid), cfg.dim, cfg.num_prefix_tokens)
+                return table.to(self.pos_embed_fixed)
+            table = self.position_table()
+            if table is None:
+                return None
+            return resample_pos_embed(table, cfg.grid_size, grid, cfg.num_prefix_tokens)
         if cfg.pos_embed == "learned":
             return self.pos_embed
         if cfg.pos_embed == "sincos-2d":
@@ -301,17 +312,25 @@ class VisionTransformer(nn.Module):
     def embed(self, x: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         """Eq. 1: patches, class token, position embedding. (B, C, H, W) -> (B, T, D); in training with
         PatchDropout (rate `self.patch_drop_rate`, from cfg.patch_dropout), fewer patch tokens."""
-        check_image_batch(tuple(x.shape), self.cfg.in_chans, self.cfg.image_size)
+        grid = self.image_grid(x)
         x = self.patch_embed(x)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N+1, D)
-        pos = self.position_table()
+        pos = self.position_table(grid)
         if pos is not None:
             x = x + pos
         drawn = streams is not None and self.training and self.patch_drop_rate > 0
         x = patch_dropout(x, self.patch_drop_rate, self.cfg.num_prefix_tokens, self.training,
                           fold_in(streams, 0) if drawn else None)
         return self.pos_drop(x)
+
+    def image_grid(self, x: torch.Tensor) -> tuple[int, int]:
+        """The grid of patches of the batch `x`, after checking that the model takes it: images of the
+        configured size, or of any multiple of the patch stride with dynamic_img_size."""
+        cfg, stride = self.cfg, self.cfg.patch_stride
+        check_image_batch(tuple(x.shape), cfg.in_chans, cfg.image_size,
+                          any_multiple_of=stride if cfg.dynamic_img_size else None)
+        return x.shape[-2] // stride, x.shape[-1] // stride
 
     def block_stream(self, streams: torch.Tensor | None, i: int) -> torch.Tensor | None:
         """Block i's random streams, derived from the model's; None without them, or where the block draws no
@@ -320,14 +339,30 @@ class VisionTransformer(nn.Module):
             return None
         return fold_in(streams, 1 + i)
 
+    def run_block(self, i: int, x: torch.Tensor, streams: torch.Tensor | None, return_attention: bool = False,
+                  queries: int | None = None):
+        """Block i on x, with its random streams; under set_grad_checkpointing (and autograd on), its
+        activations are recomputed in the backward pass instead of kept."""
+        block, stream = self.blocks[i], self.block_stream(streams, i)
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            # dropout is replayed from the saved generator state; drop-path and PatchDropout from the streams
+            return checkpoint(block, x, return_attention, queries, stream, use_reentrant=False)
+        return block(x, return_attention, queries, stream)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing per block (timm's name): keep only each block's input in the forward
+        pass and recompute the rest in the backward one. The same gradients, for the memory of one block's
+        activations instead of all of them, at the cost of a second forward pass of the blocks."""
+        self.grad_checkpointing = enable
+
     def forward_features(self, x: torch.Tensor, return_attention: bool = False,
                          streams: torch.Tensor | None = None):
         """All tokens after the final LayerNorm, (B, T, D); with return_attention, also every block's
         attention weights, a list of (B, heads, T, T)."""
         x = self.embed(x, streams)
         attentions = []
-        for i, block in enumerate(self.blocks):
-            x, attn = block(x, return_attention, stream=self.block_stream(streams, i))  # (2), (3)
+        for i in range(len(self.blocks)):
+            x, attn = self.run_block(i, x, streams, return_attention)  # (2), (3)
             attentions.append(attn)
         x = self.norm(x)  # (4), applied to every token so that GAP and the analyses see normalised tokens
         return (x, attentions) if return_attention else x
@@ -345,20 +380,57 @@ class VisionTransformer(nn.Module):
             x = torch.tanh(self.pre_logits(x))
         return x if pre_logits else self.head(x)
 
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
+                              return_prefix_tokens: bool = False, norm: bool = False,
+                              stop_early: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False):
+        """The tokens after chosen blocks (timm's API), `indices` as vitkit.features.block_indices reads
+        it: each a map (B, D, gh, gw) ('NCHW') or (B, gh gw, D) ('NLC') of the patch tokens, with the final
+        LayerNorm if `norm`, paired with the prefix (class) tokens if `return_prefix_tokens`. Returns the
+        list, or (the final features, the list): forward_features' output, or with `stop_early` that of
+        the last block asked for."""
+        if output_fmt not in OUTPUT_FORMATS:
+            raise ValueError(f"output_fmt={output_fmt!r}: choose from {', '.join(OUTPUT_FORMATS)}")
+        take = block_indices(indices, len(self.blocks))
+        grid = self.image_grid(x)
+        x = self.embed(x)
+        out = []
+        for i in range(take[-1] + 1 if stop_early or intermediates_only else len(self.blocks)):
+            x, _ = self.run_block(i, x, None)
+            if i in take:
+                patches, prefix = split_tokens(self.norm(x) if norm else x, self.cfg.num_prefix_tokens, grid,
+                                               output_fmt)
+                out.append((patches, prefix) if return_prefix_tokens else patches)
+        return out if intermediates_only else (self.norm(x), out)
+
+    def get_intermediate_layers(self, x: torch.Tensor, n: int | list[int] = 1, reshape: bool = False,
+                                return_prefix_tokens: bool = False, norm: bool = False) -> tuple:
+        """The patch tokens of the last `n` blocks (or of the blocks listed), (B, gh gw, D) or with `reshape`
+        (B, D, gh, gw): timm's and DINO's call."""
+        return tuple(self.forward_intermediates(x, n, return_prefix_tokens, norm, True,
+                                                "NCHW" if reshape else "NLC", intermediates_only=True))
+
     def forward(self, x: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
-        if self.cfg.pool != "token" or len(self.blocks) == 0:
-            return self.forward_head(self.forward_features(x, streams=streams))
-        # Eq. 4 reads only the class token z_L^0, so the last block need only update that token (its attention
-        # still reads every token, so only the keys and values are projected for all): the same logits for
-        # about a sixth of the last block's FLOPs.
-        x = self.embed(x, streams)
-        for i, block in enumerate(self.blocks[:-1]):
-            x, _ = block(x, stream=self.block_stream(streams, i))
-        last = len(self.blocks) - 1
-        x, _ = self.blocks[last](x, queries=1, stream=self.block_stream(streams, last))  # (B, 1, D)
-        return self.forward_head(self.norm(x))
+        """Logits (B, num_classes): eqs. 1-4, every token through every block. (vitkit.accelerate and
+        vitkit.optimize swap in a forward that updates only the class token in the last block:
+        vitkit.shortcut.)"""
+        return self.forward_head(self.forward_features(x, streams=streams))
 
     # --- utilities --------------------------------------------------------------------------------
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new zero-initialised classifier for `num_classes` (0: none, the representation is the output),
+        as for fine-tuning; `global_pool` ('token', or 'gap'/'avg') changes the pooling too. The config
+        follows."""
+        pool = {"avg": "gap"}.get(global_pool, global_pool) or self.cfg.pool
+        cfg = self.cfg.replace(num_classes=num_classes, pool=pool)  # validated: 'token' needs a class token
+        like = self.head.weight if isinstance(self.head, nn.Linear) else self.norm.weight
+        self.head = nn.Linear(cfg.representation_size or cfg.dim, num_classes, device=like.device,
+                              dtype=like.dtype) if num_classes > 0 else nn.Identity()
+        if num_classes > 0 and not like.is_meta:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        self.cfg = cfg
+
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip, besides biases and norms: the embeddings."""
         return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed", "cls_token"))}

@@ -25,6 +25,13 @@ def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) ->
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()
 
 
+def sincos_position_table(grid: tuple[int, int], dim: int, num_prefix_tokens: int) -> torch.Tensor:
+    """The fixed table of pos_embed='sincos-2d' (App. D.4), (1, prefix + gh * gw, dim): zero rows for the
+    prefix (class) tokens, which get no position, then `sincos_2d` of the grid."""
+    table = sincos_2d(grid, dim)
+    return torch.cat([torch.zeros(num_prefix_tokens, dim), table]).unsqueeze(0)
+
+
 def resample_pos_embed(
     pos_embed: torch.Tensor,
     old_grid: int | tuple[int, int],

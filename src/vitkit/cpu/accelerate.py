@@ -3,9 +3,11 @@
 Each nn.Linear becomes a `FastLinear` and each of the model's `Attention` layers a `FastAttention`, by
 changing the module's class: the same parameter objects under the same names (so the state dict, an optimizer
 made before, hooks and `torch.save` are unaffected), the same function and gradients to float rounding. The
-swap is done only where the kernels can run, on a model on the CPU; a model elsewhere (a GPU) is returned as
-it is. The kernels themselves fall back to PyTorch's operators wherever they do not apply (other dtypes,
-autocast, torch.compile, torch.func transforms, forward-mode AD).
+swap is done only where the kernels can run, on a model on the CPU; a model elsewhere (a GPU) keeps PyTorch's
+modules. On any device the model itself takes the class-token shortcut (`vitkit.shortcut`: its last block
+updates the class token only, the same logits and gradients). The kernels themselves fall back to
+PyTorch's operators wherever they do not apply (other dtypes, autocast, torch.compile, torch.func
+transforms, forward-mode AD).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..model import Attention
+from ..shortcut import with_class_token_shortcut, without_class_token_shortcut
 from .attention import FastAttention
 from .linear import FastLinear
 
@@ -29,7 +32,8 @@ def _on_cpu(model: nn.Module) -> bool:
 
 def accelerate(model: nn.Module) -> nn.Module:
     """Swap vitkit's CPU kernels into `model` in place (module docstring) and return it; a model not on the
-    CPU is returned unchanged. Calling it twice changes nothing more."""
+    CPU gets the class-token shortcut only. Calling it twice changes nothing more."""
+    with_class_token_shortcut(model)
     if not _on_cpu(model):
         return model
     for module in model.modules():
@@ -42,6 +46,7 @@ def accelerate(model: nn.Module) -> nn.Module:
 def plain(model: nn.Module) -> nn.Module:
     """Undo `accelerate` in place: every swapped module back to its PyTorch or vitkit class; returns
     `model`."""
+    without_class_token_shortcut(model)
     for module in model.modules():
         original = PLAIN.get(type(module))
         if original is not None:
@@ -50,5 +55,5 @@ def plain(model: nn.Module) -> nn.Module:
 
 
 def is_accelerated(model: nn.Module) -> bool:
-    """Whether any module of `model` is one of accelerate's."""
+    """Whether any module of `model` is one of accelerate's CPU kernels (the class-token shortcut aside)."""
     return any(type(m) in PLAIN for m in model.modules())

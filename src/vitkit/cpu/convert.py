@@ -40,7 +40,7 @@ def pack_linears(model: nn.Module, batch_hint: int = 197) -> nn.Module:
 
 def fuse_blocks(model: nn.Module) -> nn.Module:
     """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (with class-token pooling
-    the last one ready for few queries, the class-token shortcut of VisionTransformer.forward) and its patch
+    the last one ready for few queries, the class-token shortcut of vitkit.shortcut) and its patch
     convolution by a LinearPatchEmbed. The linear layers stay as they are, for pack_linears or
     quantize_linears_int8 to convert. Other models are left alone."""
     blocks = getattr(model, "blocks", None)
