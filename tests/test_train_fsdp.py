@@ -74,12 +74,20 @@ def test_fsdp_equals_ddp_on_two_processes(tmp_path):
     short = fake_data_overrides(data) + ["parallel=fsdp", "steps=2", "threads=1", "device=cpu",
                                          "data.val_split="]
     recipes = [("pretrain-tiny", short, tmp_path / "pretrain-tiny"),
-               ("finetune-tiny", short + [f"init={tmp_path / 'pretrain-tiny' / 'last'}"],
+               ("finetune-tiny", short + [f"init={tmp_path / 'pretrain-tiny' / 'last'}", "ema=0",
+                                          "optim.layer_decay=0.75", "optim.freeze=patch_embed.*"],
                 tmp_path / "finetune-tiny")]
-    spawn(2, [(base, ddp, False), (base + ["parallel=fsdp"], fsdp, False)], recipes)
+    # FSDP with activation checkpointing: the recomputed blocks unshard again in the backward pass
+    spawn(2, [(base, ddp, False), (base + ["parallel=fsdp", "grad_checkpointing=true"], fsdp, False)],
+          recipes)
     for name, _, run in recipes:
         assert read_state(list_checkpoints(run)[-1])["step"] == 2, name
         assert (run / "last" / "model.safetensors").is_file(), name
+    # frozen under FSDP: the fine-tune's patch embedding is the pre-trained one
+    tuned, pretrained = (load_file(str(tmp_path / r / "last" / "model.safetensors"))
+                         for r in ("finetune-tiny", "pretrain-tiny"))
+    assert torch.equal(tuned["patch_embed.proj.weight"], pretrained["patch_embed.proj.weight"])
+    assert not torch.equal(tuned["blocks.0.mlp.fc1.weight"], pretrained["blocks.0.mlp.fc1.weight"])
     ckpt = list_checkpoints(fsdp)[-1]
     assert ckpt.name == "step-0000020" and read_state(ckpt)["processes"] == 2
     # each process wrote its own shards: half the model each

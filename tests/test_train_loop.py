@@ -282,6 +282,26 @@ def test_finetune_tiny_from_a_checkpoint(tmp_path):
     assert dataclasses.asdict(model.cfg)["dim"] == 32
 
 
+def test_a_fine_tune_with_layer_decay_and_frozen_layers_trains_the_rest(tmp_path):
+    """`optim.freeze` and `optim.layer_decay` as settings: the frozen patch embedding and first block end as
+    the source's, the other blocks move, and a pattern that names no parameter is refused."""
+    data = synthetic_dataset(64, seed=5, size=16)
+    source = vitkit.create_model(get_recipe("finetune-tiny").model.replace(num_classes=7, image_size=16))
+    vitkit.save(source, tmp_path / "source")
+    sets = [f"init={tmp_path / 'source'}", "threads=1", "steps=3", "ema=0", "optim.layer_decay=0.75",
+            "optim.freeze=patch_embed.*,blocks.0.*"]
+    r = train(get_recipe("finetune-tiny", sets), tmp_path / "run", train_set=data, val_set=data,
+              progress=False)
+    src, got = weights(tmp_path / "source"), weights(r.last_dir)
+    for name in src:
+        if name.startswith(("patch_embed.", "blocks.0.")):
+            assert torch.equal(got[name], src[name]), name
+    assert not torch.equal(got["blocks.1.mlp.fc1.weight"], src["blocks.1.mlp.fc1.weight"])
+    with pytest.raises(ValueError, match="optim.freeze: 'block.0.\\*' names no parameter"):
+        train(get_recipe("finetune-tiny", sets[:-1] + ["optim.freeze=block.0.*"]), tmp_path / "bad",
+              train_set=data, val_set=data, progress=False)
+
+
 def test_finetune_resamples_the_position_table_as_the_recipe_says_and_starts_the_head_bias(tmp_path):
     """build_model: the init's table through `posemb_interpolation` (the paper's recipe: its code's zoom), and
     the new classifier's bias at `optim.head_bias`."""

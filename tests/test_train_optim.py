@@ -7,7 +7,7 @@ import torch
 
 from vitkit import ViTConfig, create_model
 from vitkit.train.ema import EMA
-from vitkit.train.optim import build_optimizer, cosine_decay, lr_at, param_groups
+from vitkit.train.optim import build_optimizer, cosine_decay, freeze, lr_at, param_groups, set_lr
 from vitkit.train.settings import OptimConfig
 
 TINY = ViTConfig(image_size=16, patch_size=4, in_chans=1, num_classes=3, dim=16, depth=2, num_heads=2,
@@ -68,6 +68,44 @@ def test_adamw_applies_decay_only_to_the_decay_group():
             torch.testing.assert_close(p, before[n] * (1 - 0.1 * 0.5))
         if n in ("blocks.0.mlp.fc1.bias", "pos_embed", "cls_token", "norm.weight"):
             torch.testing.assert_close(p, before[n])
+
+
+def test_layer_decay_gives_each_layer_its_learning_rate_and_keeps_the_no_decay_parameters():
+    """BEiT's layer-wise decay: block i at lr * d^(depth - i), the embeddings at lr * d^(depth + 1), the final
+    norm and head at lr; biases, norms, positions and class token without weight decay in every layer."""
+    model = create_model(TINY)
+    depth, d = len(model.blocks), 0.75
+    opt = build_optimizer(model, OptimConfig(lr=0.1, weight_decay=0.05, layer_decay=d))
+    set_lr(opt, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    lr = {names[id(p)]: g["lr"] for g in opt.param_groups for p in g["params"]}
+    wd = {names[id(p)]: g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert lr.keys() == set(names.values())
+    for name in ("patch_embed.proj.weight", "cls_token", "pos_embed"):
+        assert lr[name] == pytest.approx(0.1 * d ** (depth + 1)), name
+    for i in range(depth):
+        for name in (f"blocks.{i}.attn.qkv.weight", f"blocks.{i}.norm1.bias", f"blocks.{i}.mlp.fc2.weight"):
+            assert lr[name] == pytest.approx(0.1 * d ** (depth - i)), name
+    assert lr["norm.weight"] == lr["head.weight"] == pytest.approx(0.1)
+    assert wd["blocks.0.attn.qkv.weight"] == wd["patch_embed.proj.weight"] == 0.05
+    assert wd["blocks.0.attn.qkv.bias"] == wd["pos_embed"] == wd["cls_token"] == wd["norm.weight"] == 0.0
+    # off: the two groups as before, at the schedule's learning rate
+    plain = build_optimizer(model, OptimConfig(lr=0.1))
+    set_lr(plain, 0.02)
+    assert [g["group"] for g in plain.param_groups] == ["decay", "no_decay"]
+    assert {g["lr"] for g in plain.param_groups} == {0.02}
+
+
+def test_freeze_by_name_pattern_leaves_those_parameters_out_and_refuses_a_pattern_that_names_none():
+    model = create_model(TINY)
+    in_block_0 = sum(1 for _ in model.blocks[0].parameters())
+    assert freeze(model, ("patch_embed.*", "blocks.[0].*")) == 2 + in_block_0
+    opt = build_optimizer(model, OptimConfig(lr=0.1, layer_decay=0.5))
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        assert (id(p) in held) == (not name.startswith(("patch_embed.", "blocks.0."))), name
+    with pytest.raises(ValueError, match=r"optim.freeze: 'block.\*' names no parameter"):
+        freeze(create_model(TINY), ("block.*",))
 
 
 def test_ema_follows_its_formula():

@@ -59,7 +59,7 @@ from .one_step import (
     optimizer_step,
     quiet_same_layout_stride_warnings,
 )
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import build_optimizer, freeze, lr_at, set_lr
 from .prepare import (
     RunData,
     build_process_model,
@@ -240,10 +240,12 @@ def build_run(cfg: TrainConfig, out: Path, ctx: distributed.Context, data: RunDa
     else:
         model.to(ctx.device)
         ema_module = None
+    model.set_grad_checkpointing(cfg.grad_checkpointing)
     if cfg.fast:
         accelerate(model)  # vitkit's CPU kernels, in place (nothing is swapped on a GPU)
         if ema_module is not None:
             accelerate(ema_module)
+    freeze(model, cfg.optim.freeze)  # before the optimizer: the frozen ones get no state
     ema = EMA(model, cfg.ema, ema_module) if cfg.ema else None
     optimizer = build_optimizer(model, cfg.optim)
     return Run(cfg, out, ctx, data.val_split, data.train, data.val, data.classes, data.test_split, data.test,

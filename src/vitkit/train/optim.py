@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import math
 
 import torch
@@ -10,19 +11,55 @@ import torch.nn as nn
 from .settings import OptimConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: weights of 2 or more dimensions get `weight_decay`; biases, norms and whatever the model's
-    `no_weight_decay()` names (position embedding, class token) get none."""
+def layer_id(name: str, depth: int) -> int:
+    """A ViT parameter's layer for layer-wise decay, as BEiT numbers them: 0 for the embeddings (patches,
+    class token, positions), i + 1 for block i, depth + 1 for the final norm and the head."""
+    if name.startswith(("patch_embed.", "cls_token", "pos_embed")):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return depth + 1
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+    """Weights of 2 or more dimensions get `weight_decay`; biases, norms and whatever the model's
+    `no_weight_decay()` names (position embedding, class token) get none. Two groups; with `layer_decay` < 1
+    two per layer (`layer_id`), each with its `lr_scale`, layer_decay^(depth + 1 - layer). Frozen parameters
+    (requires_grad false) are in none."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
+    depth, layered = len(getattr(model, "blocks", ())), layer_decay != 1.0
+    groups: dict[tuple[int, bool], dict] = {}
+
+    def group(layer: int, decay: bool) -> dict:
+        return groups.setdefault((layer, decay), {
+            "params": [], "weight_decay": weight_decay if decay else 0.0,
+            "group": ("decay" if decay else "no_decay") + (f"-layer{layer}" if layered else ""),
+            "lr_scale": layer_decay ** (depth + 1 - layer)})
+
+    if not layered:  # the two groups, even empty, as checkpoints made before layer decay hold them
+        group(depth + 1, True), group(depth + 1, False)
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or name in skip else decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay, "group": "decay"},
-        {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"},
-    ]
+        if p.requires_grad:
+            layer = layer_id(name, depth) if layered else depth + 1
+            group(layer, decay=not (p.ndim < 2 or name in skip))["params"].append(p)
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], not k[1]))]
+
+
+def freeze(model: nn.Module, patterns: tuple[str, ...]) -> int:
+    """Keep the parameters whose names match any of `patterns` (fnmatch) fixed: requires_grad false. A
+    pattern that names no parameter is refused (a typo would otherwise train everything). Returns how many
+    parameters it froze."""
+    names = [n for n, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            raise ValueError(f"optim.freeze: {pattern!r} names no parameter of the model; its names look "
+                             f"like {', '.join(names[:2])}, blocks.0.attn.qkv.weight, head.weight")
+    frozen = 0
+    for name, p in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            p.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 def fused_adamw_supported(params: list[torch.Tensor]) -> bool:
@@ -34,7 +71,7 @@ def fused_adamw_supported(params: list[torch.Tensor]) -> bool:
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """AdamW or SGD (momentum) over `param_groups`; the learning rate is set every step by the schedule."""
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     if cfg.name == "adamw":
         params = [p for g in groups for p in g["params"]]
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
@@ -79,5 +116,6 @@ def lr_at(step: int, total_steps: int, peak: float, warmup: int, schedule: str =
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's learning rate, times each group's `lr_scale` (layer-wise decay)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

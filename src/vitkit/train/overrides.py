@@ -145,7 +145,9 @@ def parse_value(text: str, t: Any, key: str = "value") -> Any:
             raise ValueError(f"{key}={text!r}: choose from {', '.join(map(str, args))}")
         return text
     if origin is tuple:
-        parts = [p for p in text.replace("x", ",").split(",") if p.strip()] if text else []
+        # "28x28" for (28, 28); names (freeze patterns) keep their x
+        sizes = text if args and args[0] is str else text.replace("x", ",")
+        parts = [p for p in sizes.split(",") if p.strip()] if text else []
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(parse_value(p.strip(), args[0], key) for p in parts)
         if len(parts) == 1 and len(args) > 1:  # "28" for (28, 28)

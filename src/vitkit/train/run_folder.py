@@ -31,6 +31,7 @@ from .settings import TrainConfig
 RESUMABLE_CHANGES = ("log_every", "eval_every", "ckpt_every", "keep_last", "device", "threads",
                      "data.workers",
                      "data.eval_batch_size", "data.data_dir", "data.download", "compile", "fast",
+                     "grad_checkpointing",
                      # what a diverged run needs to go on from its last good checkpoint (diverged_message)
                      "optim.lr", "optim.clip_grad_norm")
 

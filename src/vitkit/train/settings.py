@@ -118,6 +118,11 @@ class OptimConfig:
     (the paper's ImageNet-21k pre-training; see vitkit.train.losses). `label_smoothing` applies to either.
     `head_bias`: the value the new classifier's bias starts at (the paper's pre-training: -10 with the sigmoid
     loss; 0 otherwise, as the zero-initialised fine-tuning head).
+    `layer_decay`: layer-wise learning-rate decay for fine-tuning (BEiT, MAE): block i's parameters take
+    lr * layer_decay^(depth - i), the embeddings (patches, class token, positions) lr * layer_decay^(depth +
+    1), the final LayerNorm and the head the full lr; 1: off.
+    `freeze`: parameters kept fixed, by name pattern (fnmatch: `patch_embed.*`, `blocks.[0-5].*`): no
+    gradients, no optimizer state; a pattern that names no parameter of the model is refused.
     """
 
     name: Optimizer = "adamw"
@@ -134,9 +139,12 @@ class OptimConfig:
     label_smoothing: float = 0.0
     loss: Loss = "softmax"
     head_bias: float = 0.0
+    layer_decay: float = 1.0
+    freeze: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        object.__setattr__(self, "freeze", tuple(self.freeze))
         errors = range_errors(self, OPTIM_RANGES)
         if errors:  # the checks below compare these
             raise ValueError("invalid optim settings: " + "; ".join(errors))
@@ -157,7 +165,7 @@ OPTIM_RANGES = {
     "eps": Range(0, open_low=True), "momentum": Range(0, 1, open_high=True),
     "warmup_steps": Range(0, integer=True),
     "warmup_epochs": Range(0), "min_lr": Range(0), "clip_grad_norm": Range(0),
-    "label_smoothing": Range(0, 1, open_high=True),
+    "label_smoothing": Range(0, 1, open_high=True), "layer_decay": Range(0, 1, open_low=True),
 }
 
 
@@ -232,6 +240,9 @@ class TrainConfig:
     `max_skipped_steps`: a step whose gradient norm is nan or infinite is skipped (the weights, optimizer and
     EMA untouched; counted as `skipped_steps` in metrics.csv); after this many in a row the run stops, naming
     the step and the last checkpoint.
+    `grad_checkpointing`: recompute each block's activations in the backward pass instead of keeping them
+    (VisionTransformer.set_grad_checkpointing): the same gradients, much less activation memory, about a
+    third more time per step.
     `parallel`: how several processes share the training. 'ddp': each holds the whole model, optimizer and
     EMA, and the gradients are averaged. 'fsdp': FSDP2 shards them over the processes, per block and at the
     root (vitkit.train.sharding), and the checkpoints are sharded too (vitkit.train.dcp_checkpoints).
@@ -262,6 +273,7 @@ class TrainConfig:
     max_skipped_steps: int = 5
     compile: bool = False
     fast: bool = True
+    grad_checkpointing: bool = False
     parallel: Parallel = "ddp"
 
     def __post_init__(self) -> None:
