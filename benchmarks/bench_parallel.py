@@ -18,6 +18,7 @@ run out of memory) and recorded as such, with the resident memory it had reached
 
     python benchmarks/bench_parallel.py --json $(python benchmarks/records.py name parallel)
     python benchmarks/bench_parallel.py --models ViT-H/14 --batch 2 --steps 2
+    python benchmarks/bench_parallel.py --grad-checkpointing     # activation checkpointing in both
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def status_bytes(field: str, pid: int | str = "self") -> int:
     raise ValueError(f"/proc/{pid}/status has no {field}")
 
 
-def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> None:
+def worker(model_name: str, parallel: str, batch: int, steps: int, checkpointing: bool, out: str) -> None:
     """One cell, run by each of torchrun's processes; process 0 writes the cell's figures to `out`."""
     import torch
     import torch.distributed as dist
@@ -97,6 +98,7 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> 
     else:
         model = vitkit.accelerate(vitkit.create_model(model_name))
         net = DistributedDataParallel(model)
+    model.set_grad_checkpointing(checkpointing)  # as the trainer's grad_checkpointing setting
     optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05))
     per_process = batch // ctx.world
     x = torch.randn(per_process, 3, 224, 224)
@@ -118,7 +120,8 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, out: str) -> 
     everyone = distributed.gather_strings([json.dumps(mine)])
     if ctx.is_main:
         cell = {"model": model_name, "parallel": parallel, "processes": ctx.world, "batch": batch,
-                "threads_per_process": 1, "step_ms": 1000 * statistics.median(times[1:]),
+                "grad_checkpointing": checkpointing, "threads_per_process": 1,
+                "step_ms": 1000 * statistics.median(times[1:]),
                 "step_ms_all": [round(1000 * t, 1) for t in times[1:]],
                 "per_process": [json.loads(s) for s in everyone]}
         Path(out).write_text(json.dumps(cell))
@@ -140,13 +143,15 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def run_cell(model_name: str, parallel: str, batch: int, steps: int, nproc: int, rss_limit: int) -> dict:
+def run_cell(model_name: str, parallel: str, batch: int, steps: int, nproc: int, rss_limit: int,
+             checkpointing: bool = False) -> dict:
     """One cell's figures; a cell whose processes together exceed `rss_limit` bytes is stopped and returned
     as {'stopped': ...} with the memory reached."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cell.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               __file__, "--worker", model_name, parallel, str(batch), str(steps), str(out)]
+               __file__, "--worker", model_name, parallel, str(batch), str(steps), str(int(checkpointing)),
+               str(out)]
         proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
         reached = 0
         while proc.poll() is None:
@@ -159,6 +164,7 @@ def run_cell(model_name: str, parallel: str, batch: int, steps: int, nproc: int,
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return {"model": model_name, "parallel": parallel, "processes": nproc, "batch": batch,
+                        "grad_checkpointing": checkpointing,
                         "stopped": f"the {nproc} processes held {held / GIB:.1f} GiB, over the limit of "
                                    f"{rss_limit / GIB:.1f} GiB, before the cell ended",
                         "rss_reached_bytes": reached}
@@ -176,22 +182,26 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4, help="the global batch (split over the processes)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per cell, after one of warm-up")
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     p.add_argument("--rss-limit-gib", type=float, default=20.0,
                    help="stop a cell whose processes together hold more than this (GiB)")
     p.add_argument("--json", default=None, help="write the record here")
-    p.add_argument("--worker", nargs=5, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute each block's activations in the backward pass (the trainer's "
+                        "grad_checkpointing), in both strategies")
+    p.add_argument("--worker", nargs=6, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        model_name, parallel, batch, steps, out = args.worker
-        worker(model_name, parallel, int(batch), int(steps), out)
+        model_name, parallel, batch, steps, checkpointing, out = args.worker
+        worker(model_name, parallel, int(batch), int(steps), checkpointing == "1", out)
         return
     import torch
 
     from vitkit.bench import machine_info, write_json
 
     limit = int(args.rss_limit_gib * GIB)
-    rows = [run_cell(m, s, args.batch, args.steps, args.nproc, limit)
-            for m in args.models for s in STRATEGIES]
+    rows = [run_cell(m, s, args.batch, args.steps, args.nproc, limit, args.grad_checkpointing)
+            for m in args.models for s in args.strategies]
     for row in rows:
         if "stopped" in row:
             print(f"{row['model']} {row['parallel']}: stopped: {row['stopped']}")
@@ -200,7 +210,7 @@ def main() -> None:
         state = max(c["params_grads_optimizer_bytes"] for c in row["per_process"]) / GIB
         print(f"{row['model']} {row['parallel']}: {row['step_ms']:.0f} ms/step, peak RSS per process "
               f"{', '.join(f'{p:.2f}' for p in peaks)} GiB, params+grads+optimizer {state:.2f} GiB")
-    for m in args.models:
+    for m in args.models if len(args.strategies) == 2 else ():
         ddp, fsdp = (next(r for r in rows if r["model"] == m and r["parallel"] == s) for s in STRATEGIES)
         if "stopped" in ddp or "stopped" in fsdp:
             continue
