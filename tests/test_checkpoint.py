@@ -296,3 +296,46 @@ def test_loading_to_a_gpu_the_machine_lacks_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="map_location='cuda': torch finds no CUDA device"):
         vitkit.load(tmp_path / "m", map_location="cuda")
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "sincos-2d"])
+def test_loading_builds_on_meta_and_takes_the_files_tensors_without_a_random_init(tmp_path, pos_embed,
+                                                                                 monkeypatch):
+    """vitkit.load builds on the meta device and assigns the file's tensors: init_weights never runs on real
+    tensors, the logits are the saved model's, and a sin-cos table (in no state dict) is made."""
+    from vitkit.model import VisionTransformer
+
+    cfg = ViTConfig(image_size=16, patch_size=8, dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3,
+                    pos_embed=pos_embed)
+    torch.manual_seed(0)
+    saved = VisionTransformer(cfg).eval()
+    torch.nn.init.normal_(saved.head.weight)
+    vitkit.save(saved, tmp_path / "m")
+    with_values = []
+    init_weights = VisionTransformer.init_weights
+    monkeypatch.setattr(VisionTransformer, "init_weights",
+                        lambda self: (with_values.append(not self.norm.weight.is_meta), init_weights(self)))
+    loaded = vitkit.load(tmp_path / "m")
+    assert not any(with_values)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), saved(x), rtol=0, atol=0)
+    assert not any(t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
+    assert all(p.requires_grad for p in loaded.parameters())
+
+
+def test_tensors_that_share_memory_are_copied_so_that_the_model_saves(tmp_path):
+    """A converter may hand views of one array (q, k and v cut from a fused one): each parameter gets its own
+    storage, as safetensors requires, and a tensor of its own is taken as it is."""
+    from vitkit.checkpoint import model_from_state
+    from vitkit.model import VisionTransformer
+
+    cfg = ViTConfig(image_size=16, patch_size=8, dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3)
+    state = VisionTransformer(cfg).state_dict()
+    both = torch.randn(2, *state["norm.weight"].shape)
+    state["norm.weight"], state["norm.bias"] = both[0], both[1]  # one storage
+    model = model_from_state(cfg, state)
+    assert model.norm.weight.untyped_storage().data_ptr() != model.norm.bias.untyped_storage().data_ptr()
+    assert model.head.weight.data_ptr() == state["head.weight"].data_ptr()  # its own: taken, not copied
+    torch.testing.assert_close(model.norm.bias.detach(), both[1])
+    vitkit.save(model, tmp_path / "m")

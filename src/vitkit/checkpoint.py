@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from .config import ViTConfig
 from .files import write_model_folder
 from .inference import OPTIMIZED
 from .model import VisionTransformer
+from .posemb import sincos_position_table
+from .tensor_reader import read_safetensors
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -97,8 +97,8 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not p.is_file():
         raise CheckpointError(f"{p}: no such file")
     try:
-        return load_file(str(p))
-    except (SafetensorError, OSError, ValueError) as e:
+        return read_safetensors(p)  # into aligned memory, the file's size at the peak (tensor_reader.py)
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
 
 
@@ -123,6 +123,34 @@ def check_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
         raise CheckpointError(f"{source}: tensors do not fit the config: " + "; ".join(parts))
 
 
+ALIGNMENT = 64  # bytes: PyTorch's CPU allocator's, which the kernels expect
+
+
+def model_from_state(cfg: ViTConfig, state: dict[str, torch.Tensor]) -> VisionTransformer:
+    """The model of `cfg` holding `state`'s tensors (they must fit it: check_state_dict): built on the meta
+    device, so nothing is allocated or randomly initialised only to be overwritten, then given the tensors
+    (load_state_dict with assign=True) and its fixed sin-cos table, which no state dict holds.
+
+    A tensor is taken as it is where it owns its memory at PyTorch's 64-byte alignment; one that shares its
+    memory (views of one array: safetensors refuses to save those) or lies at a lesser alignment (a file's
+    tensors: the kernels would run other code paths, slower and not bit for bit the same) is copied, one at a
+    time in place in `state`, so that at most one extra tensor is held at once."""
+    users: dict[int, int] = {}
+    for t in state.values():
+        users[t.untyped_storage().data_ptr()] = users.get(t.untyped_storage().data_ptr(), 0) + 1
+    for k, v in state.items():
+        if users[v.untyped_storage().data_ptr()] > 1 or v.data_ptr() % ALIGNMENT or not v.is_contiguous():
+            state[k] = torch.empty_like(v, memory_format=torch.contiguous_format).copy_(v)
+            del v
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+    model.load_state_dict(state, assign=True)
+    if cfg.pos_embed == "sincos-2d":
+        table = sincos_position_table(cfg.grid_size, cfg.dim, cfg.num_prefix_tokens)
+        model.pos_embed_fixed = table.to(next(iter(state.values())).device)
+    return model
+
+
 def load_vitkit(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
     """Rebuild the model saved by `save` from its folder (or its model.safetensors file)."""
     p = Path(path)
@@ -140,7 +168,6 @@ def load_vitkit(path: str | os.PathLike, map_location: str | torch.device = "cpu
     state = read_tensors(folder / WEIGHTS_NAME)
     with torch.device("meta"):  # shapes only, nothing allocated: check before anything is loaded
         check_state_dict(VisionTransformer(cfg), state, str(folder / WEIGHTS_NAME))
-    model = VisionTransformer(cfg)
-    model.load_state_dict(state)
+    model = model_from_state(cfg, state)  # the file's tensors, no random initialisation first
     model.class_names = [str(n) for n in names] if names is not None else None
     return model.to(map_location).eval()

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, check_state_dict
+from ..checkpoint import CheckpointError, check_state_dict, model_from_state
 from ..config import VARIANTS, Preset, ViTConfig, get_preset
 from ..model import VisionTransformer
 
@@ -391,9 +391,8 @@ def build_model(converted: Converted, map_location: str | torch.device = "cpu") 
              else f"{converted.source} ({converted.format} format)")
     with torch.device("meta"):
         check_state_dict(VisionTransformer(converted.cfg), converted.state, label)
-    model = VisionTransformer(converted.cfg)
-    model.load_state_dict({k: v.to(torch.float32) if v.is_floating_point() else v
-                           for k, v in converted.state.items()})
+    model = model_from_state(converted.cfg, {
+        k: v.to(torch.float32) if v.is_floating_point() else v for k, v in converted.state.items()})
     model.class_names = converted.class_names
     return model.to(map_location).eval()
 
