@@ -334,7 +334,7 @@ def test_tensors_that_share_memory_are_copied_so_that_the_model_saves(tmp_path):
     state = VisionTransformer(cfg).state_dict()
     both = torch.randn(2, *state["norm.weight"].shape)
     state["norm.weight"], state["norm.bias"] = both[0], both[1]  # one storage
-    model = model_from_state(cfg, state)
+    model = model_from_state(VisionTransformer, cfg, state)
     assert model.norm.weight.untyped_storage().data_ptr() != model.norm.bias.untyped_storage().data_ptr()
     assert model.head.weight.data_ptr() == state["head.weight"].data_ptr()  # its own: taken, not copied
     torch.testing.assert_close(model.norm.bias.detach(), both[1])

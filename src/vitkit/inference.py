@@ -45,6 +45,7 @@ import torch.nn as nn
 from .cpu.convert import fuse_blocks, pack_linears, quantize_linears_int8
 from .cpu.hardware import cpu_has_native_bf16
 from .cpu.private import onednn_packing_available
+from .folder_format import OPTIMIZED
 from .model import VisionTransformer
 from .shortcut import with_class_token_shortcut
 
@@ -53,7 +54,6 @@ PRECISIONS: tuple[str, ...] = ("fp32", "int8", "bf16")
 CompileMode = bool | Literal["auto"]
 # The attribute that marks optimize's output, with its precision as the value: vitkit.save refuses such
 # models.
-OPTIMIZED = "vitkit_optimized"
 
 
 def _cast_bf16(model: nn.Module) -> nn.Module:

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig, check_image_batch, gap_drops_class_token, get_config
 from .features import OUTPUT_FORMATS, block_indices, split_tokens
+from .hub_mixin import HubMixin
 from .hybrid import HybridEmbed
 from .init import lecun_normal_, mimetic_init_
 from .posemb import resample_pos_embed, sincos_position_table
@@ -190,13 +191,14 @@ class Block(nn.Module):
         return x, attn
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(nn.Module, HubMixin):
     """The ViT of `cfg`: eq. 1 (`embed`), the encoder blocks (eq. 2-3) and the final LayerNorm (eq. 4) in
     `forward_features`, pooling and head in `forward_head`.
 
-    `forward` takes only the class token through the last block (eq. 4 reads z_L^0 alone): a hook on the last
-    block or on `norm` sees (B, 1, D) there; `forward_features` computes every token. A block returns
-    (tokens, attention or None), so `nn.Sequential(*model.blocks)` does not chain them.
+    `forward` runs every token through every block (vitkit.accelerate and vitkit.optimize swap in the
+    class-token shortcut, vitkit.shortcut). A block returns (tokens, attention or None), so
+    `nn.Sequential(*model.blocks)` does not chain them. The Hub's from_pretrained / save_pretrained /
+    push_to_hub come from vitkit.hub_mixin.
 
     In training, drop-path and PatchDropout draw from torch's generator, or, given `streams` ((B, 2) int64,
     vitkit.streams), from each image's own stream: vitkit's trainer keys them by the image's place in the

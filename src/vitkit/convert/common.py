@@ -391,7 +391,7 @@ def build_model(converted: Converted, map_location: str | torch.device = "cpu") 
              else f"{converted.source} ({converted.format} format)")
     with torch.device("meta"):
         check_state_dict(VisionTransformer(converted.cfg), converted.state, label)
-    model = model_from_state(converted.cfg, {
+    model = model_from_state(VisionTransformer, converted.cfg, {
         k: v.to(torch.float32) if v.is_floating_point() else v for k, v in converted.state.items()})
     model.class_names = converted.class_names
     return model.to(map_location).eval()
