@@ -628,3 +628,44 @@ def test_the_unreadable_files_of_a_held_out_folder_are_reported_as_they_are_foun
             part[i]
     for part in (data.train, data.val):
         assert [p.name for p in prepare.skipped_images(part)] == ["bad.png"]
+
+
+def test_a_run_without_a_terminal_prints_a_line_at_its_logging_steps(tmp_path, monkeypatch, capsys):
+    """With no progress bar (stderr is not a terminal, as under pytest or in a job's log), the main process
+    prints the bar's figures at the logging steps, at most one line every LINE_EVERY_S seconds, and at the
+    last step; progress=False prints none."""
+    from vitkit.train import report
+
+    data = synthetic_dataset(64, seed=0)
+    monkeypatch.setattr(report, "LINE_EVERY_S", 0.0)
+    train(plain("demo-tiny", "steps=6", "log_every=2", "eval_every=100", "ckpt_every=100"), tmp_path / "a",
+          train_set=data, progress=None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split(" (")[0] for line in lines] == ["step 2/6", "step 4/6", "step 6/6"]
+    assert "loss" in lines[-1] and "images/s" in lines[-1]
+    monkeypatch.setattr(report, "LINE_EVERY_S", 3600.0)
+    train(plain("demo-tiny", "steps=6", "log_every=2", "eval_every=100", "ckpt_every=100"), tmp_path / "b",
+          train_set=data, progress=None)
+    assert [line.split(" (")[0] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("step ")] == ["step 6/6"]
+    train(plain("demo-tiny", "steps=6", "log_every=2", "eval_every=100", "ckpt_every=100"), tmp_path / "c",
+          train_set=data, progress=False)
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+
+
+def test_loader_workers_are_at_most_the_cores_there_are(monkeypatch):
+    """The finetune recipe asks for 4 DataLoader workers: on 2 cores a run starts 2 (no PyTorch warning)."""
+    from vitkit.train.batches import batch_source, loader_workers
+
+    class Items(torch.utils.data.Dataset):  # not held in memory: read through a DataLoader
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.zeros(3, 8, 8), 0
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert [loader_workers(n) for n in (0, 1, 2, 4, 8)] == [0, 1, 2, 2, 2]
+    cfg = get_recipe("finetune")
+    assert cfg.data.workers == 4
+    assert batch_source(Items(), cfg.model, cfg.augment, 10, 0, cfg.data.workers).workers == 2

@@ -25,6 +25,7 @@ The plan and the seeds are pure functions in order.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import torch
@@ -159,8 +160,17 @@ class LoaderBatches:
             yield step, micro_batches
 
 
+def loader_workers(asked: int) -> int:
+    """The DataLoader processes to start for `asked`: at most one per core this process may run on (more
+    only compete with the training for the cores, and PyTorch warns about them). What is drawn does not
+    depend on it: every image is seeded by its place in the run."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(asked, cores)
+
+
 def batch_source(dataset: Dataset | ShardSet, model_cfg: ViTConfig, aug: AugmentConfig, num_classes: int,
                  seed: int, workers: int = 0) -> MemoryBatches | LoaderBatches | ShardBatches:
+    workers = loader_workers(workers)
     if isinstance(dataset, ShardSet):
         return ShardBatches(dataset, model_cfg, aug, num_classes, seed, workers)
     if is_in_memory(dataset):

@@ -318,7 +318,8 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
         net = compiled(net, ctx.device)
     loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
     val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
-    report = Report(MetricsLog(run.out, ctx.is_main, run.step), progress_bar(run, progress))
+    report = Report(MetricsLog(run.out, ctx.is_main, run.step), progress_bar(run, progress),
+                    lines=progress is not False and ctx.is_main)
     result = None
     epoch = run.step // lengths.per_epoch
     with StopRequests(announce=ctx.is_main) as stops, contextlib.ExitStack() as closing:

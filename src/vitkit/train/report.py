@@ -7,6 +7,8 @@ import time
 
 from .metrics_log import MetricsLog
 
+LINE_EVERY_S = 10.0
+
 
 def progress_bar(run, progress: bool | None):
     """The main process's progress bar on stderr for `run` (a vitkit.train.loop.Run), or None: always with
@@ -25,9 +27,12 @@ class Report:
     """What a run reports as it trains: the rows of RUN/metrics.csv (`log`), the progress bar (`bar`, or None)
     and messages, written through the bar, which lifts itself first, when there is one."""
 
-    def __init__(self, log: MetricsLog, bar):
-        self.log, self.bar = log, bar
+    def __init__(self, log: MetricsLog, bar, lines: bool = False):
+        """`lines`: without a bar (stderr is no terminal: a log file, a scheduler's job), print a line of the
+        same figures at the logging steps, at most one every LINE_EVERY_S seconds, and at the last step."""
+        self.log, self.bar, self.lines = log, bar, lines and bar is None
         self.window_t, self.window_n, self.loss_ema = time.time(), 0, None  # throughput window, smoothed loss
+        self.line_t = time.time()
 
     def print(self, message: str) -> None:
         (self.bar.write if self.bar else print)(message)
@@ -48,6 +53,11 @@ class Report:
             if self.bar is not None:
                 self.bar.set_postfix(loss=f"{self.loss_ema:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}",
                                      epoch=f"{epoch:.2f}")
+            last = run.step == run.lengths.total
+            if self.lines and (last or time.time() - self.line_t >= LINE_EVERY_S):
+                self.line_t = time.time()
+                print(f"step {run.step}/{run.lengths.total} (epoch {epoch:.2f}): loss {self.loss_ema:.4f}, "
+                      f"lr {lr:.2e}, {ips:.0f} images/s", flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
