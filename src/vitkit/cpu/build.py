@@ -95,6 +95,9 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
     rebuilds the library too (their digest is one of its build flags)."""
     if hasattr(torch.ops.vitkit, op):
         return True
+    if cxx_compiler() is None:
+        no_compiler()
+        return False
     try:
         digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
         # One library per source folder: two installations (two checkouts, two virtual environments) sharing
@@ -113,6 +116,13 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
                   f"instead (slower). {DISABLE_ENV}=0 turns vitkit's operators off.",
                   RuntimeWarning, stacklevel=2)
     return False
+
+
+@functools.cache
+def no_compiler() -> None:
+    """Say once per process that there is no C++ compiler to build the operators with (nothing is tried)."""
+    warnings.warn("vitkit: no C++ compiler (install g++ or set CXX); the plain PyTorch path runs",
+                  RuntimeWarning, stacklevel=3)
 
 
 @functools.cache
