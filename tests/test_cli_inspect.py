@@ -100,7 +100,7 @@ def table_rows(out: str) -> dict[str, list[str]]:
     rows = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("│ ").split("│")]
-        if len(cells) == 6 and cells[0] in PRESETS:
+        if len(cells) == 7 and cells[0] in PRESETS:
             rows[cells[0]] = cells
     return rows
 
@@ -110,7 +110,8 @@ def test_models_lists_every_preset_with_its_counts(capsys):
     assert code == 0
     rows = table_rows(out)
     assert list(rows) == list(PRESETS)  # every preset, the hybrids included, in order
-    assert rows["ViT-B/16"] == ["ViT-B/16", "vit_base_patch16_224", "224x224", "86,567,656", "35.13", "197"]
+    assert rows["ViT-B/16"] == ["ViT-B/16", "vit_base_patch16_224", "224x224", "86,567,656", "35.13", "17.56",
+                                 "197"]
     assert rows["ViT-Ti/16"][3] == "5,717,416"
     assert rows["ViT-S/16"][3] == "22,050,664"
     assert rows["ViT-L/16"][3] == "304,326,632"

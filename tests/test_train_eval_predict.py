@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,9 +175,10 @@ def test_cli_eval_and_predict_options(tmp_path, capsys):
     assert cli("eval", tmp_path / "ckpt", "-d", tmp_path / "data", "--split", "train", "--workers", "2",
                "--no-progress", "--device", "cpu") == 0
     out = capsys.readouterr().out
-    metrics = json.loads((tmp_path / "ckpt" / "eval-data-train" / "metrics.json").read_text())
+    # beside the checkpoint folder, never inside it (a run replaces it whole; an upload sends it as it is)
+    metrics = json.loads((tmp_path / "eval-ckpt-data-train" / "metrics.json").read_text())
     assert metrics["count"] == 6 and metrics["top5"] is None and "top-5" not in out and "top-1" in out
-    assert not (tmp_path / "ckpt" / "eval-data").exists()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
     (tmp_path / "bad.png").write_bytes(b"")
     assert cli("predict", tmp_path / "ckpt", tmp_path / "bad.png", "--json", "--no-fast") == 1
     failure = json.loads(capsys.readouterr().err.strip().splitlines()[0])
@@ -257,3 +259,17 @@ def test_match_classes_of_eval():
         match_classes(data("n01", "n02", "n03"), ["tench", "goldfish"], 2, "D", "C")
     unnamed, note = match_classes(data("x", "y"), None, 2, "D", "C")
     assert note is None
+
+
+def test_eval_writes_beside_the_checkpoint_and_here_for_a_hub_name(tmp_path, monkeypatch):
+    from vitkit.cli.train import _default_eval_dir
+
+    (tmp_path / "run" / "best").mkdir(parents=True)
+    (tmp_path / "vit.safetensors").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    assert _default_eval_dir(str(tmp_path / "run" / "best"), "fashion-mnist") == \
+        tmp_path / "run" / "eval-best-fashion-mnist"
+    assert _default_eval_dir(str(tmp_path / "vit.safetensors"), "/data/pets", "val") == \
+        tmp_path / "eval-vit-pets-val"
+    assert _default_eval_dir("hf-hub:google/vit-base-patch16-224", "cifar10") == \
+        Path("eval-vit-base-patch16-224-cifar10")

@@ -13,7 +13,8 @@ def models(
     filter: str = typer.Argument("", help="Show only presets whose name contains this text (e.g. 'B/16')."),
     classes: int = typer.Option(1000, "--classes", min=0, help="Head size used for the parameter count."),
 ) -> None:
-    """Table of the presets: parameters, GFLOPs per image and tokens."""
+    """Table of the presets: parameters, GFLOPs and GMACs per image, and tokens. GMACs (multiply-adds) are
+    what timm, fvcore and most papers after ViT call FLOPs; GFLOPs count 2 per multiply-add."""
     from ..config import PRESETS, get_preset
     from ..counting import count_flops, count_parameters
     from .main import UsageError
@@ -25,9 +26,10 @@ def models(
 
     table = Table(title=f"vitkit presets (parameters with a {classes}-class head)",
                   caption="timm name: - where timm has no such model; vitkit takes its timm-style name too "
-                          "(vit_huge_patch16_224)")
+                          "(vit_huge_patch16_224). GFLOPs count 2 per multiply-add; GMACs count "
+                          "multiply-adds, the figure timm, fvcore and most papers call FLOPs")
     for col, justify in (("name", "left"), ("timm name", "left"), ("image", "right"), ("params", "right"),
-                         ("GFLOPs", "right"), ("tokens", "right")):
+                         ("GFLOPs", "right"), ("GMACs", "right"), ("tokens", "right")):
         table.add_column(col, justify=justify)
     shown = 0
     for preset in PRESETS.values():
@@ -38,7 +40,8 @@ def models(
         cfg = preset.config.replace(num_classes=classes)
         h, w = cfg.image_size
         table.add_row(preset.name, preset.timm_name if preset.in_timm else "-", f"{h}x{w}",
-                      f"{count_parameters(cfg):,}", f"{count_flops(cfg) / 1e9:.2f}", str(cfg.num_tokens))
+                      f"{count_parameters(cfg):,}", f"{count_flops(cfg) / 1e9:.2f}",
+                      f"{count_flops(cfg) / 2e9:.2f}", str(cfg.num_tokens))
     if not shown:
         raise UsageError(f"no preset matches {filter!r}",
                          "`vitkit models` lists them all; e.g. `vitkit models B/16`")
@@ -68,7 +71,8 @@ def info(path: Path = typer.Argument(..., help="A checkpoint folder or file.")) 
         ("pre-logits", str(cfg.representation_size or "none")),
         ("hybrid ResNet units", str(cfg.hybrid_layers) if cfg.hybrid_layers else "none"),
         ("parameters", f"{n_params:,}"),
-        ("GFLOPs per image", f"{count_flops(cfg) / 1e9:.3g}"),
+        ("GFLOPs per image", f"{count_flops(cfg) / 1e9:.3g} (2 per multiply-add; "
+                             f"{count_flops(cfg) / 2e9:.3g} GMACs, what timm and fvcore call FLOPs)"),
         ("classes", f"{cfg.num_classes}" + (f": {', '.join(names[:10])}" + (" ..." if len(names) > 10 else "")
                                             if names else "")),
         ("preprocessing", str(preprocessing(cfg))),

@@ -200,8 +200,8 @@ def eval(
                               help="Evaluate only N images, spread evenly over the split so "
                                    "that every class keeps its share (0: all)."),
     out: Path = typer.Option(None, "--out", "-o",
-                             help="Folder for metrics.json and confusion.png (default: eval-DATA inside a "
-                                  "checkpoint folder, beside a checkpoint file, or here for a hub name)."),
+                             help="Folder for metrics.json and confusion.png (default: eval-CHECKPOINT-DATA "
+                                  "beside the checkpoint, or here for a hub name)."),
     skip_bad_images: bool = typer.Option(False, "--skip-bad-images",
                                          help="Skip unreadable images in a folder."),
     fast: bool = typer.Option(True, "--fast/--no-fast",
@@ -280,11 +280,15 @@ def match_classes(dataset, class_names: list[str] | None, num_classes: int, data
 
 
 def _default_eval_dir(checkpoint: str, data: str, split: str = "test") -> Path:
-    """eval-DATA beside (or inside) the checkpoint for the test split, eval-DATA-SPLIT for the others, so that
-    evaluating another split does not overwrite the test split's metrics."""
+    """eval-CHECKPOINT-DATA beside the checkpoint (never inside a checkpoint folder, which a run replaces
+    whole and an upload sends as it is; in the current folder for a hub name), with -SPLIT for a split other
+    than test, so that evaluating another split or checkpoint overwrites nothing."""
     p = Path(checkpoint)
-    folder = p if p.is_dir() else p.parent
-    return folder / (f"eval-{Path(data).name or 'data'}" + ("" if split == "test" else f"-{split}"))
+    name = (p.stem if p.is_file() else p.name) or "model"
+    place = p.parent if p.exists() else Path(".")
+    if not p.exists():  # a hub name: its last part
+        name = checkpoint.rstrip("/").split("/")[-1].split(":")[-1] or "model"
+    return place / (f"eval-{name}-{Path(data).name or 'data'}" + ("" if split == "test" else f"-{split}"))
 
 
 def predict(
