@@ -19,10 +19,11 @@ from .folder_format import OPTIMIZED, check_state_dict, load_folder, preprocessi
 
 REPO_URL = "https://github.com/vitkit/vitkit"
 PAPER_URL = "https://arxiv.org/abs/2010.11929"
+TAGS = ["vision-transformer", "image-classification"]
 
 
-class HubMixin(ModelHubMixin, library_name="vitkit", tags=["vision-transformer", "image-classification"],
-               pipeline_tag="image-classification", repo_url=REPO_URL, paper_url=PAPER_URL):
+class HubMixin(ModelHubMixin, library_name="vitkit", tags=TAGS, pipeline_tag="image-classification",
+               repo_url=REPO_URL):
     """Hub methods for VisionTransformer (module docstring); `model.class_names` and `model.train_record`,
     which `vitkit.load` sets, go into the folder and the card."""
 
@@ -42,10 +43,12 @@ class HubMixin(ModelHubMixin, library_name="vitkit", tags=["vision-transformer",
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
                          force_download: bool, local_files_only: bool, token: str | bool | None,
-                         map_location: str = "cpu", **model_kwargs: Any):
+                         map_location: str = "cpu", proxies: Any = None, resume_download: Any = None,
+                         **model_kwargs: Any):
         """The model of a vitkit folder (what save_pretrained writes): a local one, or a Hub repository
         fetched by huggingface_hub's snapshot_download (its cache, its offline mode). In eval mode, as
-        vitkit.load gives it. (vitkit.load("hf-hub:ORG/REPO") reads timm's and transformers' layouts too.)"""
+        vitkit.load gives it. (vitkit.load("hf-hub:ORG/REPO") reads timm's and transformers' layouts too.)
+        `proxies` and `resume_download` are what older huggingface_hub versions pass along; not used."""
         if model_kwargs:
             raise TypeError(f"from_pretrained takes no model arguments ({', '.join(model_kwargs)}): the "
                             "config comes from the folder; change it afterwards (model.reset_classifier(n))")
@@ -60,9 +63,7 @@ class HubMixin(ModelHubMixin, library_name="vitkit", tags=["vision-transformer",
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
         """README.md: the Hub's metadata header, then what a reader needs to use the model."""
-        info = self._hub_mixin_info
-        data = ModelCardData(library_name="vitkit", tags=list(info.model_card_data.tags or []),
-                             pipeline_tag="image-classification")
+        data = ModelCardData(library_name="vitkit", tags=list(TAGS), pipeline_tag="image-classification")
         return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + card_text(self))
 
 
