@@ -14,7 +14,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_PINS) -e ".[dev,serve,data]"
+	$(PY) -m pip install -q $(TORCH_PINS) -e ".[all,dev]"
 	touch $@
 
 demo: setup

@@ -8,8 +8,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+from ..extras import require
 
+matplotlib = require("matplotlib", "vitkit's figures")
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..extras import require
+
 DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
 
 
@@ -28,6 +30,7 @@ def _as_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 def _fit(x: np.ndarray, y: np.ndarray, C: float, max_iter: int):
+    require("sklearn", "the linear probe")
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler

@@ -82,10 +82,13 @@ def explain(error: Exception, argv: list[str] | None) -> None:
 
     from ..checkpoint import CheckpointError
     from ..config import UnknownModelError
+    from ..extras import MissingExtra
 
     e = error
     if isinstance(e, UsageError):
         fail(str(e), e.hint)
+    elif isinstance(e, MissingExtra):  # its message names the extra to install
+        fail(str(e))
     elif isinstance(e, CheckpointError):
         words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
         fail(str(e), "vitkit loads its own folders (config.json + model.safetensors), Google .npz, timm, "

@@ -253,7 +253,8 @@ def eval(
     console.print(f"{checkpoint} on {data} ({split}, {result.count} images{skipped})")
     console.print(table)
     console.print(f"{result.summary()}, loss {result.loss:.4f}")
-    console.print(f"confusion matrix: {png}")
+    if png is not None:
+        console.print(f"confusion matrix: {png}")
     console.print(f"metrics: {folder / 'metrics.json'}")
 
 

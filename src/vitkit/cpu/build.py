@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..extras import available, install_hint
 from .private import extension_library_exists
 
 CSRC = Path(__file__).with_name("csrc")
@@ -98,6 +99,9 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
     if cxx_compiler() is None:
         no_compiler()
         return False
+    if not available("ninja") and shutil.which("ninja") is None:
+        no_build_tool()
+        return False
     try:
         digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
         # One library per source folder: two installations (two checkouts, two virtual environments) sharing
@@ -123,6 +127,13 @@ def no_compiler() -> None:
     """Say once per process that there is no C++ compiler to build the operators with (nothing is tried)."""
     warnings.warn("vitkit: no C++ compiler (install g++ or set CXX); the plain PyTorch path runs",
                   RuntimeWarning, stacklevel=3)
+
+
+@functools.cache
+def no_build_tool() -> None:
+    """Say once per process that ninja, which builds the operators, is missing (nothing is tried)."""
+    warnings.warn(f"vitkit: its compiled CPU operators need {install_hint('ninja')}; the plain PyTorch path "
+                  "runs", RuntimeWarning, stacklevel=3)
 
 
 @functools.cache

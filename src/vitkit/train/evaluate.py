@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from ..config import ViTConfig
 from ..data.transforms import build_eval_transform, normalize_batch
 from ..data.views import TransformedDataset
+from ..extras import available, install_hint
 from .batches import is_in_memory
 from .distributed import all_reduce_sum
 from .stopping import ignore_stop_signals
@@ -172,8 +174,13 @@ def evaluate(model: nn.Module, dataset: Dataset, cfg: ViTConfig | None = None, b
                       skipped=skipped)
 
 
-def confusion_png(result: EvalResult, path: str | Path, title: str = "") -> Path:
-    """Draw the confusion matrix, rows normalised to the true class, counts written in the cells when few."""
+def confusion_png(result: EvalResult, path: str | Path, title: str = "") -> Path | None:
+    """Draw the confusion matrix, rows normalised to the true class, counts written in the cells when few.
+    Returns the path, or None (with a warning that names the extra) where matplotlib is not installed."""
+    if not available("matplotlib"):
+        warnings.warn(f"{Path(path).name} not drawn: {install_hint('matplotlib')}", RuntimeWarning,
+                      stacklevel=2)
+        return None
     import matplotlib
 
     matplotlib.use("Agg")

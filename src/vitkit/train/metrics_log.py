@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import time
+import warnings
 from pathlib import Path
 
+from ..extras import available, install_hint
 from ..files import atomic_write
 
 
@@ -26,6 +28,10 @@ class MetricsLog:
             self._rewrite([r for r in self.read_rows(self.path) if int(r["step"]) <= resume_step])
         elif not self.path.is_file() or not resume_step:
             self._rewrite([])
+        if not available("tensorboard"):  # a side output: the run goes on without it
+            warnings.warn(f"TensorBoard events not written (tb/): {install_hint('tensorboard')}",
+                          RuntimeWarning, stacklevel=2)
+            return
         from torch.utils.tensorboard import SummaryWriter
 
         # Events after the checkpoint a run resumes from are replayed: purge them (the checkpoint's own step
@@ -69,7 +75,8 @@ class MetricsLog:
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, fieldnames=self.COLUMNS).writerow(row)
         for k, v in values.items():
-            self.tb.add_scalar(f"{split}/{k}", v, step)
+            if self.tb is not None:
+                self.tb.add_scalar(f"{split}/{k}", v, step)
 
     def close(self) -> None:
         if self.tb is not None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch.nn as nn
 
 from ..checkpoint import CheckpointError
+from ..extras import available
 from ..files import atomic_write
 from . import distributed
 from .checkpoints import (
@@ -185,8 +186,9 @@ def missing_final_outputs(out: Path, evaluated: bool) -> list[str]:
     """The end-of-run outputs a run folder lacks (confusion.png only counts when the run evaluates). A run
     killed after its final checkpoint but before writing these has finished training: resuming it writes just
     these."""
+    drawn = evaluated and available("matplotlib")  # without it, a resume would only say so again
     return [name for name in FINAL_OUTPUTS
-            if not (out / name).exists() and (evaluated or name != "confusion.png")]
+            if not (out / name).exists() and (drawn or name != "confusion.png")]
 
 
 def write_final_outputs(out: Path, names: list[str], model: nn.Module | None, classes: list[str],

@@ -1,0 +1,48 @@
+"""The optional parts of vitkit and the extras that install them (`pip install 'vitkit[figures]'`).
+
+The core install carries what the model, loading, saving and training need. Figures (matplotlib), TensorBoard
+events, the linear probe's scikit-learn and the build tool of vitkit's compiled CPU operators (ninja) are
+extras: a feature that needs one that is missing says so in one line that names the extra (`require`); a
+training run, which has them only as side outputs, goes on without them and says what it skipped once
+(`available`)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+# module -> (the distribution pip installs, the extra that brings it)
+EXTRAS = {
+    "matplotlib": ("matplotlib", "figures"),
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "sklearn": ("scikit-learn", "sklearn"),
+    "ninja": ("ninja", "kernels"),
+}
+
+
+class MissingExtra(ImportError):
+    """A feature needs a package of an extra that is not installed; the message names the extra."""
+
+
+def install_hint(module: str) -> str:
+    package, extra = EXTRAS[module]
+    return f"{package} is not installed: pip install 'vitkit[{extra}]' (or vitkit[all])"
+
+
+def available(module: str) -> bool:
+    """Whether `module` (a key of EXTRAS) can be imported here."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module entry set to None (as tests do) or a broken one
+        return False
+
+
+def require(module: str, feature: str) -> ModuleType:
+    """`module` imported, or MissingExtra: "FEATURE needs PACKAGE: pip install 'vitkit[EXTRA]'"."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package, extra = EXTRAS[module]
+        message = f"{feature} needs {package}: pip install 'vitkit[{extra}]' (or vitkit[all])"
+        raise MissingExtra(message) from None
