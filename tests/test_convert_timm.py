@@ -148,6 +148,9 @@ def test_write_timm_round_trip_and_timm_reads_it(tmp_path):
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
         assert_same(ours(x), ref.eval()(x), "vitkit written as timm, read by timm")
+        # timm's own loader of a local folder, as docs/checkpoints.md shows it
+        local = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+        assert_same(ours(x), local(x), "vitkit written as timm, read by timm's local-dir:")
 
 
 def test_timms_fields_win_over_a_stale_vitkit_config(tmp_path):
