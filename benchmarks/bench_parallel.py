@@ -97,7 +97,7 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, checkpointing
         net = vitkit.accelerate(model)
     else:
         model = vitkit.accelerate(vitkit.create_model(model_name))
-        net = DistributedDataParallel(model)
+        net = DistributedDataParallel(model) if ctx.distributed else model  # one process: as the trainer
     model.set_grad_checkpointing(checkpointing)  # as the trainer's grad_checkpointing setting
     optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05))
     per_process = batch // ctx.world
@@ -105,7 +105,8 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, checkpointing
     y = torch.randint(0, model.cfg.num_classes, (per_process,))
     times, grads = [], 0
     for _ in range(steps + 1):
-        dist.barrier()
+        if ctx.distributed:
+            dist.barrier()
         start = time.perf_counter()
         forward_backward(net, [(x, y)], F.cross_entropy, ctx.device, None)
         grads = local_bytes(p.grad for p in model.parameters() if p.grad is not None)
