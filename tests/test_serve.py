@@ -303,6 +303,43 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(model):
     assert [r.status_code for r in served] == [200, 200, 200]
 
 
+def test_a_failure_answers_500_with_an_id_and_logs_the_exception_under_it(model, caplog):
+    """The client gets an id to quote, never the exception's text; the server's log has both."""
+
+    class Failing(ModelWorker):
+        armed = False  # after the warm-up
+
+        def classify(self, inputs):
+            if self.armed:
+                raise RuntimeError("secret internal detail /srv/models/x")
+            return super().classify(inputs)
+
+    worker = Failing(model, "tiny")
+    with TestClient(create_app(worker, ServeSettings()), raise_server_exceptions=False) as c:
+        wait_ready(c.get)
+        worker.armed = True
+        with caplog.at_level("ERROR", logger="vitkit.serve"):
+            r = c.post("/predictions", content=png())
+    assert r.status_code == 500
+    body = r.json()
+    assert "secret" not in r.text and body["error_id"] in body["error"]
+    logged = [rec for rec in caplog.records if body["error_id"] in rec.getMessage()]
+    assert logged and "secret internal detail" in str(logged[0].exc_info[1])
+
+
+def test_a_request_larger_than_the_queue_answers_413_naming_the_limit_even_when_idle(model):
+    """Retrying could never help such a request: 413 at once, not 503 'retry later'."""
+    worker = SlowWorker(model, "tiny")
+    with running_server(worker, ServeSettings(max_batch_size=2, queue_size=2)) as url:
+        body = infer_body("image", "BYTES", [3], [b64(png())] * 3)
+        r = httpx.post(f"{url}/v2/models/tiny/infer", json=body, timeout=10)
+        assert r.status_code == 413 and "retry-after" not in r.headers
+        assert "at most 2 images a request" in r.json()["error"] and "--queue-size" in r.json()["error"]
+        two = infer_body("image", "BYTES", [2], [b64(png())] * 2)
+        ok = httpx.post(f"{url}/v2/models/tiny/infer", json=two, timeout=10)
+        assert ok.status_code == 200
+
+
 def test_a_request_past_its_timeout_answers_504_and_the_server_goes_on(model):
     worker = SlowWorker(model, "tiny")
     with running_server(worker, ServeSettings(timeout_s=0.3, max_delay_ms=0)) as url:
@@ -351,8 +388,10 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
     try:
         url = None
         for line in proc.stderr:
-            match = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+            # vitkit's own line names the port the system chose for --port 0
+            match = re.search(r"^serving tiny .* at (http://127\.0\.0\.1:(\d+))/", line)
             if match:
+                assert match.group(2) != "0"
                 url = match.group(1)
                 break
         assert url, "the server did not say where it listens"

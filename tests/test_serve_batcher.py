@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip install 'vitkit[serve]'")
 
-from vitkit.serve.batcher import Batcher, Closed, QueueFull  # noqa: E402
+from vitkit.serve.batcher import Batcher, Closed, QueueFull, TooMany  # noqa: E402
 
 
 class Recorder:
@@ -110,6 +110,8 @@ def test_a_full_queue_refuses_at_once():
         with pytest.raises(QueueFull, match="at most 2"):
             await b.submit(3)
         with pytest.raises(QueueFull):
+            await b.submit_many([4, 5])
+        with pytest.raises(TooMany, match="3 items in one request, and the queue holds at most 2"):
             await b.submit_many([4, 5, 6])
         results = await asyncio.gather(running, *queued)
         await b.close()

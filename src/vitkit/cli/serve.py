@@ -111,9 +111,11 @@ def serve(
     if host not in LOOPBACK and token is None:
         typer.echo(f"warning: serving on {host} without --token: anyone who can reach this port can use it",
                    err=True)
-    typer.echo(f"serving {served_name} ({model}) on {dev} at http://{host}:{port}/ "
-               f"(batches of up to {max_batch_size}, waiting at most {max_delay_ms:g} ms)", err=True)
-    run_server(app, gate, host, port, log_level, access_log)
+    def listening(bound: int) -> None:  # the port actually bound: --port 0 lets the system choose
+        typer.echo(f"serving {served_name} ({model}) on {dev} at http://{host}:{bound}/ "
+                   f"(batches of up to {max_batch_size}, waiting at most {max_delay_ms:g} ms)", err=True)
+
+    run_server(app, gate, host, port, log_level, access_log, on_listening=listening)
 
 
 def register(app: typer.Typer) -> None:

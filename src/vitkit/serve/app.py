@@ -12,6 +12,7 @@ import html
 import importlib.resources
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from . import oip
-from .batcher import Batcher, Closed, QueueFull
+from .batcher import Batcher, Closed, QueueFull, TooMany
 from .errors import RequestError
 from .guard import ARRIVED, Gate, Guard
 from .metrics import Metrics
@@ -69,8 +70,11 @@ def error_response(request: Request, e: Exception) -> JSONResponse:
         what = {404: f"no endpoint {request.url.path}",
                 405: f"{request.method} is not allowed on {request.url.path}"}
         return JSONResponse({"error": what.get(e.status_code, e.detail)}, e.status_code, e.headers)
-    log.error("failed to answer %s %s", request.method, request.url.path, exc_info=e)
-    return JSONResponse({"error": f"the server failed: {type(e).__name__}: {e}"}, 500)
+    # The client gets an id to quote, never the exception's text (paths, internals); the log has both.
+    incident = uuid.uuid4().hex[:12]
+    log.error("failed to answer %s %s (error id %s)", request.method, request.url.path, incident, exc_info=e)
+    return JSONResponse({"error": f"the server failed to answer (error id {incident}: its log has the "
+                                  "details)", "error_id": incident}, 500)
 
 
 def _report_failure(task: asyncio.Task) -> None:
@@ -113,7 +117,7 @@ class Service:
 
     async def answer(self, request: Request, handler: Callable[[Request], Awaitable[Response]]) -> Response:
         """`handler`'s answer within the timeout counted from the request's arrival (504 after it), with a
-        full queue as 503 and Retry-After."""
+        full queue as 503 and Retry-After, a request larger than the whole queue as 413."""
         elapsed = time.monotonic() - request.scope.get(ARRIVED, time.monotonic())
         try:
             with anyio.fail_after(max(0.0, self.settings.timeout_s - elapsed)):
@@ -121,6 +125,9 @@ class Service:
         except TimeoutError:
             raise RequestError(504, f"no answer within {self.settings.timeout_s:g} s (the server's "
                                     "--timeout-s): it is busy; retry later") from None
+        except TooMany as e:  # no retry can help: name the limit
+            raise RequestError(413, f"{e}: send at most {self.settings.queue_size} images a request (the "
+                                    "server's --queue-size)") from None
         except QueueFull as e:
             raise RequestError(503, f"the server is busy: {e}; retry later", {"Retry-After": "1"}) from None
         except Closed:

@@ -25,6 +25,10 @@ class QueueFull(Exception):
     """The queue holds `queue_size` items already; the caller should retry later."""
 
 
+class TooMany(Exception):
+    """More items in one call than the queue can ever hold: retrying cannot help."""
+
+
 class Closed(Exception):
     """The batcher was closed: it takes no new items."""
 
@@ -92,6 +96,8 @@ class Batcher(Generic[T, R]):
             raise Closed("the batcher is closed")
         if self._worker is None or self._worker.done():
             raise RuntimeError("the batcher is not running: call start() inside the event loop first")
+        if len(items) > self.queue_size:
+            raise TooMany(f"{len(items)} items in one request, and the queue holds at most {self.queue_size}")
         if self.depth + len(items) > self.queue_size:
             raise QueueFull(f"the queue holds {self.depth} of at most {self.queue_size} items")
         loop = asyncio.get_running_loop()

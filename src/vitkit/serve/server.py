@@ -5,6 +5,8 @@ returns, so that the process exits 0. A second Ctrl-C stops at once."""
 from __future__ import annotations
 
 import signal
+import socket
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -16,9 +18,16 @@ from .guard import Gate
 class DrainingServer(uvicorn.Server):
     """uvicorn's Server, draining on the first signal instead of closing at once."""
 
-    def __init__(self, config: uvicorn.Config, gate: Gate):
+    def __init__(self, config: uvicorn.Config, gate: Gate, on_listening: Callable[[int], None] | None = None):
         super().__init__(config)
-        self.gate = gate
+        self.gate, self.on_listening = gate, on_listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start-up, then `on_listening(port)` with the port actually bound (--port 0: the one the
+        system chose)."""
+        await super().startup(sockets)
+        if self.on_listening is not None and getattr(self, "servers", None) and self.servers[0].sockets:
+            self.on_listening(self.servers[0].sockets[0].getsockname()[1])
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn's own handler records the signal and raises it again once shut down, which would end the
@@ -33,8 +42,9 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(app: ASGIApp, gate: Gate, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          access_log: bool = False) -> None:
-    """Serve `app` (whose Guard shares `gate`) on host:port until a signal; returns once drained."""
+          access_log: bool = False, on_listening: Callable[[int], None] | None = None) -> None:
+    """Serve `app` (whose Guard shares `gate`) on host:port until a signal; returns once drained.
+    `on_listening(port)` is called once the socket is bound."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=5, server_header=False)
-    DrainingServer(config, gate).run()
+    DrainingServer(config, gate, on_listening).run()
