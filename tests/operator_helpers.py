@@ -10,6 +10,20 @@ import torch
 import torch.nn.functional as F
 
 
+def warnings_of_two_builds() -> list[str]:
+    """The RuntimeWarnings of asking twice for operators that do not exist (what a process sees when the build
+    cannot even be tried: they should say so once)."""
+    import warnings
+
+    from vitkit.cpu import build
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not build.build_operator("vitkit_test_a", [], "no_such_op_a")
+        assert not build.build_operator("vitkit_test_b", [], "no_such_op_b")
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
 def compiler_present() -> bool:
     """Whether a C++ compiler is on PATH, to build vitkit's operators with."""
     from vitkit.cpu.build import cxx_compiler

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import vitkit
+from operator_helpers import warnings_of_two_builds
 from train_helpers import synthetic_dataset
 from vitkit.cli.main import main
 from vitkit.extras import MissingExtra, available, require
@@ -63,8 +64,6 @@ def test_training_without_matplotlib_and_tensorboard_keeps_its_results_and_says_
 
 
 def test_without_ninja_the_operators_say_which_extra_once(monkeypatch):
-    import warnings
-
     from vitkit.cpu import build
 
     monkeypatch.setattr(build, "cxx_compiler", lambda: "/usr/bin/c++")
@@ -72,10 +71,6 @@ def test_without_ninja_the_operators_say_which_extra_once(monkeypatch):
     monkeypatch.setattr(build.shutil, "which", lambda name: None)
     monkeypatch.setattr(build, "_build", lambda *a, **k: pytest.fail("a build was attempted"))
     build.no_build_tool.cache_clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert not build.build_operator("vitkit_test_a", [], "no_such_op_a")
-        assert not build.build_operator("vitkit_test_b", [], "no_such_op_b")
-    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    said = warnings_of_two_builds()
     assert len(said) == 1 and "pip install 'vitkit[kernels]'" in said[0]
     build.no_build_tool.cache_clear()

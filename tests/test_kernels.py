@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from operator_helpers import needs_operator
+from operator_helpers import needs_operator, warnings_of_two_builds
 from test_optimize import tiny_model
 from vitkit.cpu import autotune, build
 from vitkit.cpu.convert import int8_block_eligible
@@ -210,16 +210,10 @@ def test_a_failed_build_warns_and_says_why(tmp_path, monkeypatch):
 def test_without_a_compiler_it_says_so_once_and_tries_nothing(monkeypatch, capsys):
     """No C++ compiler: one warning per process that says what to install, no 'compiling ...' line and no
     build attempt (whose ninja command line the user cannot act on)."""
-    import warnings
-
     monkeypatch.setattr(build, "cxx_compiler", lambda: None)
     monkeypatch.setattr(build, "_build", lambda *a, **k: pytest.fail("a build was attempted"))
     build.no_compiler.cache_clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert not build.build_operator("vitkit_test_a", [], "no_such_op_a")
-        assert not build.build_operator("vitkit_test_b", [], "no_such_op_b")
-    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    said = warnings_of_two_builds()
     assert said == ["vitkit: no C++ compiler (install g++ or set CXX); the plain PyTorch path runs"]
     assert "compiling" not in capsys.readouterr().err
     build.no_compiler.cache_clear()
