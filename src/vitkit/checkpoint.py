@@ -23,7 +23,7 @@ from .folder_format import (  # noqa: F401  (re-exported: the format's names, wh
     preprocessing,
     read_meta,
     read_tensors,
-    write_folder,
+    save_model,
 )
 from .model import VisionTransformer
 
@@ -35,21 +35,11 @@ def save(model: VisionTransformer, path: str | os.PathLike, class_names: list[st
     The model must be a VisionTransformer whose tensors fit its config, so that every folder written loads
     again: a torch.compile'd model is saved as the model it wraps, the output of `vitkit.optimize` is refused
     (save the model that went in)."""
-    optimized = getattr(model, OPTIMIZED, None)
-    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the same tensors
-    if optimized is not None:
-        raise ValueError(f"this model comes from vitkit.optimize(precision={optimized!r}), which made its "
-                         "layers into inference-only ones for this machine (packed, quantised or compiled): "
-                         "save the model you passed to vitkit.optimize")
-    cfg = getattr(model, "cfg", None)
-    if not isinstance(cfg, ViTConfig):
-        raise TypeError(f"vitkit.save takes a vitkit VisionTransformer, got {type(model).__name__}")
-    if class_names is not None and len(class_names) != cfg.num_classes:
-        raise ValueError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    with torch.device("meta"):  # the same check load runs, before anything is written
-        check_state_dict(VisionTransformer(cfg), state, f"the model to save to {path}")
-    return write_folder(path, cfg, state, class_names, extra)
+    if getattr(model, OPTIMIZED, None) is None:  # (an optimized model is refused by save_model)
+        model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the same tensors
+        if not isinstance(getattr(model, "cfg", None), ViTConfig):
+            raise TypeError(f"vitkit.save takes a vitkit VisionTransformer, got {type(model).__name__}")
+    return save_model(model, VisionTransformer, path, class_names, extra)
 
 
 def load_vitkit(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,12 +43,23 @@ def preprocessing(cfg: ViTConfig) -> dict[str, Any]:
     }
 
 
-def write_folder(path: str | os.PathLike, cfg: ViTConfig, state: dict[str, torch.Tensor],
-                 class_names: list[str] | None = None, extra: dict[str, Any] | None = None) -> Path:
-    """Write the folder of a model of `cfg` whose tensors are `state` (checked to fit by the caller).
-    Returns the folder."""
-    if class_names is not None and len(class_names) != cfg.num_classes:
+def save_model(model: torch.nn.Module, model_cls: type[M], path: str | os.PathLike,
+               class_names: list[str] | None = None, extra: dict[str, Any] | None = None,
+               verb: str = "save") -> Path:
+    """Write `model` (a `model_cls`, VisionTransformer: its `cfg` and state dict) as a vitkit folder, after
+    the check loading runs against `model_cls(cfg)`, so that every folder written loads again; the output of
+    vitkit.optimize is refused ("`verb` the model you passed to vitkit.optimize"). Returns the folder."""
+    optimized = getattr(model, OPTIMIZED, None)
+    if optimized is not None:
+        raise ValueError(f"this model comes from vitkit.optimize(precision={optimized!r}), which made its "
+                         "layers into inference-only ones for this machine (packed, quantised or compiled): "
+                         f"{verb} the model you passed to vitkit.optimize")
+    cfg = model.cfg
+    if class_names is not None and len(class_names) != cfg.num_classes:  # before the state is copied
         raise ValueError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with torch.device("meta"):  # the same check load runs, before anything is written
+        check_state_dict(model_cls(cfg), state, f"the model to save to {path}")
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -155,9 +167,7 @@ def model_from_state(model_cls: type[M], cfg: ViTConfig, state: dict[str, torch.
     memory (views of one array: safetensors refuses to save those) or lies at a lesser alignment (a file's
     tensors: the kernels would run other code paths, slower and not bit for bit the same) is copied, one at a
     time in place in `state`, so that at most one extra tensor is held at once."""
-    users: dict[int, int] = {}
-    for t in state.values():
-        users[t.untyped_storage().data_ptr()] = users.get(t.untyped_storage().data_ptr(), 0) + 1
+    users = Counter(t.untyped_storage().data_ptr() for t in state.values())
     for k, v in state.items():
         if users[v.untyped_storage().data_ptr()] > 1 or v.data_ptr() % ALIGNMENT or not v.is_contiguous():
             state[k] = torch.empty_like(v, memory_format=torch.contiguous_format).copy_(v)

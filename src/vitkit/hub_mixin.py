@@ -12,10 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin
 
-from .folder_format import OPTIMIZED, check_state_dict, load_folder, preprocessing, write_folder
+from .folder_format import load_folder, preprocessing, save_model
 
 REPO_URL = "https://github.com/vitkit/vitkit"
 PAPER_URL = "https://arxiv.org/abs/2010.11929"
@@ -29,16 +28,9 @@ class HubMixin(ModelHubMixin, library_name="vitkit", tags=TAGS, pipeline_tag="im
 
     def _save_pretrained(self, save_directory: Path) -> None:
         """vitkit's folder (what vitkit.save writes), with the model's class names and training record."""
-        optimized = getattr(self, OPTIMIZED, None)
-        if optimized is not None:
-            raise ValueError(f"this model comes from vitkit.optimize(precision={optimized!r}), whose layers "
-                             "are inference-only: save_pretrained the model you passed to vitkit.optimize")
-        state = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
-        with torch.device("meta"):  # the check loading runs, before anything is written
-            check_state_dict(type(self)(self.cfg), state, f"the model to save to {save_directory}")
         record = getattr(self, "train_record", None)
-        write_folder(save_directory, self.cfg, state, getattr(self, "class_names", None),
-                     {"train": record} if record else None)
+        save_model(self, type(self), save_directory, getattr(self, "class_names", None),
+                   {"train": record} if record else None, verb="save_pretrained")
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
