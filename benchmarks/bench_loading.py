@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from records import write_rows
+
 MODELS = ("ViT-B/16", "ViT-H/14")
 MIB = 2**20
 
@@ -107,9 +109,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(*args.worker)))
         return
-    import torch
 
-    from vitkit.bench import machine_info, write_json
     from vitkit.config import get_config
     from vitkit.convert.timm import architecture_name
 
@@ -148,10 +148,7 @@ def main() -> None:
                       f"weights read {row['ready_seconds']:7.3f} s; peak +{row['ready_peak_above_mib']:6.0f} "
                       f"MiB ({row['ready_peak_vs_file']:.2f}x the {row['file_mib']:.0f} MiB file)",
                       flush=True)
-    record = {"machine": machine_info(), "torch": torch.__version__, "command": " ".join(sys.argv),
-              "rows": rows}
-    if args.json:
-        write_json(record, args.json)
+    write_rows(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from records import write_rows
+
 MODELS = ("ViT-B/16", "ViT-L/16")
 STRATEGIES = ("ddp", "fsdp")
 GIB = 2**30
@@ -196,10 +198,6 @@ def main() -> None:
         model_name, parallel, batch, steps, checkpointing, out = args.worker
         worker(model_name, parallel, int(batch), int(steps), checkpointing == "1", out)
         return
-    import torch
-
-    from vitkit.bench import machine_info, write_json
-
     limit = int(args.rss_limit_gib * GIB)
     rows = [run_cell(m, s, args.batch, args.steps, args.nproc, limit, args.grad_checkpointing)
             for m in args.models for s in args.strategies]
@@ -225,10 +223,7 @@ def main() -> None:
         print(f"{m} fsdp/ddp: state {fsdp['state_vs_ddp']:.3f}, peak RSS (the larger process's) "
               f"{fsdp['peak_rss_vs_ddp']:.3f}, RSS after {fsdp['rss_after_steps_vs_ddp']:.3f}, step time "
               f"{fsdp['step_time_vs_ddp']:.3f}")
-    record = {"machine": machine_info(), "torch": torch.__version__, "command": " ".join(sys.argv),
-              "rows": rows}
-    if args.json:
-        write_json(record, args.json)
+    write_rows(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,21 @@ class Record:
         return cls(path, m["what"], m["where"], m["date"], m["tag"] or "")
 
 
+def write_rows(rows: list[dict], path: str | Path | None) -> None:
+    """Write a benchmark's `rows` as a record at `path` (nothing when None), with what makes it comparable:
+    the machine, PyTorch's version and the command that made it."""
+    if path is None:
+        return
+    import sys
+
+    import torch
+
+    from vitkit.bench import machine_info, write_json
+
+    write_json({"machine": machine_info(), "torch": torch.__version__, "command": " ".join(sys.argv),
+                "rows": rows}, path)
+
+
 def records(folder: Path = RESULTS) -> list[Record]:
     """Every record in `folder`, sorted by name (so run1, run2, ... come in order up to run9)."""
     return sorted((Record.parse(p) for p in folder.glob("*.json")), key=lambda r: _natural(r.path.name))
