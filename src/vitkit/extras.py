@@ -25,9 +25,14 @@ class MissingExtra(ImportError):
     """A feature needs a package of an extra that is not installed; the message names the extra."""
 
 
+def pip_command(module: str) -> str:
+    """The install command of the extra that brings `module`."""
+    return f"pip install 'vitkit[{EXTRAS[module][1]}]' (or vitkit[all])"
+
+
 def install_hint(module: str) -> str:
-    package, extra = EXTRAS[module]
-    return f"{package} is not installed: pip install 'vitkit[{extra}]' (or vitkit[all])"
+    """"PACKAGE is not installed: pip install ...", for a warning about what was skipped."""
+    return f"{EXTRAS[module][0]} is not installed: {pip_command(module)}"
 
 
 def available(module: str) -> bool:
@@ -43,6 +48,4 @@ def require(module: str, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        package, extra = EXTRAS[module]
-        message = f"{feature} needs {package}: pip install 'vitkit[{extra}]' (or vitkit[all])"
-        raise MissingExtra(message) from None
+        raise MissingExtra(f"{feature} needs {EXTRAS[module][0]}: {pip_command(module)}") from None

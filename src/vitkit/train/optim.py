@@ -50,16 +50,17 @@ def freeze(model: nn.Module, patterns: tuple[str, ...]) -> int:
     pattern that names no parameter is refused (a typo would otherwise train everything). Returns how many
     parameters it froze."""
     names = [n for n, _ in model.named_parameters()]
+    frozen: set[str] = set()
     for pattern in patterns:
-        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
             raise ValueError(f"optim.freeze: {pattern!r} names no parameter of the model; its names look "
                              f"like {', '.join(names[:2])}, blocks.0.attn.qkv.weight, head.weight")
-    frozen = 0
+        frozen.update(hits)
     for name, p in model.named_parameters():
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+        if name in frozen:
             p.requires_grad_(False)
-            frozen += 1
-    return frozen
+    return len(frozen)
 
 
 def fused_adamw_supported(params: list[torch.Tensor]) -> bool:
