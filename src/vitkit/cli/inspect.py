@@ -39,9 +39,10 @@ def models(
         shown += 1
         cfg = preset.config.replace(num_classes=classes)
         h, w = cfg.image_size
+        flops = count_flops(cfg)  # a hybrid's is counted by running its ResNet on the meta device
         table.add_row(preset.name, preset.timm_name if preset.in_timm else "-", f"{h}x{w}",
-                      f"{count_parameters(cfg):,}", f"{count_flops(cfg) / 1e9:.2f}",
-                      f"{count_flops(cfg) / 2e9:.2f}", str(cfg.num_tokens))
+                      f"{count_parameters(cfg):,}", f"{flops / 1e9:.2f}", f"{flops / 2e9:.2f}",
+                      str(cfg.num_tokens))
     if not shown:
         raise UsageError(f"no preset matches {filter!r}",
                          "`vitkit models` lists them all; e.g. `vitkit models B/16`")
@@ -60,6 +61,7 @@ def info(path: Path = typer.Argument(..., help="A checkpoint folder or file.")) 
     changes = changes_from_preset(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     names = getattr(model, "class_names", None)
+    flops = count_flops(cfg)
     rows = [
         ("path", str(path)),
         ("name", (cfg.name or "-") + (f" (the preset with {', '.join(changes)})" if changes else "")),
@@ -71,8 +73,8 @@ def info(path: Path = typer.Argument(..., help="A checkpoint folder or file.")) 
         ("pre-logits", str(cfg.representation_size or "none")),
         ("hybrid ResNet units", str(cfg.hybrid_layers) if cfg.hybrid_layers else "none"),
         ("parameters", f"{n_params:,}"),
-        ("GFLOPs per image", f"{count_flops(cfg) / 1e9:.3g} (2 per multiply-add; "
-                             f"{count_flops(cfg) / 2e9:.3g} GMACs, what timm and fvcore call FLOPs)"),
+        ("GFLOPs per image", f"{flops / 1e9:.3g} (2 per multiply-add; {flops / 2e9:.3g} GMACs, what timm and "
+                             "fvcore call FLOPs)"),
         ("classes", f"{cfg.num_classes}" + (f": {', '.join(names[:10])}" + (" ..." if len(names) > 10 else "")
                                             if names else "")),
         ("preprocessing", str(preprocessing(cfg))),

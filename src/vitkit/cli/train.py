@@ -285,11 +285,12 @@ def _default_eval_dir(checkpoint: str, data: str, split: str = "test") -> Path:
     whole and an upload sends as it is; in the current folder for a hub name), with -SPLIT for a split other
     than test, so that evaluating another split or checkpoint overwrites nothing."""
     p = Path(checkpoint)
-    name = (p.stem if p.is_file() else p.name) or "model"
-    place = p.parent if p.exists() else Path(".")
-    if not p.exists():  # a hub name: its last part
-        name = checkpoint.rstrip("/").split("/")[-1].split(":")[-1] or "model"
-    return place / (f"eval-{name}-{Path(data).name or 'data'}" + ("" if split == "test" else f"-{split}"))
+    if p.exists():
+        place, name = p.parent, p.stem if p.is_file() else p.name
+    else:  # a hub name: its last part
+        place, name = Path("."), checkpoint.rstrip("/").split("/")[-1].split(":")[-1]
+    suffix = "" if split == "test" else f"-{split}"
+    return place / f"eval-{name or 'model'}-{Path(data).name or 'data'}{suffix}"
 
 
 def predict(
