@@ -68,7 +68,7 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     with open(path, "rb", buffering=0) as f:
         header, start = read_header(f)
         for begin, end, name, dtype, shape in entries(header):
-            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            nbytes = math.prod(shape) * dtype.itemsize
             if end - begin != nbytes or begin < 0 or start + end > size:
                 raise FormatError(f"tensor {name!r}: {end - begin} bytes at {begin} for shape {shape} of "
                                   f"{dtype} (the file has {size - start} bytes of data)")
