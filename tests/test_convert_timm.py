@@ -440,3 +440,29 @@ def test_a_transformers_timm_wrapper_folder(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert_same(model(x), ref(pixel_values=x).logits, "transformers TimmWrapper folder vs transformers")
+
+
+@pytest.mark.parametrize("overrides, architecture", [
+    ({}, "vit_small_patch16_224"),
+    ({"image_size": 384}, "vit_small_patch16_384"),
+    ({"image_size": 64}, "vit_small_patch16_224"),
+    ({"patch_size": 8}, "vit_small_patch8_224"),
+    ({"dim": 768, "num_heads": 12, "mlp_dim": 3072}, "vit_base_patch16_224"),
+    ({"dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 512, "patch_size": 4, "image_size": 28},
+     "vit_base_patch16_224"),
+])
+def test_the_timm_config_names_the_registered_model_of_the_same_shape(overrides, architecture):
+    """A model whose shape timm registers is named by it, whatever preset it was built from (a ViT-S/16
+    widened to 768 is ViT-B/16); one timm has no shape of names timm's plain ViT, which model_args turn into
+    it, and the description says the real shape."""
+    from vitkit.convert.timm import to_timm
+
+    cfg = vitkit.get_config("ViT-S/16", num_classes=10, **overrides)
+    _, config = to_timm(vitkit.VisionTransformer(cfg))
+    assert config["architecture"] == architecture
+    d = cfg.image_size
+    assert config["architecture_description"] == (
+        f"ViT: {cfg.depth} layers, width {cfg.dim}, {cfg.num_heads} heads, MLP {cfg.mlp_dim}, "
+        f"patch {cfg.patch_size}, {d[0]}x{d[1]} input")
+    assert timm.create_model(config["architecture"], num_classes=10, **config["model_args"]).pos_embed.shape \
+        == vitkit.VisionTransformer(cfg).pos_embed.shape

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import CheckpointError
-from ..config import CROP_MODES, ViTConfig, get_preset
+from ..config import CROP_MODES, PRESETS, Preset, ViTConfig, get_preset
 from ..files import write_model_folder
 from ..model import VisionTransformer
 from .common import (
@@ -254,17 +254,21 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
 
 
 # --- writing ------------------------------------------------------------------------------------------
+SHAPE_FIELDS = ("dim", "depth", "num_heads", "mlp_dim", "patch_size", "hybrid_layers")
+
+
 def architecture_name(cfg: ViTConfig) -> str:
-    """A timm architecture whose builder makes this model once `model_args` are applied: the preset's timm
-    name when the config came from one that timm has (TIMM_ARCHITECTURES: half of vitkit's presets, e.g.
-    ViT-H/16, are not in timm), else the plain ViT (or the hybrid with the same ResNet)."""
-    for candidate in (cfg.name, cfg.name.split(".", 1)[0]):
-        try:
-            preset = get_preset(candidate)
-        except KeyError:
-            continue
-        if preset.config.hybrid_layers == cfg.hybrid_layers and preset.in_timm:
-            return preset.timm_name
+    """The timm architecture whose builder makes this model once `model_args` are applied: the registered
+    model of the same shape (width, depth, heads, MLP, patch, ResNet), preferring the one of the same input
+    size and then the one `cfg.name` names (timm names a model at another size by its builder's size);
+    for a shape timm registers none of, its plain ViT (or the hybrid with the same ResNet), whose
+    `model_args` make any shape (`shape_description` says what the model is)."""
+    same = [p for p in PRESETS.values() if p.in_timm
+            and all(getattr(p.config, k) == getattr(cfg, k) for k in SHAPE_FIELDS)]
+    if same:
+        def rank(p: Preset) -> tuple[bool, bool]:
+            return (p.config.image_size != cfg.image_size, p.timm_name != cfg.name.split(".", 1)[0])
+        return min(same, key=rank).timm_name
     if cfg.hybrid_layers is not None:
         for name in ("R50+ViT-B/16", "R26+ViT-S/32"):
             preset = get_preset(name)
@@ -273,6 +277,13 @@ def architecture_name(cfg: ViTConfig) -> str:
         raise ValueError(f"no timm architecture has the ResNet {cfg.hybrid_layers}; "
                          "write this hybrid as vitkit or Hugging Face instead")
     return "vit_base_patch16_224"
+
+
+def shape_description(cfg: ViTConfig) -> str:
+    """The model's shape in words, e.g. "ViT: 4 layers, width 128, 4 heads, MLP 512, patch 4, 28x28 input"."""
+    body = "ResNet+ViT" if cfg.hybrid_layers is not None else "ViT"
+    return (f"{body}: {cfg.depth} layers, width {cfg.dim}, {cfg.num_heads} heads, MLP {cfg.mlp_dim}, "
+            f"patch {cfg.patch_size}, {cfg.image_size[0]}x{cfg.image_size[1]} input")
 
 
 def to_timm(model: VisionTransformer, class_names: list[str] | None = None
@@ -320,7 +331,10 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
     if cfg.hybrid_layers is not None:
         args["patch_size"] = cfg.patch_size
     config: dict[str, Any] = {
+        # timm calls `architecture` with `model_args`, so it must be a name timm registers: a model of a shape
+        # timm has none of names timm's plain ViT there, and the description says what the model is
         "architecture": architecture_name(cfg),
+        "architecture_description": shape_description(cfg),
         "num_classes": cfg.num_classes,
         "num_features": cfg.dim,
         "global_pool": args["global_pool"],
