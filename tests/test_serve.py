@@ -152,6 +152,29 @@ def test_health_ready_only_after_the_model_has_run():
         assert c.get("/v2/models/tiny/ready").status_code == 200
 
 
+def test_ready_only_after_every_batch_size_has_run():
+    """The warm-up runs each batch size the batchers can form through both paths (vitkit's kernels time
+    their candidates at the first call of each shape: never on a request's path) and says how long it took."""
+    seen: dict[str, list[int]] = {"classify": [], "overlays": []}
+    said: list[str] = []
+
+    class Recording(ModelWorker):
+        def classify(self, inputs):
+            seen["classify"].append(len(inputs))
+            return super().classify(inputs)
+
+        def overlays(self, inputs):
+            seen["overlays"].append(len(inputs))
+            return super().overlays(inputs)
+
+    worker = Recording(vitkit.optimize(tiny_model()), "tiny")
+    worker.on_ready = said.append
+    with TestClient(create_app(worker, ServeSettings(max_batch_size=5))) as c:
+        wait_ready(c.get)
+        assert seen == {"classify": [1, 2, 3, 4, 5], "overlays": [1, 2, 3, 4, 5]}
+        assert len(said) == 1 and re.fullmatch(r"ready: warmed up batches of 1 to 5 in \d+\.\d s", said[0])
+
+
 def test_the_page_is_served_without_outside_resources(client):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
@@ -383,7 +406,7 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
     503, and the command exits 0."""
     vitkit.save(model, tmp_path / "tiny", class_names=CLASSES)
     proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli.main", "serve", str(tmp_path / "tiny"),
-                             "--port", "0", "--max-delay-ms", "1500", "--max-batch-size", "64"],
+                             "--port", "0", "--max-delay-ms", "1500", "--max-batch-size", "8"],
                             stderr=subprocess.PIPE, text=True)
     try:
         url = None
@@ -396,8 +419,15 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
                 break
         assert url, "the server did not say where it listens"
         # the rest of its log, never blocking it
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        log: list[str] = []
+        threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
         wait_ready(lambda path: httpx.get(url + path))
+        for _ in range(100):  # said just as it became ready
+            if any(line.startswith("ready: warmed up batches of 1 to 8 in ") for line in log):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the server did not say it warmed up: {log}")
         assert httpx.get(url + "/v2/models/tiny").json()["parameters"]["labels"] == CLASSES
 
         async def main():

@@ -106,6 +106,7 @@ def serve(
     retain_freed_memory()
     net = optimize(loaded.to(dev), precision=precision)
     worker = ModelWorker(net, served_name, dev, max_pixels)
+    worker.on_ready = lambda message: typer.echo(message, err=True)
     gate = Gate()
     app = create_app(worker, settings, gate)
     if host not in LOOPBACK and token is None:

@@ -104,8 +104,9 @@ class Service:
     async def lifespan(self, app: Starlette):
         self.classifier.start()
         self.attention.start()
-        # Ready once the model has run; live, and queueing requests behind the warm-up, at once.
-        warm_up = asyncio.get_running_loop().create_task(self.worker.warm_up(), name="vitkit-warm-up")
+        # Ready once the model has run every batch size; live (queueing requests behind the warm-up) at once.
+        warm_up = asyncio.get_running_loop().create_task(self.worker.warm_up(self.settings.max_batch_size),
+                                                         name="vitkit-warm-up")
         warm_up.add_done_callback(_report_failure)
         try:
             yield

@@ -46,6 +46,7 @@ class ModelWorker:
         self.input_shape = input_shape(self.cfg)
         self.ready = False
         self.on_batch_time: Callable[[float], None] | None = None
+        self.on_ready: Callable[[str], None] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitkit-model")
 
     def decode(self, data: bytes, name: str = "image") -> Image.Image:
@@ -88,12 +89,22 @@ class ModelWorker:
         ((labels, scores),) = top_labels(probs[None], self.names, k)
         return [{"label": label, "score": score} for label, score in zip(labels, scores, strict=True)]
 
-    async def warm_up(self) -> None:
-        """One image of zeros through the classifier and the attention path; `ready` after it."""
+    async def warm_up(self, max_batch_size: int = 1) -> float:
+        """Every batch size the batchers can form (1 to `max_batch_size`) through the classifier and the
+        attention path, so that no request waits for a first call's work at a new shape (vitkit's kernels
+        choose their implementation per shape by timing them); `ready` after it, and `on_ready(message)`
+        told how long it took. Returns the seconds taken."""
+        start = time.perf_counter()
         x = torch.zeros(self.input_shape)
-        await self.call(self.classify, [x])
-        await self.call(self.overlays, [x])
+        for size in range(1, max_batch_size + 1):
+            await self.call(self.classify, [x] * size)
+            await self.call(self.overlays, [x] * size)
+        took = time.perf_counter() - start
         self.ready = True
+        if self.on_ready is not None:
+            sizes = "1" if max_batch_size == 1 else f"1 to {max_batch_size}"
+            self.on_ready(f"ready: warmed up batches of {sizes} in {took:.1f} s")
+        return took
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
