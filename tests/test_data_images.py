@@ -3,6 +3,7 @@ and without skipping bad files."""
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
 from pathlib import Path
@@ -147,6 +148,46 @@ def test_decompression_bombs_are_refused(tmp_path):
     with pytest.raises(BadImageError, match="real-bomb.png"):
         open_image(real)
     assert Image.MAX_IMAGE_PIXELS == 2**30 // 4 // 3  # Pillow's global limit is left as it was
+
+
+def test_concurrent_decodes_leave_the_warning_filters_as_they_were(monkeypatch):
+    """warnings.catch_warnings saves the filter list on entry and puts it back on exit: threads inside it at
+    once (a slow header, here a slowed Image.open) would put back one another's "error" filter for good. The
+    decoders take turns there, and every thread still refuses a bomb."""
+    import threading
+    import time
+    import warnings
+
+    from vitkit.data.images import decode_image
+
+    real_open = Image.open
+
+    def slow_open(*args, **kwargs):
+        time.sleep(0.01)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", slow_open)
+    header = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 0, 0, 0, 0))
+    bomb = header + png_chunk(b"IDAT", zlib.compress(b"\x00" * 30001)) + png_chunk(b"IEND", b"")
+    small = io.BytesIO()
+    noise_image().save(small, format="PNG")
+    before = list(warnings.filters)
+    refused = []
+
+    def work():
+        for _ in range(5):
+            decode_image(small.getvalue())
+            try:
+                decode_image(bomb, name="bomb")
+            except BadImageError:
+                refused.append(True)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert warnings.filters == before and len(refused) == 20
 
 
 # --- image folders ----------------------------------------------------------------------------------------

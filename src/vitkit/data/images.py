@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -178,6 +179,19 @@ def decode_image(data: bytes, mode: str = "RGB", max_pixels: int = MAX_IMAGE_PIX
     return _decode(io.BytesIO(data), name, None, mode, max_pixels)
 
 
+# warnings.catch_warnings swaps the process's filter list and puts it back on exit: two threads inside at once
+# can leave one's filter installed for good. Concurrent decodes (a server's, a loader's threads) take turns.
+_OPEN_LOCK = threading.Lock()
+
+
+def _open(source: Path | io.BytesIO) -> Image.Image:
+    """Pillow's Image.open (the header only, fast), its decompression-bomb warning raised as an error: Pillow
+    warns, and only errors at twice its limit. One thread at a time; the decoding itself runs in parallel."""
+    with _OPEN_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        return Image.open(source)
+
+
 def _decode(source: Path | io.BytesIO, name: str, path: Path | None, mode: str,
             max_pixels: int) -> Image.Image:
     """Decode `source` (a file or bytes), converted to `mode`; every way it can fail as a BadImageError
@@ -185,20 +199,17 @@ def _decode(source: Path | io.BytesIO, name: str, path: Path | None, mode: str,
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated files would pass as images")
     try:
-        with warnings.catch_warnings():
-            # Pillow warns (and only errors at twice its own limit); here a bomb is always an error.
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(source) as im:
-                width, height = im.size
-                if width * height > max_pixels:
-                    raise BadImageError(
-                        f"{name}: {width}x{height} pixels is over the limit of {max_pixels:,} "
-                        "(a decompression bomb?); refused", path, "too-many-pixels")
-                # Which raw layout the file decodes from, known only before load(): a 16-bit PGM/PPM opens as
-                # mode 'I' like any 32-bit image, and only its decoder's 'I;16B' says that 65535 is white.
-                sixteen_bit = any("16" in str(getattr(tile, "args", "")) for tile in im.tile)
-                im.load()
-                return convert_mode(im, mode, sixteen_bit)
+        with _open(source) as im:
+            width, height = im.size
+            if width * height > max_pixels:
+                raise BadImageError(
+                    f"{name}: {width}x{height} pixels is over the limit of {max_pixels:,} "
+                    "(a decompression bomb?); refused", path, "too-many-pixels")
+            # Which raw layout the file decodes from, known only before load(): a 16-bit PGM/PPM opens as
+            # mode 'I' like any 32-bit image, and only its decoder's 'I;16B' says that 65535 is white.
+            sixteen_bit = any("16" in str(getattr(tile, "args", "")) for tile in im.tile)
+            im.load()
+            return convert_mode(im, mode, sixteen_bit)
     except BadImageError:
         raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
