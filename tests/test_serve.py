@@ -400,6 +400,26 @@ def test_the_byte_cap_on_a_real_server(model):
         assert httpx.post(f"{url}/predictions", content=png()).status_code == 200
 
 
+def test_a_client_still_sending_an_over_size_body_reads_the_413(model):
+    """urllib sends the whole body before it reads an answer: the server reads and drops the rest of a body
+    it refuses (by Content-Length, or as a chunked body grows past the cap), so the client gets the 413, not a
+    reset connection. curl and httpx see it either way."""
+    import urllib.error
+    import urllib.request
+
+    def chunks():
+        for _ in range(40):
+            yield bytes(500_000)
+
+    with running_server(ModelWorker(model, "tiny"), ServeSettings(max_body_bytes=1_000_000)) as url:
+        for body in (bytes(20_000_000), chunks()):  # 20 MB with a length; chunked (no length) 20 MB
+            request = urllib.request.Request(f"{url}/predictions", data=body, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(request, timeout=30)
+            assert info.value.code == 413 and "vitkit serve --max-body-mb" in info.value.read().decode()
+        assert httpx.post(f"{url}/predictions", content=png()).status_code == 200
+
+
 # --- the command --------------------------------------------------------------------------------------------
 def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
     """A request waiting for batch-mates is in flight when SIGTERM comes: it is answered, a new request gets

@@ -8,6 +8,7 @@ import hmac
 import time
 from dataclasses import dataclass
 
+import anyio
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,6 +20,9 @@ OPEN_PATHS = frozenset({"/", "/v2/health/live", "/v2/health/ready"})
 ENDPOINTS = frozenset({"/", "/predictions", "/attention", "/metrics", "/v2", "/v2/health/live",
                        "/v2/health/ready"})
 ARRIVED = "vitkit.arrived"  # the scope key holding time.monotonic() at the request's arrival
+# How much of a refused request's body is read and dropped before answering: a client still sending it
+# (Python's urllib does not wait for an answer first) would otherwise meet a closed socket: a reset.
+DRAIN_BYTES, DRAIN_S = 64 * 2**20, 10.0
 
 
 @dataclass
@@ -92,12 +96,16 @@ class Guard:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
-                    raise RequestError(413, too_large(received, self.max_body_bytes, at_least=True))
+                    whole = not message.get("more_body") or await drain(receive)
+                    headers = {} if whole else {"Connection": "close"}
+                    raise RequestError(413, too_large(received, self.max_body_bytes, at_least=True), headers)
             return message
 
         try:
             refusal = self.refusal(scope)
             if refusal is not None:
+                if not await drain(receive):
+                    refusal.headers["Connection"] = "close"
                 await refusal(scope, receive, watched_send)
                 return
             self.gate.in_flight += 1
@@ -109,6 +117,19 @@ class Guard:
             endpoint = endpoint_label(scope["path"])
             self.metrics.requests.labels(endpoint, str(status)).inc()
             self.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+
+
+async def drain(receive: Receive) -> bool:
+    """Read and drop the rest of the request's body (at most DRAIN_BYTES, DRAIN_S), so that a client still
+    sending it reads the answer that follows; False if some is left (the connection then closes after it)."""
+    dropped = 0
+    with anyio.move_on_after(DRAIN_S):
+        while dropped <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return True
+            dropped += len(message.get("body", b""))
+    return False
 
 
 def too_large(size: int, cap: int, at_least: bool = False) -> str:
