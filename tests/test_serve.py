@@ -175,6 +175,15 @@ def test_ready_only_after_every_batch_size_has_run():
         assert len(said) == 1 and re.fullmatch(r"ready: warmed up batches of 1 to 5 in \d+\.\d s", said[0])
 
 
+def test_the_page_has_an_icon(client):
+    """Browsers ask for /favicon.ico: an ICO Pillow reads, at 16 and 32 pixels, and the page links it."""
+    r = client.get("/favicon.ico")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/x-icon"
+    icon = Image.open(io.BytesIO(r.content))
+    assert icon.format == "ICO" and icon.info["sizes"] == {(16, 16), (32, 32)}
+    assert '<link rel="icon" href="favicon.ico">' in client.get("/").text
+
+
 def test_the_page_is_served_without_outside_resources(client):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
@@ -275,8 +284,8 @@ def test_other_wrong_requests(client):
 def test_the_token(model):
     app = create_app(ModelWorker(model, "tiny"), ServeSettings(token="s3cret"))
     with TestClient(app) as c:
-        wait_ready(c.get)  # the health probes and the page need no token
-        assert c.get("/").status_code == 200
+        wait_ready(c.get)  # the health probes, the page and its icon need no token
+        assert c.get("/").status_code == 200 and c.get("/favicon.ico").status_code == 200
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = c.post("/predictions", content=png(), headers=headers)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"

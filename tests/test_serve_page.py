@@ -34,7 +34,7 @@ def chromium_driver() -> webdriver.Chrome:
     options = webdriver.ChromeOptions()
     options.binary_location = browser
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1100,1000"):
+                "--window-size=1200,900"):
         options.add_argument(arg)
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
 
@@ -74,6 +74,11 @@ def test_the_page_shows_the_top_5_and_the_overlay(page, tmp_path):
     width = browser.execute_script("return document.getElementById('overlay').naturalWidth")
     assert width == 224  # the overlay PNG arrived and decoded
     assert "china.jpg" in browser.find_element(By.ID, "status").text
+    # at 1200 x 900 the top-5 and both images are in view without scrolling
+    bottoms = browser.execute_script(
+        "return ['result', 'original', 'overlay'].map(id => document.getElementById(id)"
+        ".getBoundingClientRect().bottom).concat([window.innerHeight])")
+    assert max(bottoms[:3]) <= bottoms[3], bottoms
     shot = tmp_path / "serve-page.png"
     assert browser.save_screenshot(str(shot))
     assert Image.open(shot).size[0] > 0
@@ -88,3 +93,16 @@ def test_the_page_shows_the_servers_error(page, tmp_path):
     assert upload(browser, text) == "error"
     assert "not an image file" in browser.find_element(By.ID, "status").text
     assert browser.find_elements(By.CSS_SELECTOR, "#predictions li") == []
+    # no broken-image icon beside the error: both panels are empty
+    sources = browser.execute_script(
+        "return ['original', 'overlay'].map(id => document.getElementById(id).getAttribute('src'))")
+    assert sources == [None, None]
+    assert browser.execute_script("return getComputedStyle(document.getElementById('original')).visibility") \
+        == "hidden"
+    icon = browser.execute_script(
+        "return fetch('/favicon.ico').then(r => [r.status, r.headers.get('content-type')])")
+    assert icon == [200, "image/x-icon"]
+    shot = tmp_path / "serve-page-error.png"
+    assert browser.save_screenshot(str(shot))
+    if os.environ.get("VITKIT_SERVE_SCREENSHOT"):
+        shutil.copy(shot, os.environ["VITKIT_SERVE_SCREENSHOT"].replace(".png", "-error.png"))

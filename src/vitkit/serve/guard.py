@@ -15,10 +15,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import RequestError
 from .metrics import Metrics
 
-# Paths answered without the token: the health probes, and the page (its requests carry the token).
-OPEN_PATHS = frozenset({"/", "/v2/health/live", "/v2/health/ready"})
-ENDPOINTS = frozenset({"/", "/predictions", "/attention", "/metrics", "/v2", "/v2/health/live",
-                       "/v2/health/ready"})
+# Paths answered without the token: the health probes, and the page and its icon (its requests carry it).
+OPEN_PATHS = frozenset({"/", "/favicon.ico", "/v2/health/live", "/v2/health/ready"})
+ENDPOINTS = frozenset({"/", "/favicon.ico", "/predictions", "/attention", "/metrics", "/v2",
+                       "/v2/health/live", "/v2/health/ready"})
 ARRIVED = "vitkit.arrived"  # the scope key holding time.monotonic() at the request's arrival
 # How much of a refused request's body is read and dropped before answering: a client still sending it
 # (Python's urllib does not wait for an answer first) would otherwise meet a closed socket: a reset.
