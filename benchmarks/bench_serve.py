@@ -1,33 +1,36 @@
-"""`vitkit serve` under load: 1,000 requests on loopback from 1, 4 and 16 concurrent clients, against the
-model's offline throughput at batch 16 measured in the same run.
+"""`vitkit serve` against the serving frameworks a user would pick instead, LitServe and mosec, on the same
+model, preprocessing, batching and load (benchmarks/serve_anchors.py serves the model behind them).
 
+    pip install 'vitkit[bench-serve]'        # litserve, mosec: for this benchmark only
     flock /tmp/vitkit-cpu.lock .venv/bin/python benchmarks/bench_serve.py --demo runs/demo/best \\
         --json benchmarks/results/serve_CPU_DATE.json
-    .venv/bin/python benchmarks/bench_serve.py --table benchmarks/results/serve_CPU_DATE.json
-        # the docs' table
+    .venv/bin/python benchmarks/bench_serve.py --table benchmarks/results/serve_CPU_DATE.json  # docs' table
 
-For each model (the `demo` checkpoint, and ViT-S/16 with random weights: its speed is the architecture's), it
-measures offline, in this process: the model alone (vitkit.optimize fp32, the server's path) on a batch of 16
-preprocessed images, and the whole pipeline (decode, preprocess, model) for 16 images. Then it starts `vitkit
-serve` in a process of its own and sends POST /predictions with one image: for the demo model a Fashion-MNIST
-test image (28x28 PNG), for ViT-S/16 a 224x224 JPEG of scikit-learn's china.jpg. The demo model is also served
-with --max-batch-size 1, the same server without batching. The server and the offline measurement use the
-same number of PyTorch threads (--threads, default 1). Reported per cell: requests per second, p50 and p99
-latency, errors (any answer but 200), and the mean batch size from the server's /metrics.
+Models: the `demo` checkpoint with a 28x28 Fashion-MNIST test PNG, and ViT-S/16 (random weights: its speed
+is the architecture's) with a 224x224 JPEG of scikit-learn's china.jpg. Every server runs `vitkit.optimize`
+(fp32) on --threads PyTorch threads, vitkit's decoder and evaluation transform, batches of up to 16 requests
+waiting at most 10 ms, and answers the top 5 labels as JSON. Each request is a POST of a multipart form with
+the image as its `file` field (what `curl -F file=@image.png` sends), from 1, 4, 16 and 64 clients, each on
+its own keep-alive connection. Per cell: requests per second, p50 and p99 latency, errors (any answer but
+200), and the CPU time of the server's processes per request (user + system, from /proc, all its processes).
+The servers run one at a time, in a shuffled order, --rounds times; the table gives each cell's median over
+the rounds.
 
-The load generator is a small HTTP/1.1 keep-alive client on asyncio streams, one connection per client, so
-that it takes as little as it can of the CPU the server needs (client and server share the machine).
+The load generator is a small HTTP/1.1 client on asyncio streams, so that it takes as little as it can of the
+CPU the server needs (client and server share the machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import io
 import json
 import os
 import platform
+import random
 import re
 import signal
 import socket
@@ -36,19 +39,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
 from PIL import Image
 
 import vitkit
-from vitkit.cpu.allocator import retain_freed_memory
-from vitkit.data.images import decode_image
-from vitkit.data.transforms import build_eval_transform
-from vitkit.inference import optimize
 
-CONCURRENCY = (1, 4, 16)
+CONCURRENCY = (1, 4, 16, 64)
+SERVERS = ("vitkit", "litserve", "mosec")
+PATHS = {"vitkit": "/predictions", "litserve": "/predict", "mosec": "/inference"}
+BOUNDARY = "vitkitbenchboundary"
+HERE = Path(__file__).resolve().parent
 
 
 def cpu_name() -> str:
@@ -80,88 +82,127 @@ def photo_224() -> bytes:
     return out.getvalue()
 
 
-# --- offline ----------------------------------------------------------------------------------------------
-def offline(model_path: str, image: bytes, batch: int = 16, seconds: float = 10.0) -> dict:
-    """Images per second at `batch`: the model alone on preprocessed inputs, and decode + preprocess +
-    model."""
-    model = vitkit.load(model_path)
-    net = optimize(model, precision="fp32")
-    transform = build_eval_transform(model.cfg)
-    mode = "L" if model.cfg.in_chans == 1 else "RGB"
-    x = torch.stack([transform(decode_image(image, mode))] * batch)
-
-    def model_only():
-        with torch.no_grad():
-            net(x)
-
-    def pipeline():
-        xs = torch.stack([transform(decode_image(image, mode)) for _ in range(batch)])
-        with torch.no_grad():
-            net(xs).softmax(-1)
-
-    out = {}
-    for name, fn in (("model_img_s", model_only), ("pipeline_img_s", pipeline)):
-        for _ in range(3):
-            fn()
-        times = []
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds or len(times) < 5:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        out[name] = round(batch / statistics.median(times), 1)
-    return out
+def multipart(image: bytes, filename: str) -> bytes:
+    return (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + image \
+        + f"\r\n--{BOUNDARY}--\r\n".encode()
 
 
-# --- the server and its load --------------------------------------------------------------------------------
+# --- the servers --------------------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def get(url: str) -> tuple[int, bytes]:
+def server_command(server: str, model: str, port: int, args: argparse.Namespace) -> list[str]:
+    if server == "vitkit":
+        return [sys.executable, "-m", "vitkit.cli.main", "serve", model, "--port", str(port),
+                "--name", "bench", "--max-batch-size", "16", "--max-delay-ms", str(args.max_delay_ms),
+                "--queue-size", "256", "--log-level", "warning", "--threads", str(args.threads)]
+    return [sys.executable, str(HERE / "serve_anchors.py"), server, model, "--port", str(port),
+            "--threads", str(args.threads), "--max-batch-size", "16",
+            "--max-delay-ms", str(args.max_delay_ms)]
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of `root`'s processes so far."""
+    ticks = 0
+    for pid in process_tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def post_once(port: int, message: bytes) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        writer.write(message)
+        return (await read_answer(reader))[0]
+    finally:
+        writer.close()
 
 
-def start_server(model_path: str, max_batch_size: int,
-                 args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start_server(server: str, model: str, message_for,
+                 args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+    """The server in a session of its own, once it has answered a real request 200 (after its warm-up)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "vitkit.cli.main", "serve", model_path, "--port", str(port),
-           "--name", "bench", "--max-batch-size", str(max_batch_size),
-           "--max-delay-ms", str(args.max_delay_ms),
-           "--queue-size", "256", "--log-level", "warning", "--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    cmd = server_command(server, model, port, args)
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
-            if get(url + "/v2/health/ready")[0] == 200:
-                return proc, url
-        except OSError:
+            if asyncio.run(post_once(port, message_for(port))) == 200:
+                return proc, port
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"vitkit serve exited with {proc.returncode}: {' '.join(cmd)}")
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("vitkit serve did not become ready in 120 s")
+            raise RuntimeError(f"{server} exited with {proc.returncode}: {' '.join(cmd)}")
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"{server} did not answer in 300 s: {' '.join(cmd)}")
 
 
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=60)
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's whole session, then SIGKILL to what is left of it."""
+    pids = process_tree(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
-async def load(port: int, image: bytes, requests: int, clients: int) -> dict:
-    """`requests` POST /predictions from `clients` keep-alive connections; throughput and latencies."""
-    head = (f"POST /predictions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            "Content-Type: application/octet-stream\r\n"
-            f"Content-Length: {len(image)}\r\n\r\n").encode()
-    message = head + image
+# --- the load ---------------------------------------------------------------------------------------------
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """An HTTP/1.1 answer's status, read whole (Content-Length or chunked); and whether the server closes."""
+    status = int((await reader.readline()).split()[1])
+    length, chunked, close = 0, False, False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        key, _, value = line.decode().partition(":")
+        key, value = key.strip().lower(), value.strip().lower()
+        if key == "content-length":
+            length = int(value)
+        elif key == "transfer-encoding" and "chunked" in value:
+            chunked = True
+        elif key == "connection" and value == "close":
+            close = True
+    if chunked:
+        while (size := int((await reader.readline()).split(b";")[0], 16)) > 0:
+            await reader.readexactly(size + 2)
+        await reader.readline()
+    else:
+        await reader.readexactly(length)
+    return status, close
+
+
+async def load(port: int, message: bytes, requests: int, clients: int) -> dict:
+    """`requests` requests from `clients` keep-alive connections; throughput and latencies."""
     left = requests
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -173,15 +214,7 @@ async def load(port: int, image: bytes, requests: int, clients: int) -> dict:
             left -= 1
             t0 = time.perf_counter()
             writer.write(message)
-            status = int((await reader.readline()).split()[1])
-            length, close = 0, False
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                key, _, value = line.decode().partition(":")
-                if key.lower() == "content-length":
-                    length = int(value)
-                elif key.lower() == "connection" and value.strip().lower() == "close":
-                    close = True
-            await reader.readexactly(length)
+            status, close = await read_answer(reader)
             latencies.append(time.perf_counter() - t0)
             if status != 200:
                 errors[str(status)] = errors.get(str(status), 0) + 1
@@ -199,57 +232,79 @@ async def load(port: int, image: bytes, requests: int, clients: int) -> dict:
             "p99_ms": round(q[98] * 1000, 2), "errors": sum(errors.values()), "errors_by_status": errors}
 
 
-def batch_stats(url: str) -> tuple[float, float]:
-    """The server's vitkit_batch_size count and sum so far."""
-    text = get(url + "/metrics")[1].decode()
-    count = float(re.search(r"^vitkit_batch_size_count (\S+)", text, re.M).group(1))
-    total = float(re.search(r"^vitkit_batch_size_sum (\S+)", text, re.M).group(1))
-    return count, total
+def serve_cells(server: str, model: str, image: bytes, requests: int, args: argparse.Namespace) -> list[dict]:
+    body = multipart(image, "image.png" if image[:4] == b"\x89PNG" else "image.jpg")
 
+    def message(port: int) -> bytes:
+        return (f"POST {PATHS[server]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
-def serve_runs(model_path: str, image: bytes, max_batch_size: int, args: argparse.Namespace) -> list[dict]:
-    proc, url = start_server(model_path, max_batch_size, args)
-    port = int(url.rsplit(":", 1)[1])
+    proc, port = start_server(server, model, message, args)
     rows = []
     try:
-        asyncio.run(load(port, image, 50, 4))  # warm-up: threads, allocator, connections
+        asyncio.run(load(port, message(port), 50, 4))  # threads, allocators, connections
         for clients in CONCURRENCY:
-            before = batch_stats(url)
-            row = asyncio.run(load(port, image, args.requests, clients))
-            after = batch_stats(url)
-            batches = after[0] - before[0]
-            row["mean_batch"] = round((after[1] - before[1]) / batches, 2) if batches else None
-            row["max_batch_size"] = max_batch_size
+            cpu = cpu_seconds(proc.pid)
+            row = asyncio.run(load(port, message(port), requests, clients))
+            used = cpu_seconds(proc.pid) - cpu
+            row["server_cpu_ms_per_request"] = round(1000 * used / row["requests"], 3)
+            row["server"] = server
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        code = stop_server(proc)
-    if code != 0:
-        raise RuntimeError(f"vitkit serve exited with {code} after SIGTERM")
+        stop_server(proc)
     return rows
+
+
+# --- the summary ------------------------------------------------------------------------------------------
+def summarise(runs: list[dict]) -> list[dict]:
+    """Each (server, clients) cell's median over the rounds; errors summed."""
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for row in runs:
+        cells.setdefault((row["server"], row["clients"]), []).append(row)
+    out = []
+    for (server, clients), rows in cells.items():
+        out.append({"server": server, "clients": clients, "rounds": len(rows),
+                    "errors": sum(r["errors"] for r in rows),
+                    **{k: round(statistics.median(r[k] for r in rows), 2)
+                       for k in ("req_s", "p50_ms", "p99_ms", "server_cpu_ms_per_request")}})
+    return sorted(out, key=lambda c: (c["clients"], SERVERS.index(c["server"])))
+
+
+def ratios(cells: list[dict]) -> list[dict]:
+    """vitkit's requests/s over the best anchor's at each client count, with both p99s."""
+    out = []
+    for clients in CONCURRENCY:
+        here = {c["server"]: c for c in cells if c["clients"] == clients}
+        anchors = [c for name, c in here.items() if name != "vitkit"]
+        if "vitkit" not in here or not anchors:
+            continue
+        best = max(anchors, key=lambda c: c["req_s"])
+        out.append({"clients": clients, "best_anchor": best["server"],
+                    "vitkit_over_best": round(here["vitkit"]["req_s"] / best["req_s"], 3),
+                    "vitkit_p99_ms": here["vitkit"]["p99_ms"], "best_anchor_p99_ms": best["p99_ms"]})
+    return out
 
 
 def markdown_table(result: dict) -> str:
     """The results as the table of docs/serving.md."""
-    lines = ["| model | server | clients | requests/s | p50 ms | p99 ms | errors | mean batch |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | clients | vitkit serve req/s (p50 / p99 ms, CPU ms/req) | LitServe | mosec | "
+             "vitkit / best anchor |", "|---|---:|---|---|---|---:|"]
     for name, entry in result["models"].items():
-        for r in entry["serve"]:
-            lines.append(f"| {name} | --max-batch-size {r['max_batch_size']} | {r['clients']} | "
-                         f"{r['req_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | "
-                         f"{r['mean_batch']:.2f} |")
-    lines.append("")
-    lines.append("| model | offline batch 16, model alone (img/s) | offline batch 16, decode + preprocess + "
-                 "model (img/s) | 16 clients / model alone | 16 clients / decode + model | 16 clients / "
-                 "--max-batch-size 1 |")
-    lines.append("|---|---:|---:|---:|---:|---:|")
-    for name, e in result["models"].items():
-        off = e["offline_batch16"]
-        unbatched = e.get("ratio_16_clients_to_max_batch_size_1")
-        lines.append(f"| {name} | {off['model_img_s']:.1f} | {off['pipeline_img_s']:.1f} | "
-                     f"{e['ratio_16_clients_to_offline_model']:.2f}x | "
-                     f"{e['ratio_16_clients_to_offline_pipeline']:.2f}x "
-                     f"| {'-' if unbatched is None else f'{unbatched:.2f}x'} |")
+        cells = {(c["server"], c["clients"]): c for c in entry["cells"]}
+        by_clients = {r["clients"]: r for r in entry["ratios"]}
+        for clients in CONCURRENCY:
+            row = [name, str(clients)]
+            for server in SERVERS:
+                c = cells.get((server, clients))
+                row.append("-" if c is None else
+                           f"{c['req_s']:.1f} ({c['p50_ms']:.0f} / {c['p99_ms']:.0f}, "
+                           f"{c['server_cpu_ms_per_request']:.1f})"
+                           + (f" {c['errors']} errors" if c["errors"] else ""))
+            r = by_clients.get(clients)
+            row.append("-" if r is None else f"{r['vitkit_over_best']:.2f}x")
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -257,12 +312,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", type=Path, help="Only print the markdown table of an earlier run's JSON.")
     parser.add_argument("--demo", help="The demo checkpoint (make demo: runs/demo/best).")
-    parser.add_argument("--requests", type=int, default=1000, help="Requests per cell.")
-    parser.add_argument("--max-delay-ms", type=float, default=10.0, help="The server's --max-delay-ms.")
+    parser.add_argument("--requests", type=int, default=1000, help="Requests per cell, demo model.")
+    parser.add_argument("--requests-vit-s", type=int, default=200, help="Requests per cell, ViT-S/16.")
+    parser.add_argument("--rounds", type=int, default=2, help="Times each server runs every cell.")
+    parser.add_argument("--servers", default=",".join(SERVERS), help="Which servers (comma-separated).")
+    parser.add_argument("--max-delay-ms", type=float, default=10.0, help="Every server's batch delay.")
     parser.add_argument("--threads", type=int, default=1,
-                        help="PyTorch threads of the server and of the offline measurement alike (default 1: "
-                             "the load generator needs a core of its own on a 2-core machine).")
+                        help="PyTorch threads of every server's model (default 1: the load generator needs "
+                             "a core of its own on a 2-core machine).")
     parser.add_argument("--skip-vit-s", action="store_true", help="Only the demo model.")
+    parser.add_argument("--seed", type=int, default=0, help="The shuffle of the servers' order.")
     parser.add_argument("--json", type=Path, help="Write the results here.")
     args = parser.parse_args()
     if args.table:
@@ -270,34 +329,39 @@ def main() -> None:
         return
     if not args.demo:
         parser.error("--demo is needed (the demo checkpoint, e.g. runs/demo/best)")
-    retain_freed_memory()
-    torch.set_num_threads(args.threads)
-    result = {"what": "vitkit serve: POST /predictions on loopback, 1,000 requests per cell",
-              "cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-              "date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).as_posix(),
-                                                                              *sys.argv[1:]]),
-              "torch": torch.__version__, "python": platform.python_version(),
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if unknown := set(servers) - set(SERVERS):
+        parser.error(f"--servers: unknown {sorted(unknown)}; choose from {', '.join(SERVERS)}")
+    versions = {"torch": torch.__version__, "python": platform.python_version(), "vitkit": vitkit.__version__}
+    for package in ("litserve", "mosec", "uvicorn", "starlette"):
+        try:
+            from importlib.metadata import version
+
+            versions[package] = version(package)
+        except Exception:  # noqa: BLE001 - not installed: the record says so
+            versions[package] = None
+    result = {"what": "POST a multipart image on loopback: vitkit serve, LitServe, mosec; the same model",
+              "cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+              "date": datetime.date.today().isoformat(),
+              "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "versions": versions,
               "load_average_before": os.getloadavg(), "models": {}}
+    rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"demo": (args.demo, demo_image(), (16, 1))}
+        models = {"demo": (args.demo, demo_image(), args.requests)}
         if not args.skip_vit_s:
             vit_s = Path(tmp) / "vit-s16"
             vitkit.save(vitkit.create_model("ViT-S/16"), vit_s)
-            models["ViT-S/16"] = (str(vit_s), photo_224(), (16,))
-        for name, (path, image, batch_sizes) in models.items():
-            entry = {"image_bytes": len(image), "offline_batch16": offline(path, image)}
-            print(name, json.dumps(entry), flush=True)
-            entry["serve"] = [row for mbs in batch_sizes for row in serve_runs(path, image, mbs, args)]
-            at16 = next(r for r in entry["serve"] if r["clients"] == 16 and r["max_batch_size"] == 16)
-            entry["ratio_16_clients_to_offline_model"] = round(
-                at16["req_s"] / entry["offline_batch16"]["model_img_s"], 3)
-            entry["ratio_16_clients_to_offline_pipeline"] = round(
-                at16["req_s"] / entry["offline_batch16"]["pipeline_img_s"], 3)
-            unbatched = [r for r in entry["serve"] if r["clients"] == 16 and r["max_batch_size"] == 1]
-            if unbatched:
-                entry["ratio_16_clients_to_max_batch_size_1"] = round(
-                    at16["req_s"] / unbatched[0]["req_s"], 3)
-            result["models"][name] = entry
+            models["ViT-S/16"] = (str(vit_s), photo_224(), args.requests_vit_s)
+        for name, (path, image, requests) in models.items():
+            runs = []
+            for round_ in range(args.rounds):
+                for server in rng.sample(servers, len(servers)):
+                    print(f"{name}, round {round_ + 1}: {server}", flush=True)
+                    rows = serve_cells(server, path, image, requests, args)
+                    runs += [dict(r, round=round_ + 1) for r in rows]
+            cells = summarise(runs)
+            result["models"][name] = {"image_bytes": len(image), "requests_per_cell": requests, "runs": runs,
+                                      "cells": cells, "ratios": ratios(cells)}
     result["load_average_after"] = os.getloadavg()
     print(markdown_table(result))
     if args.json:

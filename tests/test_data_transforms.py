@@ -311,3 +311,26 @@ def test_train_batch_end_to_end():
     out = train_batch(batch(8), cfg, aug, gen())
     assert out.shape == (8, 3, 32, 32) and out.dtype == torch.float32
     assert torch.equal(out, train_batch(batch(8), cfg, aug, gen()))
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"crop_mode": "squash", "crop_pct": 0.875}, {"crop_pct": 0.9, "interpolation": "bilinear"},
+    {"in_chans": 1, "image_size": 28, "patch_size": 7},
+])
+def test_eval_batch_is_the_eval_transform_image_by_image(overrides):
+    """Images of several sizes and modes (a server's batch): eval_batch gives bit for bit what the eval
+    transform gives each image, in the order given, working on the images of one size together."""
+    from vitkit.config import get_config
+    from vitkit.data.transforms import eval_batch
+
+    rng = np.random.default_rng(0)
+
+    def image(w, h, mode):
+        return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert(mode)
+
+    cfg = get_config("ViT-S/16", **overrides)
+    transform = build_eval_transform(cfg)
+    mode = "L" if cfg.in_chans == 1 else "RGB"
+    images = [image(300, 200, mode), image(28, 28, mode), image(300, 200, "RGB"), image(300, 200, mode),
+              image(640, 427, mode), torch.randint(0, 256, (3, 50, 40), dtype=torch.uint8)]
+    assert torch.equal(eval_batch(transform, images), torch.stack([transform(x) for x in images]))

@@ -37,11 +37,12 @@ def launch_torchrun(nproc: int, train_args: list[str]) -> int:
     import subprocess
     import sys
 
+    from ..cpu.hardware import usable_cores
     from ..train.distributed import end_with_parent
     from ..train.stopping import STOP_SIGNALS
 
     env = dict(os.environ)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
     cmd = [sys.executable, "-c", QUIET_TORCHRUN, "--standalone", f"--nproc_per_node={nproc}",
            "-m", "vitkit.cli.main", "train", *train_args]

@@ -1,10 +1,11 @@
 """What the CPU is and can do: its vendor and feature flags, read once from /proc/cpuinfo. The fast paths
 (vitkit.optimize's int8 and bf16, the training loop's `precision="bf16-native"`, the engine of the linear
-layers' training products) ask these before choosing a kernel."""
+layers' training products) ask these before choosing a kernel; thread and worker counts ask `usable_cores`."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 
 @functools.cache
@@ -47,3 +48,10 @@ def cpu_has_native_bf16() -> bool:
 def cpu_model() -> str:
     """The CPU's model name ("AMD EPYC 9R14 96-Core Processor"); "" where /proc/cpuinfo cannot be read."""
     return _cpuinfo_field("model name")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the system has one, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

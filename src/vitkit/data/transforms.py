@@ -16,7 +16,7 @@ Normalisation uses the preprocessing config (`ViTConfig.mean`, `.std`, `.interpo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -128,6 +128,30 @@ def build_eval_transform(cfg: ViTConfig) -> v2.Compose:
     else:
         fit = ResizeCenterCrop(cfg.image_size, cfg.crop_pct, interpolation)
     return v2.Compose([v2.ToImage(), _channel_transform(cfg.in_chans), fit, *_to_float_normalized(cfg)])
+
+
+# build_eval_transform's steps before this index run on each image (to a tensor, the channels); the rest work
+# on a batch of images of one size as on each image.
+EVAL_PER_IMAGE_STEPS = 2
+
+
+def eval_batch(transform: v2.Compose, images: Sequence) -> torch.Tensor:
+    """build_eval_transform's `transform` of each image (PIL or uint8 tensor), stacked (B, C, H, W): the first
+    steps one image at a time, the rest (resize, crop, scaling, normalising) once for each group of images of
+    one size. The same values as image by image, for a fraction of the Python work: a server's batch of
+    equally sized uploads takes one call of each step instead of one per image."""
+    steps = list(transform.transforms)
+    each, together = v2.Compose(steps[:EVAL_PER_IMAGE_STEPS]), v2.Compose(steps[EVAL_PER_IMAGE_STEPS:])
+    tensors = [each(image).as_subclass(torch.Tensor) for image in images]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(tuple(t.shape), []).append(i)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    for members in groups.values():
+        done = together(torch.stack([tensors[i] for i in members]))
+        for row, i in enumerate(members):
+            out[i] = done[row]
+    return torch.stack(out)
 
 
 # --- whole-batch augmentation of uint8 tensors ------------------------------------------------------------

@@ -51,6 +51,15 @@ class Guard:
         self.app, self.gate, self.metrics = app, gate, metrics
         self.token = token.encode() if token else None
         self.max_body_bytes = max_body_bytes
+        self._series: dict[tuple[str, int], tuple] = {}
+
+    def series(self, endpoint: str, status: int) -> tuple:
+        """The request counter and latency histogram of an endpoint and status, looked up once."""
+        found = self._series.get((endpoint, status))
+        if found is None:
+            found = self._series[endpoint, status] = (self.metrics.requests.labels(endpoint, str(status)),
+                                                      self.metrics.latency.labels(endpoint))
+        return found
 
     def refusal(self, scope: Scope) -> JSONResponse | None:
         """The answer a request gets without reaching a route, or None."""
@@ -115,8 +124,8 @@ class Guard:
                 self.gate.in_flight -= 1
         finally:
             endpoint = endpoint_label(scope["path"])
-            self.metrics.requests.labels(endpoint, str(status)).inc()
-            self.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+            self.series(endpoint, status)[0].inc()
+            self.series(endpoint, status)[1].observe(time.monotonic() - start)
 
 
 async def drain(receive: Receive) -> bool:

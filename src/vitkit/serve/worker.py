@@ -3,7 +3,7 @@
 Every call into the model goes through `ModelWorker.call`, which runs it on a single thread of its own: the
 batches of the classifier and of the attention maps take turns there, the event loop never waits for the
 model, and PyTorch gets the machine's cores for one batch at a time. Uploads are decoded (Pillow, no PyTorch)
-in the request's thread; the model's evaluation transform runs on the model's thread with the batch, so that
+beside the event loop; the model's evaluation transform runs on the model's thread with the batch, so that
 only that thread ever starts PyTorch's parallel regions: a second thread running PyTorch operators would
 start a second team of OpenMP threads competing for the same cores."""
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ import torch.nn as nn
 from PIL import Image
 
 from ..analysis.rollout import attention_rollout
-from ..data.transforms import build_eval_transform
+from ..data.transforms import build_eval_transform, eval_batch
 from ..train.predict import label_names, probabilities, top_labels
 from .inputs import decode_upload, input_shape
 from .overlay import overlay_png
@@ -58,8 +59,16 @@ class ModelWorker:
         return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(fn, *args))
 
     def _batch(self, inputs: list[Image.Image | torch.Tensor]) -> torch.Tensor:
-        """(B, C, H, W): images through the model's evaluation transform, tensors (C, H, W) as they are."""
-        return torch.stack([x if isinstance(x, torch.Tensor) else self.transform(x) for x in inputs])
+        """(B, C, H, W): images through the model's evaluation transform (those of one size together),
+        tensors (C, H, W) as they are."""
+        images = [i for i, x in enumerate(inputs) if not isinstance(x, torch.Tensor)]
+        if len(images) == len(inputs):
+            return eval_batch(self.transform, inputs)
+        out = list(inputs)
+        if images:
+            for row, x in zip(images, eval_batch(self.transform, [inputs[i] for i in images]), strict=True):
+                out[row] = x
+        return torch.stack(out)
 
     def _timed(self, fn: Callable[[torch.Tensor], R], x: torch.Tensor) -> R:
         start = time.perf_counter()
@@ -100,6 +109,11 @@ class ModelWorker:
             await self.call(self.classify, [x] * size)
             await self.call(self.overlays, [x] * size)
         took = time.perf_counter() - start
+        # The model, PyTorch and the libraries are some 300,000 objects the garbage collector would walk at
+        # each full collection (0.2 s with the GIL held: a stall of every request in flight); they live as
+        # long as the server, so they leave its watch. Requests' own objects are collected as before.
+        gc.collect()
+        gc.freeze()
         self.ready = True
         if self.on_ready is not None:
             sizes = "1" if max_batch_size == 1 else f"1 to {max_batch_size}"

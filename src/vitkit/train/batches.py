@@ -25,13 +25,13 @@ The plan and the seeds are pure functions in order.py.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ViTConfig
+from ..cpu.hardware import usable_cores
 from ..data.augment import AugmentConfig
 from ..data.mixing import mix_pairs
 from ..data.shards import ShardSet
@@ -164,7 +164,7 @@ def loader_workers(asked: int) -> int:
     """The DataLoader processes to start for `asked`: at most one per core this process may run on (more
     only compete with the training for the cores, and PyTorch warns about them). What is drawn does not
     depend on it: every image is seeded by its place in the run."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return min(asked, cores)
 
 
