@@ -13,8 +13,8 @@ waiting at most 10 ms, and answers the top 5 labels as JSON. Each request is a P
 the image as its `file` field (what `curl -F file=@image.png` sends), from 1, 4, 16 and 64 clients, each on
 its own keep-alive connection. Per cell: requests per second, p50 and p99 latency, errors (any answer but
 200), and the CPU time of the server's processes per request (user + system, from /proc, all its processes).
-The servers run one at a time, in a shuffled order, --rounds times; the table gives each cell's median over
-the rounds.
+A cell lasts at least --seconds (and --requests); the servers run one at a time, in a shuffled order, --rounds
+times; the table gives each cell's median over the rounds.
 
 The load generator is a small HTTP/1.1 client on asyncio streams, so that it takes as little as it can of the
 CPU the server needs (client and server share the machine).
@@ -201,16 +201,18 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
     return status, close
 
 
-async def load(port: int, message: bytes, requests: int, clients: int) -> dict:
-    """`requests` requests from `clients` keep-alive connections; throughput and latencies."""
+async def load(port: int, message: bytes, requests: int, clients: int, seconds: float = 0.0) -> dict:
+    """Requests from `clients` keep-alive connections, each sending its next as its last is answered, until
+    `requests` have been sent and `seconds` have passed; throughput and latencies."""
     left = requests
     latencies: list[float] = []
     errors: dict[str, int] = {}
+    until = time.perf_counter() + seconds
 
     async def client():
         nonlocal left
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        while left > 0:
+        while left > 0 or time.perf_counter() < until:
             left -= 1
             t0 = time.perf_counter()
             writer.write(message)
@@ -232,7 +234,8 @@ async def load(port: int, message: bytes, requests: int, clients: int) -> dict:
             "p99_ms": round(q[98] * 1000, 2), "errors": sum(errors.values()), "errors_by_status": errors}
 
 
-def serve_cells(server: str, model: str, image: bytes, requests: int, args: argparse.Namespace) -> list[dict]:
+def serve_cells(server: str, model: str, image: bytes, requests: int, seconds: float,
+                args: argparse.Namespace) -> list[dict]:
     body = multipart(image, "image.png" if image[:4] == b"\x89PNG" else "image.jpg")
 
     def message(port: int) -> bytes:
@@ -246,7 +249,7 @@ def serve_cells(server: str, model: str, image: bytes, requests: int, args: argp
         asyncio.run(load(port, message(port), 50, 4))  # threads, allocators, connections
         for clients in CONCURRENCY:
             cpu = cpu_seconds(proc.pid)
-            row = asyncio.run(load(port, message(port), requests, clients))
+            row = asyncio.run(load(port, message(port), requests, clients, seconds))
             used = cpu_seconds(proc.pid) - cpu
             row["server_cpu_ms_per_request"] = round(1000 * used / row["requests"], 3)
             row["server"] = server
@@ -312,8 +315,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", type=Path, help="Only print the markdown table of an earlier run's JSON.")
     parser.add_argument("--demo", help="The demo checkpoint (make demo: runs/demo/best).")
-    parser.add_argument("--requests", type=int, default=1000, help="Requests per cell, demo model.")
-    parser.add_argument("--requests-vit-s", type=int, default=200, help="Requests per cell, ViT-S/16.")
+    parser.add_argument("--requests", type=int, default=500,
+                        help="At least this many requests a cell, demo model.")
+    parser.add_argument("--seconds", type=float, default=10.0, help="At least this long a cell, demo model.")
+    parser.add_argument("--seconds-vit-s", type=float, default=30.0, help="The same for ViT-S/16.")
     parser.add_argument("--rounds", type=int, default=2, help="Times each server runs every cell.")
     parser.add_argument("--servers", default=",".join(SERVERS), help="Which servers (comma-separated).")
     parser.add_argument("--max-delay-ms", type=float, default=10.0, help="Every server's batch delay.")
@@ -347,20 +352,21 @@ def main() -> None:
               "load_average_before": os.getloadavg(), "models": {}}
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"demo": (args.demo, demo_image(), args.requests)}
+        models = {"demo": (args.demo, demo_image(), args.seconds)}
         if not args.skip_vit_s:
             vit_s = Path(tmp) / "vit-s16"
             vitkit.save(vitkit.create_model("ViT-S/16"), vit_s)
-            models["ViT-S/16"] = (str(vit_s), photo_224(), args.requests_vit_s)
-        for name, (path, image, requests) in models.items():
+            models["ViT-S/16"] = (str(vit_s), photo_224(), args.seconds_vit_s)
+        for name, (path, image, seconds) in models.items():
             runs = []
             for round_ in range(args.rounds):
                 for server in rng.sample(servers, len(servers)):
                     print(f"{name}, round {round_ + 1}: {server}", flush=True)
-                    rows = serve_cells(server, path, image, requests, args)
+                    requests = args.requests if name == "demo" else 0
+                    rows = serve_cells(server, path, image, requests, seconds, args)
                     runs += [dict(r, round=round_ + 1) for r in rows]
             cells = summarise(runs)
-            result["models"][name] = {"image_bytes": len(image), "requests_per_cell": requests, "runs": runs,
+            result["models"][name] = {"image_bytes": len(image), "seconds_per_cell": seconds, "runs": runs,
                                       "cells": cells, "ratios": ratios(cells)}
     result["load_average_after"] = os.getloadavg()
     print(markdown_table(result))

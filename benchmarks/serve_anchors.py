@@ -15,6 +15,7 @@ and answer the top 5 labels as JSON [{"label", "score"}, ...]. The frameworks co
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -136,6 +137,9 @@ if mosec is not None:
 
         def forward(self, inputs: list[torch.Tensor]) -> list[list[dict]]:
             return self.model.classify(inputs)
+
+        def serialize(self, data: list[dict]) -> bytes:
+            return json.dumps(data).encode()  # compact, as the others answer (mosec's own indents)
 
 
 def run_litserve(args: argparse.Namespace) -> None:
