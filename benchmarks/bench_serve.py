@@ -46,8 +46,10 @@ from PIL import Image
 
 import vitkit
 
-CONCURRENCY = (1, 4, 16, 64)
-SERVERS = ("vitkit", "litserve", "mosec")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from render_tables import SERVE_CONCURRENCY as CONCURRENCY  # noqa: E402
+from render_tables import SERVERS, serve_table  # noqa: E402
+
 PATHS = {"vitkit": "/predictions", "litserve": "/predict", "mosec": "/inference"}
 BOUNDARY = "vitkitbenchboundary"
 HERE = Path(__file__).resolve().parent
@@ -290,27 +292,6 @@ def ratios(cells: list[dict]) -> list[dict]:
     return out
 
 
-def markdown_table(result: dict) -> str:
-    """The results as the table of docs/serving.md."""
-    lines = ["| model | clients | vitkit serve req/s (p50 / p99 ms, CPU ms/req) | LitServe | mosec | "
-             "vitkit / best anchor |", "|---|---:|---|---|---|---:|"]
-    for name, entry in result["models"].items():
-        cells = {(c["server"], c["clients"]): c for c in entry["cells"]}
-        by_clients = {r["clients"]: r for r in entry["ratios"]}
-        for clients in CONCURRENCY:
-            row = [name, str(clients)]
-            for server in SERVERS:
-                c = cells.get((server, clients))
-                row.append("-" if c is None else
-                           f"{c['req_s']:.1f} ({c['p50_ms']:.0f} / {c['p99_ms']:.0f}, "
-                           f"{c['server_cpu_ms_per_request']:.1f})"
-                           + (f" {c['errors']} errors" if c["errors"] else ""))
-            r = by_clients.get(clients)
-            row.append("-" if r is None else f"{r['vitkit_over_best']:.2f}x")
-            lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", type=Path, help="Only print the markdown table of an earlier run's JSON.")
@@ -330,7 +311,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="Write the results here.")
     args = parser.parse_args()
     if args.table:
-        print(markdown_table(json.loads(args.table.read_text())))
+        print(serve_table(json.loads(args.table.read_text())))
         return
     if not args.demo:
         parser.error("--demo is needed (the demo checkpoint, e.g. runs/demo/best)")
@@ -369,7 +350,7 @@ def main() -> None:
             result["models"][name] = {"image_bytes": len(image), "seconds_per_cell": seconds, "runs": runs,
                                       "cells": cells, "ratios": ratios(cells)}
     result["load_average_after"] = os.getloadavg()
-    print(markdown_table(result))
+    print(serve_table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -13,8 +13,8 @@ made from (WHERE and DATE of their file names, benchmarks/results/README.md):
 Tables: `speed` (inference and training-step ratios to the fastest of timm, Hugging Face and torchvision, the
 range over the runs of one day), `speed-runs` (the same, run by run), `agreement` (int8 against fp32),
 `recipes` (what each training recipe reached, in how long, where, and the split it chose on), `recipe-seeds`
-(the test top-1 of runs that chose on a held-out part, mean ± sd over their seeds) and `gpu` (ViT-B/16
-against timm on a GPU).
+(the test top-1 of runs that chose on a held-out part, mean ± sd over their seeds), `gpu` (ViT-B/16
+against timm on a GPU) and `serve` (vitkit serve against LitServe and mosec).
 """
 
 from __future__ import annotations
@@ -259,6 +259,47 @@ def gpu(recs: list[Record], where: str, date: str) -> str:
     return "\n".join(lines)
 
 
+# benchmarks/bench_serve.py's servers (vitkit serve first, then the anchors) and client counts.
+SERVERS = ("vitkit", "litserve", "mosec")
+SERVE_CONCURRENCY = (1, 4, 16, 64)
+
+
+def serve_table(result: dict) -> str:
+    """A bench_serve record's cells: each server's requests/s (p50 / p99 ms, server CPU ms per request) and
+    vitkit serve's over the best anchor's."""
+    lines = ["| model | clients | vitkit serve req/s (p50 / p99 ms, CPU ms/req) | LitServe | mosec | "
+             "vitkit / best anchor |", "|---|---:|---|---|---|---:|"]
+    for name, entry in result["models"].items():
+        cells = {(c["server"], c["clients"]): c for c in entry["cells"]}
+        by_clients = {r["clients"]: r for r in entry["ratios"]}
+        for clients in SERVE_CONCURRENCY:
+            row = [name, str(clients)]
+            for server in SERVERS:
+                c = cells.get((server, clients))
+                row.append("-" if c is None else
+                           f"{c['req_s']:.1f} ({c['p50_ms']:.0f} / {c['p99_ms']:.0f}, "
+                           f"{c['server_cpu_ms_per_request']:.1f})"
+                           + (f" {c['errors']} errors" if c["errors"] else ""))
+            r = by_clients.get(clients)
+            row.append("-" if r is None else f"{r['vitkit_over_best']:.2f}x")
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def serve(recs: list[Record], where: str, date: str) -> str:
+    rec = pick(recs, "serve", where, date)[0]
+    d = load(rec)
+    v = d["versions"]
+    rounds = max(c["rounds"] for entry in d["models"].values() for c in entry["cells"])
+    caption = (
+        f"{d['cpu']}, {d['cores']} cores, {date}, {rounds} rounds (medians); "
+        f"every server on {d['threads']} PyTorch thread{'s' if d['threads'] != 1 else ''}; vitkit "
+        f"{v['vitkit']} (uvicorn {v['uvicorn']}), LitServe {v['litserve']}, mosec {v['mosec']}, torch "
+        f"{v['torch'].split('+')[0]}; `python {d['command']}`"
+    )
+    return "\n".join([*textwrap.wrap(caption, 110, break_on_hyphens=False), "", serve_table(d)])
+
+
 TABLES: dict[str, Callable[..., str]] = {
     "speed": speed,
     "speed-runs": speed_runs,
@@ -266,6 +307,7 @@ TABLES: dict[str, Callable[..., str]] = {
     "recipes": recipes,
     "recipe-seeds": recipe_seeds,
     "gpu": gpu,
+    "serve": serve,
 }
 
 

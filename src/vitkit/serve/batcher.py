@@ -61,6 +61,7 @@ class Batcher(Generic[T, R]):
         self.max_batch_size, self.max_delay, self.queue_size = max_batch_size, max_delay, queue_size
         self._pending: collections.deque[_Entry[T, R]] = collections.deque()
         self._wakeup = asyncio.Event()
+        self._wake_at = 1  # the queue length at which a submission wakes the worker
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
         self.running = 0  # items in the batch being run
@@ -98,13 +99,15 @@ class Batcher(Generic[T, R]):
             raise RuntimeError("the batcher is not running: call start() inside the event loop first")
         if len(items) > self.queue_size:
             raise TooMany(f"{len(items)} items in one request, and the queue holds at most {self.queue_size}")
-        if self.depth + len(items) > self.queue_size:
+        # the queue's length counts items whose callers stopped waiting too: the exact count only near the top
+        if len(self._pending) + len(items) > self.queue_size and self.depth + len(items) > self.queue_size:
             raise QueueFull(f"the queue holds {self.depth} of at most {self.queue_size} items")
         loop = asyncio.get_running_loop()
         now = loop.time()
         entries = [_Entry(item, loop.create_future(), now) for item in items]
         self._pending.extend(entries)
-        self._wakeup.set()
+        if len(self._pending) >= self._wake_at:  # the worker waits for a first item, or for a full batch
+            self._wakeup.set()
         try:
             return list(await asyncio.gather(*(e.future for e in entries)))
         finally:
@@ -122,15 +125,20 @@ class Batcher(Generic[T, R]):
             self._drop_abandoned()
             if self._pending:
                 break
+            self._wake_at = 1
             self._wakeup.clear()
             await self._wakeup.wait()
         deadline = self._pending[0].arrived + self.max_delay
-        while self.depth < self.max_batch_size and (left := deadline - loop.time()) > 0:
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), left)
-            except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-                break
+        # one timer for the batch's deadline; submissions wake the worker only once the batch could be full
+        self._wake_at = self.max_batch_size
+        timer = loop.call_at(deadline, self._wakeup.set)
+        try:
+            while self.depth < self.max_batch_size and loop.time() < deadline:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+        finally:
+            timer.cancel()
+            self._wake_at = 1
         batch: list[_Entry[T, R]] = []
         while self._pending and len(batch) < self.max_batch_size:
             e = self._pending.popleft()
