@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -146,9 +147,21 @@ async def post_once(port: int, message: bytes) -> int:
         writer.close()
 
 
+def ready(server: str, port: int) -> bool:
+    """vitkit serve's own readiness (its warm-up done: requests sent before it queue behind the warm-up and
+    would be timed with it); the anchors warm up before they answer at all."""
+    if server != "vitkit":
+        return True
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as r:
+            return r.status == 200
+    except OSError:  # not listening yet, or 503 (HTTPError)
+        return False
+
+
 def start_server(server: str, model: str, message_for,
                  args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
-    """The server in a session of its own, once it has answered a real request 200 (after its warm-up)."""
+    """The server in a session of its own, once it is ready and has answered a real request 200."""
     port = free_port()
     cmd = server_command(server, model, port, args)
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -156,7 +169,7 @@ def start_server(server: str, model: str, message_for,
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
-            if asyncio.run(post_once(port, message_for(port))) == 200:
+            if ready(server, port) and asyncio.run(post_once(port, message_for(port))) == 200:
                 return proc, port
         except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
             pass

@@ -154,9 +154,10 @@ def test_health_ready_only_after_the_model_has_run():
 
 
 def test_ready_only_after_every_batch_size_has_run():
-    """The warm-up runs each batch size the batchers can form through both paths (vitkit's kernels time
-    their candidates at the first call of each shape: never on a request's path) and says how long it took."""
-    seen: dict[str, list[int]] = {"classify": [], "overlays": []}
+    """The warm-up runs each batch size the batchers can form through the classifier and the attention
+    maps (vitkit's kernels time their candidates at the first call of each shape: never on a request's
+    path), one overlay picture, and says how long it took."""
+    seen: dict[str, list[int]] = {"classify": [], "attention_maps": []}
     said: list[str] = []
 
     class Recording(ModelWorker):
@@ -164,16 +165,16 @@ def test_ready_only_after_every_batch_size_has_run():
             seen["classify"].append(len(inputs))
             return super().classify(inputs)
 
-        def overlays(self, inputs):
-            seen["overlays"].append(len(inputs))
-            return super().overlays(inputs)
+        def attention_maps(self, x):
+            seen["attention_maps"].append(len(x))
+            return super().attention_maps(x)
 
     worker = Recording(vitkit.optimize(tiny_model()), "tiny")
     worker.on_ready = said.append
     gc.unfreeze()
     with TestClient(create_app(worker, ServeSettings(max_batch_size=5))) as c:
         wait_ready(c.get)
-        assert seen == {"classify": [1, 2, 3, 4, 5], "overlays": [1, 2, 3, 4, 5]}
+        assert seen == {"classify": [1, 2, 3, 4, 5], "attention_maps": [1, 1, 2, 3, 4, 5]}  # an overlay first
         # what lives as long as the server leaves the garbage collector's full collections (a GIL stall each)
         assert gc.get_freeze_count() > 10_000
         assert len(said) == 1 and re.fullmatch(r"ready: warmed up batches of 1 to 5 in \d+\.\d s", said[0])

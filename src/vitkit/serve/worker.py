@@ -83,15 +83,17 @@ class ModelWorker:
         x = self._batch(inputs)
         return list(self._timed(lambda x: probabilities(self.model, x, self.device), x))
 
+    def attention_maps(self, x: torch.Tensor) -> torch.Tensor:
+        """The attention rollout of a batch of model inputs (B, C, H, W): (B, grid h, grid w)."""
+        with torch.inference_mode():
+            _, attns = self.model.forward_features(x.to(self.device), return_attention=True)
+        return attention_rollout([a.cpu() for a in attns], self.cfg.num_prefix_tokens, pool=self.cfg.pool)
+
     def overlays(self, inputs: list[Image.Image | torch.Tensor]) -> list[bytes]:
         """Each input's attention-rollout overlay (the paper's Fig. 6) as PNG bytes; on the model's thread."""
-        def maps(x: torch.Tensor) -> torch.Tensor:
-            with torch.inference_mode():
-                _, attns = self.model.forward_features(x.to(self.device), return_attention=True)
-            return attention_rollout([a.cpu() for a in attns], self.cfg.num_prefix_tokens, pool=self.cfg.pool)
-
         x = self._batch(inputs)
-        return [overlay_png(xi, mi, self.cfg) for xi, mi in zip(x, self._timed(maps, x), strict=True)]
+        return [overlay_png(xi, mi, self.cfg) for xi, mi in zip(x, self._timed(self.attention_maps, x),
+                                                                 strict=True)]
 
     def top(self, probs: torch.Tensor, k: int) -> list[dict]:
         """The `k` most probable labels of one row of probabilities, as [{"label", "score"}, ...]."""
@@ -100,25 +102,30 @@ class ModelWorker:
 
     async def warm_up(self, max_batch_size: int = 1) -> float:
         """Every batch size the batchers can form (1 to `max_batch_size`) through the classifier and the
-        attention path, so that no request waits for a first call's work at a new shape (vitkit's kernels
-        choose their implementation per shape by timing them); `ready` after it, and `on_ready(message)`
-        told how long it took. Returns the seconds taken."""
+        attention maps, so that no request waits for a first call's work at a new shape (vitkit's kernels
+        choose their implementation per shape by timing them), and one overlay picture; in one call on the
+        model's thread, requests queueing behind it. `ready` after it, and `on_ready(message)` told how long
+        it took. Returns the seconds taken."""
         start = time.perf_counter()
-        x = torch.zeros(self.input_shape)
-        for size in range(1, max_batch_size + 1):
-            await self.call(self.classify, [x] * size)
-            await self.call(self.overlays, [x] * size)
+        await self.call(self._warm_up, max_batch_size)
         took = time.perf_counter() - start
-        # The model, PyTorch and the libraries are some 300,000 objects the garbage collector would walk at
-        # each full collection (0.2 s with the GIL held: a stall of every request in flight); they live as
-        # long as the server, so they leave its watch. Requests' own objects are collected as before.
-        gc.collect()
-        gc.freeze()
         self.ready = True
         if self.on_ready is not None:
             sizes = "1" if max_batch_size == 1 else f"1 to {max_batch_size}"
             self.on_ready(f"ready: warmed up batches of {sizes} in {took:.1f} s")
         return took
+
+    def _warm_up(self, max_batch_size: int) -> None:
+        x = torch.zeros(self.input_shape)
+        self.overlays([x])
+        for size in range(1, max_batch_size + 1):
+            self.classify([x] * size)
+            self.attention_maps(torch.stack([x] * size))
+        # The model, PyTorch and the libraries are some 300,000 objects the garbage collector would walk at
+        # each full collection (0.2 s with the GIL held: a stall of every request in flight); they live as
+        # long as the server, so they leave its watch. Requests' own objects are collected as before.
+        gc.collect()
+        gc.freeze()
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
