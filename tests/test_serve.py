@@ -180,6 +180,16 @@ def test_ready_only_after_every_batch_size_has_run():
         assert len(said) == 1 and re.fullmatch(r"ready: warmed up batches of 1 to 5 in \d+\.\d s", said[0])
 
 
+def test_a_lone_request_does_not_wait_for_batch_mates(model):
+    """With nothing else in flight a request runs at once, however long --max-delay-ms is."""
+    app = create_app(ModelWorker(model, "tiny"), ServeSettings(max_delay_ms=5000))
+    with TestClient(app) as c:
+        wait_ready(c.get)
+        start = time.monotonic()
+        assert c.post("/predictions", content=png()).status_code == 200
+        assert time.monotonic() - start < 2.0
+
+
 def test_the_page_has_an_icon(client):
     """Browsers ask for /favicon.ico: an ICO Pillow reads, at 16 and 32 pixels, and the page links it."""
     r = client.get("/favicon.ico")
@@ -436,8 +446,8 @@ def test_a_client_still_sending_an_over_size_body_reads_the_413(model):
 
 # --- the command --------------------------------------------------------------------------------------------
 def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
-    """A request waiting for batch-mates is in flight when SIGTERM comes: it is answered, a new request gets
-    503, and the command exits 0."""
+    """Two requests are in flight when SIGTERM comes, one still sending its body and one queued, waiting for
+    it as a batch-mate: both are answered, a new request gets 503, and the command exits 0."""
     vitkit.save(model, tmp_path / "tiny", class_names=CLASSES)
     proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli.main", "serve", str(tmp_path / "tiny"),
                              "--port", "0", "--max-delay-ms", "1500", "--max-batch-size", "8"],
@@ -464,19 +474,27 @@ def test_vitkit_serve_drains_on_sigterm_and_exits_0(model, tmp_path):
             raise AssertionError(f"the server did not say it warmed up: {log}")
         assert httpx.get(url + "/v2/models/tiny").json()["parameters"]["labels"] == CLASSES
 
+        async def slow_body():
+            data = png()
+            yield data[:20]
+            await asyncio.sleep(1.0)  # in flight all along, sending its body
+            yield data[20:]
+
         async def main():
             async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+                uploading = asyncio.ensure_future(c.post("/predictions", content=slow_body()))
+                await asyncio.sleep(0.2)
                 waiting = asyncio.ensure_future(c.post("/predictions", content=photo()))
-                await asyncio.sleep(0.4)  # queued for its batch, 1.1 s to go
+                await asyncio.sleep(0.3)  # queued for its batch: its batch-mate is still on its way
                 proc.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.2)
                 async with httpx.AsyncClient(base_url=url, timeout=10) as late:
                     refused = await late.post("/predictions", content=png())
                     not_ready = await late.get("/v2/health/ready")
-                return await waiting, refused, not_ready
+                return await waiting, await uploading, refused, not_ready
 
-        answered, refused, not_ready = asyncio.run(main())
-        assert answered.status_code == 200 and len(answered.json()) == 5
+        answered, uploaded, refused, not_ready = asyncio.run(main())
+        assert answered.status_code == uploaded.status_code == 200 and len(answered.json()) == 5
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
         assert not_ready.status_code == 503
         assert proc.wait(timeout=15) == 0

@@ -79,6 +79,30 @@ def test_a_batch_waits_at_most_max_delay_after_its_first_item_arrived():
     assert 0.19 <= started_after < 0.33, started_after  # 0.2 s after the first, not 0.2 s after the second
 
 
+def test_a_batch_closes_once_every_item_on_its_way_is_in_it():
+    """`all_here` says nothing more is on its way (the server: every request it is answering is queued): the
+    batch runs then, not max_delay later; while it says otherwise, the batch waits for the others."""
+    async def main():
+        rec = Recorder()
+        coming = {"n": 1}
+        b = Batcher(rec, max_batch_size=16, max_delay=5.0, all_here=lambda: b.depth >= coming["n"])
+        b.start()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.wait_for(b.submit(1), 1.0)  # alone: at once, not 5 s later
+        alone = loop.time() - t0
+        coming["n"] = 3
+        first = asyncio.ensure_future(b.submit(2))
+        await asyncio.sleep(0.2)
+        assert len(rec.batches) == 1  # waits: two more are on their way
+        await asyncio.wait_for(asyncio.gather(first, b.submit(3), b.submit(4)), 1.0)
+        await b.close()
+        return rec, alone
+
+    rec, alone = run(main())
+    assert alone < 0.5 and rec.batches == [[1], [2, 3, 4]]
+
+
 def test_items_that_waited_behind_a_running_batch_start_at_once():
     """The delay counts from an item's arrival, not from when the worker is free to look at it."""
     async def main():

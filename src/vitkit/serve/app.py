@@ -118,7 +118,8 @@ class Service:
 
         def batcher(run: Callable[[list], list]) -> Batcher:
             return Batcher(lambda items: worker.call(run, items), settings.max_batch_size,
-                           settings.max_delay_ms / 1000, settings.queue_size, metrics.observe_batch)
+                           settings.max_delay_ms / 1000, settings.queue_size, metrics.observe_batch,
+                           all_here=lambda: gate.in_flight <= self.classifier.depth + self.attention.depth)
 
         self.classifier, self.attention = batcher(worker.classify), batcher(worker.overlays)
         metrics.queue_depth.set_function(lambda: self.classifier.depth + self.attention.depth)

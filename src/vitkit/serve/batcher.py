@@ -50,14 +50,15 @@ class Batcher(Generic[T, R]):
 
     def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[R]]], max_batch_size: int = 16,
                  max_delay: float = 0.010, queue_size: int = 64,
-                 on_batch: Callable[[int, list[float]], None] | None = None):
+                 on_batch: Callable[[int, list[float]], None] | None = None,
+                 all_here: Callable[[], bool] | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be at least 1")
         if max_delay < 0:
             raise ValueError(f"max_delay={max_delay}: must be at least 0 seconds")
         if queue_size < 1:
             raise ValueError(f"queue_size={queue_size}: must be at least 1")
-        self.run, self.on_batch = run, on_batch
+        self.run, self.on_batch, self.all_here = run, on_batch, all_here
         self.max_batch_size, self.max_delay, self.queue_size = max_batch_size, max_delay, queue_size
         self._pending: collections.deque[_Entry[T, R]] = collections.deque()
         self._wakeup = asyncio.Event()
@@ -134,6 +135,9 @@ class Batcher(Generic[T, R]):
         timer = loop.call_at(deadline, self._wakeup.set)
         try:
             while self.depth < self.max_batch_size and loop.time() < deadline:
+                if self.all_here is not None and self.all_here():
+                    break
+                self._wake_at = len(self._pending) + 1 if self.all_here is not None else self.max_batch_size
                 self._wakeup.clear()
                 await self._wakeup.wait()
         finally:
