@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .bench_runtimes import RUNTIMES
+from .bench_runtimes import builders as runtime_builders
 from .config import ViTConfig, get_config
 from .counting import count_flops
 from .cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
@@ -41,6 +43,14 @@ CONTENDERS: tuple[str, ...] = OURS + ANCHORS  # the default set
 # Measured only when asked for (`-c vitkit-bf16`): it needs a GPU or a CPU with native bf16.
 # The plain model (no CPU kernels swapped in) is measured only when asked for too (`-c vitkit-plain`).
 OPTIONAL: tuple[str, ...] = ("vitkit-bf16", "vitkit-plain")
+# What a deploying user would run instead (`vitkit bench --runtimes`: vitkit.bench_runtimes), timm compiled.
+RUNTIME_CONTENDERS: tuple[str, ...] = ("timm-compiled", *RUNTIMES)
+# Each vitkit contender's rivals among the runtimes: the same precision.
+RUNTIME_RIVALS: dict[str, tuple[str, ...]] = {
+    "vitkit-fp32-opt": ("ort-fp32", "openvino-fp32"),
+    "vitkit-int8": ("ort-int8", "openvino-int8"),
+    "vitkit-bf16": ("openvino-bf16",),
+}
 SGEMM = "sgemm"
 # The same product through oneDNN with a prepacked operand, what optimize('fp32') runs: for reference only,
 # MFU is against torch.mm.
@@ -125,6 +135,15 @@ def build_vitkit(cfg: ViTConfig, precision: str | None = None, fast: bool = True
     return optimize(model, precision, compile=False)
 
 
+def build_timm_compiled(cfg: ViTConfig) -> nn.Module:
+    """timm's model through torch.compile (inductor, `freezing` on: the weights folded in as constants, as
+    for inference); it compiles at its first call, a warm-up call."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    return torch.compile(build_timm(cfg).eval())
+
+
 BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {
     "vitkit": build_vitkit,
     "vitkit-plain": lambda cfg: build_vitkit(cfg, fast=False),
@@ -135,6 +154,9 @@ BUILDERS: dict[str, Callable[[ViTConfig], nn.Module]] = {
     "hf-eager": lambda cfg: build_hf(cfg, "eager"),
     "hf-sdpa": lambda cfg: build_hf(cfg, "sdpa"),
     "torchvision": build_torchvision,
+    "timm-compiled": build_timm_compiled,
+    # ONNX Runtime and OpenVINO, from the plain vitkit model exported to ONNX
+    **runtime_builders(lambda cfg: build_vitkit(cfg, fast=False)),
 }
 
 
@@ -155,7 +177,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         unknown = [c for c in self.contenders if c not in BUILDERS]
         if unknown:
-            raise ValueError(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS + OPTIONAL)}")
+            raise ValueError(f"unknown contenders {unknown}; choose from "
+                             f"{', '.join(CONTENDERS + OPTIONAL + RUNTIME_CONTENDERS)}")
         if not self.contenders:
             raise ValueError("no contenders to measure")
         if self.repeats < 1 or self.warmup < 0:
@@ -233,8 +256,11 @@ class Cell:
             # model FLOP/s over SGEMM FLOP/s, round by round: (model_flops / t) / (sgemm_flops / t_sgemm)
             mfu = statistics.median(model_flops * ts / (sgemm_flops * t)
                                     for t, ts in zip(m.seconds, self.sgemm_seconds, strict=True))
+            runtimes = [self.results[r].seconds for r in RUNTIME_RIVALS.get(name, ()) if r in self.results]
             rows.append({
                 "model": self.model, "batch": self.batch, "contender": name,
+                # against the faster of ONNX Runtime and OpenVINO at the same precision, where measured
+                "vs_best_runtime": paired_ratio(m.seconds, runtimes) if runtimes else None,
                 "images_per_s": m.images_per_s, "latency_ms": 1e3 * m.median_s,
                 "vs_best_anchor": paired_ratio(m.seconds, anchor_times) if anchor_times else None,
                 "vs_best_anchor_of_medians": m.images_per_s / best.images_per_s if best else None,
@@ -456,7 +482,9 @@ def summarize(report: dict[str, Any], contenders: Iterable[str] = OURS + OPTIONA
     for row in report["rows"]:
         if row["contender"] in contenders and row["vs_best_anchor"] is not None and not math.isnan(
                 row["vs_best_anchor"]):
+            runtime = row.get("vs_best_runtime")
             lines.append(f"{row['model']} batch {row['batch']}: {row['contender']} "
-                         f"{row['vs_best_anchor']:.2f}x the best anchor ({row['best_anchor']}), MFU "
-                         f"{100 * row['mfu']:.0f} %")
+                         f"{row['vs_best_anchor']:.2f}x the best anchor ({row['best_anchor']}), "
+                         + (f"{runtime:.2f}x the faster runtime at its precision, " if runtime else "")
+                         + f"MFU {100 * row['mfu']:.0f} %")
     return lines

@@ -18,6 +18,11 @@ EXTRAS = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "sklearn": ("scikit-learn", "sklearn"),
     "ninja": ("ninja", "kernels"),
+    # the inference runtimes `vitkit bench` compares with (benchmarks only)
+    "onnxscript": ("onnxscript", "bench-runtimes"),
+    "onnxruntime": ("onnxruntime", "bench-runtimes"),
+    "openvino": ("openvino", "bench-runtimes"),
+    "nncf": ("nncf", "bench-runtimes"),
 }
 
 

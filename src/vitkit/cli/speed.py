@@ -21,6 +21,23 @@ def run_settings(quick: bool, models: list[str], batch_sizes: list[int], repeats
     return {key: defaults[key] if value is None else value for key, value in given.items()}
 
 
+def runtime_contenders() -> tuple[list[str], dict[str, str]]:
+    """The contenders --runtimes adds on this machine, and those it cannot time with the reason."""
+    from .. import bench as B
+    from ..bench_runtimes import available
+    from ..cpu.hardware import cpu_has_native_bf16
+
+    add, skipped = [], {}
+    for name in ("vitkit-bf16", *B.RUNTIME_CONTENDERS):
+        native = cpu_has_native_bf16() or not name.endswith("bf16")
+        if name in ("vitkit-bf16", "timm-compiled") and native or native and available(name):
+            add.append(name)
+        else:
+            skipped[name] = ("this CPU has no native bf16" if not native else
+                             "its runtime is not installed: pip install 'vitkit[bench-runtimes]'")
+    return add, skipped
+
+
 def bench(
     model: list[str] = typer.Option(
         [], "--model", "-m", help="Preset to measure; repeat for several. Default: ViT-S/16 and ViT-B/16 "
@@ -45,6 +62,11 @@ def bench(
                                     "-m, -b, -r and --warmup still choose."),
     json_path: Path = typer.Option(None, "--json",
                                    help="Also write the full results (every time) as JSON here."),
+    runtimes: bool = typer.Option(False, "--runtimes",
+                                  help="Also time what a deploying user would run instead: ONNX Runtime and "
+                                       "OpenVINO at fp32, int8 and (on a CPU with native bf16) bf16, and "
+                                       "timm through torch.compile; vitkit-bf16 beside OpenVINO's bf16. "
+                                       "pip install 'vitkit[bench-runtimes]'."),
 ) -> None:
     """Inference speed of vitkit against timm, Hugging Face and torchvision, in one process.
 
@@ -64,9 +86,15 @@ def bench(
     from .main import UsageError
 
     run = run_settings(quick, model, batch, repeats, warmup)
+    contenders = list(contender) or list(B.CONTENDERS)
+    if runtimes:
+        extra, skipped = runtime_contenders()
+        contenders += [c for c in extra if c not in contenders]
+        for name, why in skipped.items():
+            typer.echo(f"note: {name} is not timed: {why}", err=True)
     config = B.BenchConfig(models=tuple(run["models"]), batch_sizes=tuple(run["batch_sizes"]),
                            repeats=run["repeats"], warmup=run["warmup"],
-                           contenders=tuple(contender) or B.CONTENDERS, threads=threads or None)
+                           contenders=tuple(contenders), threads=threads or None)
 
     for name in config.models:
         get_preset(name)  # an unknown name fails here, before minutes of measuring
