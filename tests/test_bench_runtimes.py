@@ -1,8 +1,15 @@
 """The runtimes `vitkit bench --runtimes` times vitkit against (ONNX Runtime, OpenVINO, timm through
 torch.compile): each computes the same function as the vitkit model it starts from, and the harness pairs
-vitkit's optimized models with the faster runtime at their precision."""
+vitkit's optimized models with the faster runtime at their precision.
+
+Each check runs in a process of its own (`in_child`): OpenVINO's thread pools and inductor's `freezing`
+setting are process-wide, and a later fork of the test process (a subprocess test) crashed with them."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,12 +33,9 @@ def needs(name: str) -> None:
                     "lacks native bf16")
 
 
-@pytest.mark.parametrize("name, atol", [("ort-fp32", 1e-4), ("openvino-fp32", 1e-4), ("ort-int8", 0.1),
-                                        ("openvino-int8", 0.1), ("openvino-bf16", 0.1)])
-def test_each_runtime_computes_the_vitkit_models_function(name, atol):
+def check_runtime(name, atol):
     """The exported model's logits at two batch sizes (one compilation each), within fp32's rounding for the
     fp32 runtimes and within the quantisation's error (logits of about 1) for int8 and bf16."""
-    needs(name)
     model = plain_model()
     runtime = (build_ort if name.startswith("ort") else build_openvino)(model, name.split("-")[1])
     for batch in (1, 3):
@@ -53,12 +57,10 @@ def test_a_missing_runtime_names_the_extra(monkeypatch):
         build_openvino(plain_model(), "fp32")
 
 
-def test_the_harness_pairs_vitkit_with_the_faster_runtime_at_its_precision():
+def check_harness():
     """A tiny end-to-end run with the fp32 runtimes (and int8 where installed): vitkit-fp32-opt's row carries
     its paired ratio to the faster of them, a runtime's row none."""
     fp32 = [r for r in ("ort-fp32", "openvino-fp32") if available(r)]
-    if not fp32:
-        pytest.skip("no inference runtime installed (pip install 'vitkit[bench-runtimes]')")
     config = bench.BenchConfig(models=(TINY,), batch_sizes=(2,), repeats=2, warmup=1, sgemm_size=128,
                                threads=1, contenders=("vitkit-fp32-opt", "timm", *fp32))
     rows = {r["contender"]: r for r in bench.run(config)["rows"]}
@@ -69,7 +71,7 @@ def test_the_harness_pairs_vitkit_with_the_faster_runtime_at_its_precision():
     assert set(RUNTIMES) <= set(bench.BUILDERS) and "timm-compiled" in bench.BUILDERS
 
 
-def test_timm_compiled_is_timms_function():
+def check_timm_compiled():
     """torch.compile (inductor, freezing) of timm's model computes what timm's eager model does."""
     torch.manual_seed(0)
     eager = bench.build_timm(TINY).eval()
@@ -78,3 +80,34 @@ def test_timm_compiled_is_timms_function():
     x = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x), eager(x), atol=1e-5, rtol=1e-5)
+
+
+def in_child(call: str) -> None:
+    """Run `call` (an expression over this module's names) in a fresh Python process; its failure fails
+    here."""
+    here = str(Path(__file__).parent)
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_bench_runtimes as t; t.{call}"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name, atol", [("ort-fp32", 1e-4), ("openvino-fp32", 1e-4), ("ort-int8", 0.1),
+                                        ("openvino-int8", 0.1), ("openvino-bf16", 0.1)])
+def test_each_runtime_computes_the_vitkit_models_function(name, atol):
+    """The exported model's logits at two batch sizes (one compilation each), within fp32's rounding for the
+    fp32 runtimes and within the quantisation's error (logits of about 1) for int8 and bf16."""
+    needs(name)
+    in_child(f"check_runtime({name!r}, {atol!r})")
+
+
+def test_the_harness_pairs_vitkit_with_the_faster_runtime_at_its_precision():
+    """A tiny end-to-end run with the fp32 runtimes: vitkit-fp32-opt's row carries its paired ratio to the
+    faster of them, a runtime's row none."""
+    if not any(available(r) for r in ("ort-fp32", "openvino-fp32")):
+        pytest.skip("no inference runtime installed (pip install 'vitkit[bench-runtimes]')")
+    in_child("check_harness()")
+
+
+def test_timm_compiled_is_timms_function():
+    """torch.compile (inductor, freezing) of timm's model computes what timm's eager model does."""
+    in_child("check_timm_compiled()")
