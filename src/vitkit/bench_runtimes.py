@@ -48,30 +48,36 @@ def available(name: str) -> bool:
     return all(extra_available(m) for m in MODULES[name.split("-")[0]])
 
 
-class Runtime:
-    """A runtime's compiled model, called like a module: the first call at an input shape compiles for it
-    (`compile(shape) -> run`), later calls run it. Returns the logits as a tensor."""
+Compile = Callable[[Path, tuple[int, ...]], Callable[[np.ndarray], np.ndarray]]
 
-    def __init__(self, compile_for: Callable[[tuple[int, ...]], Callable[[np.ndarray], np.ndarray]]):
-        self.compile_for = compile_for
+
+class Runtime:
+    """A runtime's compiled model, called like a module: the first call exports `model` to ONNX (once, into
+    a folder of its own), and the first call at each input shape compiles for it (`compile_for(onnx_path,
+    shape) -> run`); later calls run it. Returns the logits as a tensor."""
+
+    def __init__(self, model: torch.nn.Module, compile_for: Compile):
+        self.model, self.compile_for = model, compile_for
         self.compiled: dict[tuple[int, ...], Callable[[np.ndarray], np.ndarray]] = {}
         self.folder = tempfile.TemporaryDirectory(prefix="vitkit-runtime-")
 
     def eval(self) -> Runtime:
         return self
 
+    def onnx(self) -> Path:
+        path = Path(self.folder.name) / "model.onnx"
+        if not path.exists():
+            from .export import export_onnx
+
+            export_onnx(self.model, path)
+        return path
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = tuple(x.shape)
         run = self.compiled.get(shape)
         if run is None:
-            run = self.compiled[shape] = self.compile_for(shape)
+            run = self.compiled[shape] = self.compile_for(self.onnx(), shape)
         return torch.from_numpy(np.asarray(run(x.detach().numpy())))
-
-
-def _exported(model: torch.nn.Module, folder: str) -> Path:
-    from .export import export_onnx
-
-    return export_onnx(model, Path(folder) / "model.onnx")
 
 
 def build_ort(model: torch.nn.Module, precision: str) -> Runtime:
@@ -79,28 +85,21 @@ def build_ort(model: torch.nn.Module, precision: str) -> Runtime:
     _need("ort")
     import onnxruntime as ort
 
-    runtime: Runtime
-
-    def compile_for(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
-        path = runtime.folder.name + "/model.onnx"
-        if not Path(path).exists():
-            _exported(model, runtime.folder.name)
+    def compile_for(path: Path, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
         if precision == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            int8 = runtime.folder.name + "/model-int8.onnx"
-            if not Path(int8).exists():
-                quantize_dynamic(path, int8, weight_type=QuantType.QInt8)
-            path = int8
+            fp32, path = path, path.with_name("model-int8.onnx")
+            if not path.exists():
+                quantize_dynamic(fp32, path, weight_type=QuantType.QInt8)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         name = session.get_inputs()[0].name
         return lambda x: session.run(None, {name: x})[0]
 
-    runtime = Runtime(compile_for)
-    return runtime
+    return Runtime(model, compile_for)
 
 
 def build_openvino(model: torch.nn.Module, precision: str, calibration_size: int = 32) -> Runtime:
@@ -108,12 +107,7 @@ def build_openvino(model: torch.nn.Module, precision: str, calibration_size: int
     _need("openvino")
     import openvino as ov
 
-    runtime: Runtime
-
-    def compile_for(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
-        path = Path(runtime.folder.name) / "model.onnx"
-        if not path.exists():
-            _exported(model, runtime.folder.name)
+    def compile_for(path: Path, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
         core = ov.Core()
         graph = core.read_model(str(path))
         graph.reshape({graph.inputs[0].any_name: list(shape)})
@@ -132,8 +126,7 @@ def build_openvino(model: torch.nn.Module, precision: str, calibration_size: int
         request = compiled.create_infer_request()
         return lambda x: request.infer({0: x})[compiled.outputs[0]]
 
-    runtime = Runtime(compile_for)
-    return runtime
+    return Runtime(model, compile_for)
 
 
 def builders(make_model: Callable[[ViTConfig], torch.nn.Module]) -> dict[str, Callable[[ViTConfig], Runtime]]:

@@ -29,12 +29,12 @@ def runtime_contenders() -> tuple[list[str], dict[str, str]]:
 
     add, skipped = [], {}
     for name in ("vitkit-bf16", *B.RUNTIME_CONTENDERS):
-        native = cpu_has_native_bf16() or not name.endswith("bf16")
-        if name in ("vitkit-bf16", "timm-compiled") and native or native and available(name):
-            add.append(name)
+        if name.endswith("bf16") and not cpu_has_native_bf16():
+            skipped[name] = "this CPU has no native bf16"
+        elif name in B.RUNTIMES and not available(name):
+            skipped[name] = "its runtime is not installed: pip install 'vitkit[bench-runtimes]'"
         else:
-            skipped[name] = ("this CPU has no native bf16" if not native else
-                             "its runtime is not installed: pip install 'vitkit[bench-runtimes]'")
+            add.append(name)
     return add, skipped
 
 

@@ -130,8 +130,8 @@ class Batcher(Generic[T, R]):
             self._wakeup.clear()
             await self._wakeup.wait()
         deadline = self._pending[0].arrived + self.max_delay
-        # one timer for the batch's deadline; submissions wake the worker only once the batch could be full
-        self._wake_at = self.max_batch_size
+        # One timer for the batch's deadline. A submission wakes the worker only when it could end the wait:
+        # any new item where `all_here` is asked again, else the one that fills the batch.
         timer = loop.call_at(deadline, self._wakeup.set)
         try:
             while self.depth < self.max_batch_size and loop.time() < deadline:

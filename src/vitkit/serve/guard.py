@@ -124,8 +124,9 @@ class Guard:
                 self.gate.in_flight -= 1
         finally:
             endpoint = endpoint_label(scope["path"])
-            self.series(endpoint, status)[0].inc()
-            self.series(endpoint, status)[1].observe(time.monotonic() - start)
+            requests, latency = self.series(endpoint, status)
+            requests.inc()
+            latency.observe(time.monotonic() - start)
 
 
 async def drain(receive: Receive) -> bool:
