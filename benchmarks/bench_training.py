@@ -1,10 +1,17 @@
-"""Training-step speed (forward, loss, backward, AdamW) of vitkit against timm's VisionTransformer.
+"""Training-step speed (forward, loss, backward, AdamW) of vitkit against timm's VisionTransformer, eager
+and through `torch.compile`.
 
 Both models have the same architecture and random weights, train on the same random batch, and their steps
 are timed interleaved in a fresh random order each round; img/s are medians, the ratio is paired (the median
 over rounds of timm's time over vitkit's in the same round). The models: ViT-S/16 at 224 px, and the
 models of the Fashion-MNIST recipes in vitkit.train.recipes (`fashion-mnist` and `demo`), at the recipes'
-batch size.
+batch size, all in fp32.
+
+The contenders: `vitkit` (accelerated, as the trainer runs it by default), `timm` (eager) and, unless
+`--no-compile`, `timm-compiled` (timm's model through torch.compile, inductor, the way a timm user speeds up
+training) and `vitkit-compiled` (the trainer's `compile=true` path: the accelerated model through
+torch.compile). `trainer` names the path vitkit's trainer takes for the cell (compiled where the recipe sets
+`compile`), and `ratio_trainer_over_timm_compiled` is that path against timm compiled.
 
     .venv/bin/python benchmarks/bench_training.py --threads 1                 # the table
     .venv/bin/python benchmarks/bench_training.py --threads 1 --profile       # where the time goes first
@@ -39,6 +46,7 @@ from vitkit.bench import build_timm, paired_ratio, write_json
 from vitkit.config import ViTConfig
 from vitkit.cpu import autotune
 from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine, training_engine
+from vitkit.train.one_step import compiled
 from vitkit.train.optim import build_optimizer
 from vitkit.train.settings import OptimConfig
 
@@ -47,12 +55,19 @@ from vitkit.train.settings import OptimConfig
 OPTIMIZERS = ("trainer", "torch-default")
 
 
-def recipe_cell(name: str) -> tuple[ViTConfig, int]:
-    """The model and batch size of a training recipe (vitkit.train.recipes)."""
+def recipe_cell(name: str) -> tuple[ViTConfig, int, bool]:
+    """The model, batch size and `compile` setting of a training recipe (vitkit.train.recipes)."""
     from vitkit.train.recipes import get_recipe
 
     recipe = get_recipe(name)
-    return recipe.model.replace(name=f"recipe {name}"), recipe.batch_size
+    return recipe.model.replace(name=f"recipe {name}"), recipe.batch_size, recipe.compile
+
+
+def default_cell(name: str, batch: int) -> tuple[ViTConfig, int, bool]:
+    """A preset at `batch`, with the trainer's default `compile` setting (vitkit.train.settings)."""
+    from vitkit.train.settings import TrainConfig
+
+    return vitkit.get_config(name), batch, TrainConfig().compile
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
@@ -78,18 +93,25 @@ def step_optimizer(model: nn.Module, optimizer: str = "trainer") -> torch.optim.
 
 
 def contenders(cfg: ViTConfig, batch: int, engines: Sequence[str] = (),
-               optimizer: str = "trainer") -> dict[str, Callable[[], None]]:
-    """The steps to time: "vitkit" (as the trainer runs it), one "vitkit[ENGINE]" per engine in `engines`, and
-    "timm", each with its own `step_optimizer(model, optimizer)`."""
+               optimizer: str = "trainer", compile: bool = False) -> dict[str, Callable[[], None]]:
+    """The steps to time: "vitkit" (as the trainer runs it), one "vitkit[ENGINE]" per engine in `engines`,
+    "timm", and with `compile` "timm-compiled" and "vitkit-compiled" (torch.compile, inductor, of the forward
+    pass, as vitkit's trainer compiles); each with its own `step_optimizer(model, optimizer)`."""
     torch.manual_seed(0)
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
     models = [("vitkit", vitkit.accelerate(vitkit.create_model(cfg)), None)]  # as vitkit's trainer runs it
     models += [(f"vitkit[{e}]", vitkit.accelerate(vitkit.create_model(cfg)), e) for e in engines]
+    models.append(("timm", build_timm(cfg), None))
+    if compile:
+        models += [("timm-compiled", build_timm(cfg), None),
+                   ("vitkit-compiled", vitkit.accelerate(vitkit.create_model(cfg)), None)]
     steps = {}
-    for name, model, engine in [*models, ("timm", build_timm(cfg), None)]:
+    for name, model, engine in models:
         model.train()
-        steps[name] = train_step(model, step_optimizer(model, optimizer), x, y, engine)
+        opt = step_optimizer(model, optimizer)  # over the module's own parameters, compiled or not
+        net = compiled(model, torch.device("cpu")) if name.endswith("-compiled") else model
+        steps[name] = train_step(net, opt, x, y, engine)
     return steps
 
 
@@ -119,8 +141,12 @@ def profile(cfg: ViTConfig, batch: int, rows: int, optimizer: str = "trainer") -
 
 
 def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int, engines: Sequence[str] = (),
-            optimizer: str = "trainer") -> dict:
-    steps = contenders(cfg, batch, engines, optimizer)
+            optimizer: str = "trainer", compile: bool = False, trainer_compiles: bool = False) -> dict:
+    """Time the contenders' steps; `trainer_compiles`: the trainer's path for this cell is the compiled one
+    (needs `compile`)."""
+    if trainer_compiles and not compile:
+        raise ValueError("the trainer compiles this cell: time it with compile=True")
+    steps = contenders(cfg, batch, engines, optimizer, compile)
     for _ in range(warmup):
         for step in steps.values():
             step()
@@ -137,16 +163,26 @@ def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int, en
     main = "vitkit"
     # paired: the median over rounds of timm's step time over vitkit's in the same round (see paired_ratio)
     ratios = {name: paired_ratio(times[name], [times["timm"]]) for name in steps if name != "timm"}
-    return {
+    by_engine = {k: v for k, v in ratios.items() if k.startswith("vitkit[")}
+    result = {
         "model": cfg.name, "batch": batch, "threads": torch.get_num_threads(),
         "training_engine": "per shape, timed" if autotune.enabled() else training_engine(),
         "optimizer": optimizer,
         "images_per_s": {name: batch / m for name, m in med.items()},
         "ratio_vitkit_over_timm": ratios[main],
         "ratio_of_medians": med["timm"] / med[main],
-        **({"ratio_over_timm_by_engine": {k: v for k, v in ratios.items() if k != main}} if engines else {}),
+        **({"ratio_over_timm_by_engine": by_engine} if engines else {}),
         "seconds": times,
     }
+    if compile:
+        trainer = "vitkit-compiled" if trainer_compiles else main
+        result.update({
+            "trainer": trainer,
+            "ratio_trainer_over_timm_compiled": paired_ratio(times[trainer], [times["timm-compiled"]]),
+            "ratio_vitkit_compiled_over_timm_compiled": paired_ratio(times["vitkit-compiled"],
+                                                                     [times["timm-compiled"]]),
+        })
+    return result
 
 
 def main() -> None:
@@ -164,6 +200,9 @@ def main() -> None:
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="trainer",
                    help="both models' optimizer: vitkit's trainer's AdamW (fused where torch has it), or "
                         "torch's AdamW with its defaults")
+    p.add_argument("--no-compile", action="store_true",
+                   help="leave out the torch.compile contenders (timm-compiled, vitkit-compiled), which take "
+                        "a minute or two to compile")
     p.add_argument("--profile", action="store_true", help="print the profiler's operator tables and exit")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
@@ -171,23 +210,28 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     cells = []
     if args.only in (None, "vit-s"):
-        cells.append((vitkit.get_config("ViT-S/16"), args.vit_batch))
+        cells.append(default_cell("ViT-S/16", args.vit_batch))
     if args.only in (None, "recipes"):
         cells += [recipe_cell(name) for name in args.recipe or ["fashion-mnist", "demo"]]
     if args.profile:
-        for cfg, batch in cells:
+        for cfg, batch, _ in cells:
             profile(cfg, batch, rows=18, optimizer=args.optimizer)
         return
     results = []
-    for cfg, batch in cells:
+    for cfg, batch, trainer_compiles in cells:
         r = measure(cfg, batch, args.repeats, args.warmup, seed=0,
-                    engines=TRAINING_ENGINES if args.engines else (), optimizer=args.optimizer)
+                    engines=TRAINING_ENGINES if args.engines else (), optimizer=args.optimizer,
+                    compile=not args.no_compile, trainer_compiles=trainer_compiles and not args.no_compile)
         results.append(r)
         ips = r["images_per_s"]
         line = ", ".join(f"{name} {v:8.2f} img/s" for name, v in ips.items())
         print(f"{r['model']:>22} batch {batch:>4} threads {r['threads']}: {line}, vitkit/timm "
               f"{r['ratio_vitkit_over_timm']:.3f}x (engine {r['training_engine']}, optimizer "
               f"{args.optimizer})")
+        if "trainer" in r:
+            print(f"{'':>22} trainer ({r['trainer']})/timm-compiled "
+                  f"{r['ratio_trainer_over_timm_compiled']:.3f}x, vitkit-compiled/timm-compiled "
+                  f"{r['ratio_vitkit_compiled_over_timm_compiled']:.3f}x")
         for name, ratio in r.get("ratio_over_timm_by_engine", {}).items():
             print(f"{'':>22} {name}/timm {ratio:.3f}x")
     if args.json:
