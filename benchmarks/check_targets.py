@@ -2,9 +2,9 @@
 do not, run by run, with the weakest cell of each.
 
 A run is the files one full measurement writes (benchmarks/target_runs.sh writes them all into
-benchmarks/results/): `vitkit bench --json` at batch 1 and at batch 16, `benchmarks/bench_training.py
---json`, and, where measured, `benchmarks/bench_inference.py agreement --json`. Each file is recognised by
-what it holds.
+benchmarks/results/): `vitkit bench --json` at batch 1 and at batch 16, `vitkit bench --runtimes --json`
+(ONNX Runtime and OpenVINO beside `optimize`'s models), `benchmarks/bench_training.py --json`, and, where
+measured, `benchmarks/bench_inference.py agreement --json`. Each file is recognised by what it holds.
 
     R=benchmarks/results
     python benchmarks/check_targets.py \\
@@ -33,13 +33,16 @@ Cell = tuple[str, float]  # (where: "ViT-S/16 b1", value)
 
 @dataclass
 class Run:
-    """The figures of one run: inference rows of `vitkit bench`, training cells, agreement results."""
+    """The figures of one run: inference rows of `vitkit bench`, those of `vitkit bench --runtimes` (kept
+    apart: their anchors are fewer, so their `vs_best_anchor` is not the eager targets'), training cells,
+    agreement results."""
 
     name: str
     inference: list[dict]
     training: list[dict]
     agreement: list[dict]
     machines: list[dict]
+    runtimes: list[dict]
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,12 @@ class Target:
 
 
 # The keys each kind of file's entries must have for the targets to be read off them.
-REQUIRED_KEYS = {"inference": ("model", "batch", "contender"), "training": ("model", "batch"),
-                 "agreement": ()}
+REQUIRED_KEYS = {"inference": ("model", "batch", "contender"), "runtimes": ("model", "batch", "contender"),
+                 "training": ("model", "batch"), "agreement": ()}
+
+# The contenders that only `vitkit bench --runtimes` times (vitkit.bench.RUNTIME_CONTENDERS).
+RUNTIME_CONTENDERS = ("timm-compiled", "ort-fp32", "ort-int8", "openvino-fp32", "openvino-bf16",
+                      "openvino-int8")
 
 
 class InputError(ValueError):
@@ -71,8 +78,22 @@ def inference_cells(contender: str, measure: str, model: str | None = None,
     return pick
 
 
+def runtime_cells(contender: str) -> Callable[[Run], list[Cell]]:
+    """`contender`'s ratio to the faster of ONNX Runtime and OpenVINO at its precision, per cell."""
+    def pick(run: Run) -> list[Cell]:
+        return [(f"{r['model']} b{r['batch']}", float(r["vs_best_runtime"])) for r in run.runtimes
+                if r["contender"] == contender and r.get("vs_best_runtime") is not None]
+    return pick
+
+
 def training_cells(run: Run) -> list[Cell]:
     return [(f"{r['model']} b{r['batch']}", float(r["ratio_vitkit_over_timm"])) for r in run.training]
+
+
+def compiled_training_cells(run: Run) -> list[Cell]:
+    """The trainer's path for each cell against timm through torch.compile (files with compiled steps)."""
+    key = "ratio_trainer_over_timm_compiled"
+    return [(f"{r['model']} b{r['batch']}", float(r[key])) for r in run.training if key in r]
 
 
 def agreement_cells(run: Run) -> list[Cell]:
@@ -91,13 +112,22 @@ TARGETS: tuple[Target, ...] = (
            inference_cells("vitkit-int8", "vs_best_anchor"), needs_vnni=True),
     Target("int8 top-1 agreement with fp32 >= 99 %", 0.99, agreement_cells, unit="%"),
     Target("training step >= 1.1x timm", 1.1, training_cells),
+    Target("training step (the trainer's path) >= 1.1x timm through torch.compile", 1.1,
+           compiled_training_cells),
+    Target("`optimize(fp32)` >= 1.05x the faster of OpenVINO and ONNX Runtime at fp32, every cell", 1.05,
+           runtime_cells("vitkit-fp32-opt")),
+    Target("`optimize(int8)` >= 1.1x the faster of OpenVINO and ONNX Runtime at int8, every cell", 1.1,
+           runtime_cells("vitkit-int8")),
+    Target("`optimize(bf16)` >= 1.1x OpenVINO at bf16, every cell (CPUs with native bf16)", 1.1,
+           runtime_cells("vitkit-bf16")),
 )
 
 
 def classify(path: Path, data: object) -> str:
     """Which benchmark wrote this file: "inference", "training" or "agreement"."""
     if isinstance(data, dict) and isinstance(data.get("rows"), list):
-        return "inference"
+        runtimes = any(isinstance(r, dict) and r.get("contender") in RUNTIME_CONTENDERS for r in data["rows"])
+        return "runtimes" if runtimes else "inference"
     if isinstance(data, dict) and "int8_top1_agreement_with_fp32" in data:
         return "agreement"
     if isinstance(data, list) and data and all(isinstance(r, dict) and "ratio_vitkit_over_timm" in r
@@ -108,7 +138,7 @@ def classify(path: Path, data: object) -> str:
 
 
 def load_run(name: str, paths: list[Path]) -> Run:
-    run = Run(name, [], [], [], [])
+    run = Run(name, [], [], [], [], [])
     for path in paths:
         try:
             data = json.loads(path.read_text())
@@ -117,13 +147,14 @@ def load_run(name: str, paths: list[Path]) -> Run:
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(f"{path}: cannot read it as JSON ({e})") from None
         kind = classify(path, data)
-        entries = data["rows"] if kind == "inference" else data if kind == "training" else [data]
+        entries = (data["rows"] if kind in ("inference", "runtimes") else data if kind == "training"
+                   else [data])
         for entry in entries:
             missing = [k for k in REQUIRED_KEYS[kind] if not isinstance(entry, dict) or k not in entry]
             if missing:
                 raise InputError(f"{path}: a {kind} entry without {', '.join(missing)}: {str(entry)[:80]}")
         getattr(run, kind).extend(entries)
-        if kind == "inference":
+        if kind in ("inference", "runtimes"):
             run.machines.append(data.get("machine", {}))
     return run
 

@@ -42,7 +42,7 @@ def test_two_runs_read_as_their_files_say():
     target. Each run's weakest cell is the minimum of the files' own figures."""
     results, runs = check_targets.check([run_files(3), run_files(4) + f",{AGREEMENT}"])
     t = by_target(results)
-    plain, fp32, mfu, int8, agreement, training = (t[x.text] for x in check_targets.TARGETS)
+    plain, fp32, mfu, int8, agreement, training = (t[x.text] for x in check_targets.TARGETS[:6])
     assert plain["verdict"] == "met" and mfu["verdict"] == "met" and int8["verdict"] == "met"
     assert training["verdict"] == "met" and agreement["verdict"] == "met"
     assert fp32["verdict"] == "short in 1 of 2 runs"
@@ -140,15 +140,18 @@ def test_target_runs_script_refuses_bad_settings(tmp_path):
 
 @pytest.mark.slow
 def test_target_runs_script_end_to_end_on_a_tiny_setting(tmp_path):
-    """One run of the real commands at the smallest setting (ViT-Ti/32, one round, the demo recipe's step):
-    every file written, and the exit status is the checker's verdict on them."""
+    """One run of the real commands at the smallest setting (ViT-Ti/32, one round, the demo recipe's eager
+    step; the runtimes and the compiled steps, minutes of exporting and compiling, left out as the settings
+    say; tests/test_bench_runtimes.py and tests/test_bench_training.py run those): every file written, and
+    the exit status is the checker's verdict on them."""
     out = tmp_path / "targets"
     env = {
         "RUNS": "1",
+        "RUNTIMES": "0",
         "MODELS": "ViT-Ti/32",
         "B1_REPEATS": "1",
         "B16_REPEATS": "1",
-        "TRAIN_ARGS": "--only recipes --recipe demo --repeats 1 --warmup 0",
+        "TRAIN_ARGS": "--only recipes --recipe demo --repeats 1 --warmup 0 --no-compile",
     }
     done = script(env, str(out), timeout=600)
     assert done.returncode in (0, 1), done.stderr[-2000:]
@@ -159,6 +162,7 @@ def test_target_runs_script_end_to_end_on_a_tiny_setting(tmp_path):
     cells = {t["target"]: t["runs"][0]["cells"] for t in results}
     assert set(cells[check_targets.TARGETS[0].text]) == {"ViT-Ti/32 b1", "ViT-Ti/32 b16"}
     assert set(cells[check_targets.TARGETS[5].text]) == {"recipe demo b128"}
+    assert all(not cells[t.text] for t in check_targets.TARGETS[6:])  # no compiled steps, no runtimes
     assert (0 if check_targets.all_met(results) else 1) == done.returncode
     assert "the speed targets over 1 run(s)" in done.stdout
 
@@ -172,3 +176,40 @@ def check_targets_where() -> str:
         check=True,
     )
     return done.stdout.strip()
+
+
+RUNTIMES = RECORDS / "infer-runtimes_amd-epyc_2026-12-04.json"
+
+
+def test_runtime_and_compiled_training_targets_read_as_the_files_say(tmp_path):
+    """A `vitkit bench --runtimes` file feeds the runtime targets (each contender's `vs_best_runtime`), not
+    the eager ones (its anchors are others); a training file with compiled steps feeds the torch.compile
+    target; files without them leave those targets unmeasured."""
+    train = json.loads(record("train-step", 4).read_text())
+    for i, cell in enumerate(train):
+        cell.update(trainer="vitkit", ratio_trainer_over_timm_compiled=1.2 - 0.15 * i)
+    compiled = tmp_path / "train-step_compiled.json"
+    compiled.write_text(json.dumps(train))
+    results, runs = check_targets.check([f"{record('infer-b1', 4)},{RUNTIMES},{compiled}"])
+    t = by_target(results)
+    by_contender = {}
+    for r in json.loads(RUNTIMES.read_text())["rows"]:
+        if r.get("vs_best_runtime") is not None:
+            by_contender.setdefault(r["contender"], []).append(r["vs_best_runtime"])
+    texts = [x.text for x in check_targets.TARGETS]
+    fp32, int8, bf16 = (t[text] for text in texts[-3:])
+    for target, contender in ((fp32, "vitkit-fp32-opt"), (int8, "vitkit-int8"), (bf16, "vitkit-bf16")):
+        worst = min(by_contender[contender])
+        assert target["runs"][0]["worst"][1] == worst
+        assert target["verdict"] == ("met" if worst >= target["threshold"] else "short in 1 of 1 runs")
+    assert len(runs[0].runtimes) == len(json.loads(RUNTIMES.read_text())["rows"])
+    # the eager targets see only the eager file's rows
+    plain = t[texts[0]]
+    eager = json.loads(record("infer-b1", 4).read_text())["rows"]
+    assert plain["runs"][0]["worst"][1] == min(r["vs_best_anchor"] for r in eager
+                                               if r["contender"] == "vitkit")
+    trained = t[texts[6]]
+    assert trained["runs"][0]["worst"][1] == pytest.approx(1.2 - 0.15 * (len(train) - 1))
+    assert trained["verdict"] == ("met" if 1.2 - 0.15 * (len(train) - 1) >= 1.1 else "short in 1 of 1 runs")
+    results, _ = check_targets.check([run_files(4)])
+    assert all(by_target(results)[text]["verdict"] == "not measured" for text in texts[6:])
