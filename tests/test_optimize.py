@@ -326,6 +326,35 @@ def test_bf16_on_a_cpu_with_native_bf16_is_close():
     torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
 
 
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
+def test_bf16_on_the_cpu_runs_fused_blocks_of_packed_bf16_layers():
+    """On a CPU with native bf16 the bf16 model is the fp32 one's structure in bf16: FusedBlocks whose linear
+    layers are oneDNN-packed bf16 (GELU fused into fc1), the class-token shortcut's few-query block included;
+    every entry point stays close to fp32 at batch 1 and 8, and a conversion out of bf16 is refused."""
+    if not onednn_packing_available():
+        pytest.skip(NO_PACKING)
+    model = tiny_model()
+    fast = optimize(model, "bf16")
+    assert all(isinstance(b, FusedBlock) for b in fast.blocks)
+    linears = [m for m in fast.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.dtype == torch.bfloat16 and m.plain_weight.dtype == torch.bfloat16
+                           for m in linears)
+    assert all(b.mlp.fc1.activation == "gelu" and isinstance(b.mlp.act, nn.Identity) for b in fast.blocks)
+    assert not any(isinstance(m, nn.Linear) for m in fast.modules())
+    with torch.inference_mode():
+        for batch in (1, 8):
+            x = torch.randn(batch, 3, 32, 32)
+            out, ref = fast(x), model(x)
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out, ref, rtol=0, atol=0.05 * ref.abs().max().item())
+        tokens, attn = fast.forward_features(x, return_attention=True)
+        ref_tokens, _ = model.forward_features(x, return_attention=True)
+        assert tokens.dtype == torch.float32 and len(attn) == len(fast.blocks)
+        torch.testing.assert_close(tokens, ref_tokens, rtol=0, atol=0.1)
+    with pytest.raises(TypeError, match="cannot be converted"):
+        fast.float()
+
+
 def test_bf16_keeps_the_fp32_interface_of_every_entry_point():
     # The casts optimize(model, "bf16") adds, run on any CPU (emulated bf16 is slow, not wrong).
     model = tiny_model()

@@ -20,8 +20,11 @@ updates the class token only).
   projection, the LayerNorms and the classifier stay fp32. The function changes slightly: the Fashion-MNIST
   test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
-  CPUs with native bf16 (AVX512-BF16, AMX). Elsewhere it is refused with a ValueError: such CPUs emulate bf16
-  at about a third of the fp32 speed. Logits differ from fp32 by about 1e-2: a different function, like int8.
+  CPUs with native bf16 (AVX512-BF16, AMX), where the blocks are FusedBlocks and every linear layer a bf16
+  PackedLinear (GELU and the residual adds fused in, as in fp32) and the attention runs on the fastest of
+  SDPA's bf16 kernel and vitkit's fp32 operator on the projection cast to fp32. On other CPUs it is refused
+  with a ValueError: they emulate bf16 at about a third of the fp32 speed. Logits differ from fp32 by about
+  1e-2: a different function, like int8.
 
 `compile=False` (the default) never compiles, so the command line can call `optimize(model)` for free;
 `compile=True` applies torch.compile (inductor; with freezing on the CPU), once per batch size it is called
@@ -154,14 +157,20 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
         quantize_linears_int8(fuse_blocks(out))
         if onednn_packing_available():
             pack_linears(out)  # what stays fp32: the patch projection, the classifier
+    elif precision == "bf16" and device.type == "cpu" and onednn_packing_available():
+        # the blocks fused while fp32 (FusedBlock derives its few-query layers from the fp32 weights), then
+        # every linear layer packed in bf16
+        pack_linears(_cast_bf16(fuse_blocks(out)))
     elif precision == "bf16":
         _cast_bf16(out)
     do_compile = compile is True or (compile == "auto" and device.type == "cuda" and precision != "int8")
     if do_compile:
-        if precision == "fp32" and device.type == "cpu":
+        if device.type == "cpu":
             # Inductor does its own weight packing from plain linear layers: start again from them.
             out = with_class_token_shortcut(copy.deepcopy(model).eval())
             out.requires_grad_(False)
+            if precision == "bf16":
+                _cast_bf16(out)
         out = _compile(out, device)
     # No gradients flow through the optimized layers: an input that requires them is detached, so that a
     # backward() through the output fails loudly instead of leaving the input's .grad silently None.

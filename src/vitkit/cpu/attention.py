@@ -17,12 +17,12 @@ its projections go through `vitkit.cpu.linear`, and the attention itself through
 forward-mode AD, no attention dropout, the operator built), else through the explicit products in training on
 short sequences (`explicit_attention_is_faster`), else through PyTorch's SDPA. Under torch.compile the
 operator goes into the compiled graph (its fake kernels give inductor the output shapes) where
-`compiled_operator_applies`, and inductor fuses the elementwise work around it. Under bf16 autocast on the CPU
-the operator may take the projection cast to fp32, as the model's `explicit_attention` computes the attention
-in fp32 there: the timing decides (with 26 tokens of 4 heads of 16, the fashion-mnist recipe's, the bf16
-training step runs about 1.15x faster on it on an Intel Xeon with AMX). Results differ from PyTorch's only
-by float rounding. A second derivative (create_graph=True) comes from PyTorch's operators
-(`differentiable_gradient`).
+`compiled_operator_applies`, and inductor fuses the elementwise work around it. Under bf16 autocast on the
+CPU, and in a model cast to bf16 (`optimize(model, "bf16")`), the operator may take the projection cast to
+fp32, as the model's `explicit_attention` computes the attention in fp32 there: the timing decides (with 26
+tokens of 4 heads of 16, the fashion-mnist recipe's, the bf16 training step runs about 1.15x faster on it on
+an Intel Xeon with AMX). Results differ from PyTorch's only by float rounding. A second derivative
+(create_graph=True) comes from PyTorch's operators (`differentiable_gradient`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..model import Attention, autocast_off, explicit_attention, merge_heads, sp
 from . import autotune
 from .build import attention_available
 from .linear import linear
-from .private import eager_bf16_autocast_on_cpu, eager_fp32_on_cpu, forward_ad_may_be_on
+from .private import eager_bf16_on_cpu, eager_fp32_on_cpu, forward_ad_may_be_on
 
 _sgemm_only = False
 
@@ -135,15 +135,16 @@ def compiled_operator_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
 
 
 def eager_on_cpu(qkv: torch.Tensor) -> bool:
-    """fp32 without autocast, or bf16 of CPU autocast (which the operator takes cast to fp32), in eager
-    mode on the CPU (private.eager_fp32_on_cpu, private.eager_bf16_autocast_on_cpu)."""
-    return eager_fp32_on_cpu(qkv) or eager_bf16_autocast_on_cpu(qkv)
+    """fp32 without autocast, or bf16 (of CPU autocast or a bf16 model; the operator takes it cast to fp32),
+    in eager mode on the CPU (private.eager_fp32_on_cpu, private.eager_bf16_on_cpu)."""
+    return eager_fp32_on_cpu(qkv) or eager_bf16_on_cpu(qkv)
 
 
 def qkv_attention_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
     """Whether `qkv_attention` computes the attention of this projection output (B, T, 3C): fp32 on the CPU
-    without autocast, or bf16 under CPU autocast; not under torch.compile or torch.jit.trace, no torch.func
-    transform or forward-mode AD, no attention dropout, and vitkit's operators available."""
+    without autocast, or bf16 (under CPU autocast, or of a bf16 model); not under torch.compile or
+    torch.jit.trace, no torch.func transform or forward-mode AD, no attention dropout, and vitkit's operators
+    available."""
     return eager_on_cpu(qkv) and qkv.dim() == 3 and dropout == 0.0 and attention_available()
 
 
@@ -234,7 +235,8 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
     grad = torch.is_grad_enabled() and qkv.requires_grad
     B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
     shape = (B, T, heads, width // heads, dropout > 0, operator)  # a choice made with the operator needs it
-    shape += ("bf16-autocast",) if bf16 else ()
+    if bf16:
+        shape += ("bf16-autocast" if torch.is_autocast_enabled("cpu") else "bf16",)
     dtype = qkv.dtype
     return autotune.choose("attention-train" if grad else "attention", shape,
                            lambda: _candidates(B, T, heads, width, dropout, grad, operator, dtype), default)

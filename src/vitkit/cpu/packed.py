@@ -34,7 +34,10 @@ class Unsaved(nn.Module):
     """A layer of optimize's output whose weights live in an opaque packed form, outside its parameters: a
     state dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED); and `.to()`,
     `.double()`, `.half()`, `.cuda()` would convert the model around them, which then fails at its first call,
-    so a conversion to anything but fp32 on the CPU raises TypeError at once."""
+    so a conversion to anything but the layer's dtype (`dtype`, fp32 unless set) on the CPU raises
+    TypeError at once."""
+
+    dtype: torch.dtype = torch.float32
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         raise TypeError(NOT_SAVED)
@@ -43,8 +46,8 @@ class Unsaved(nn.Module):
         raise TypeError(NOT_SAVED)
 
     def _apply(self, fn, recurse=True):
-        probe = fn(torch.zeros(1))  # what the conversion makes of an fp32 CPU tensor
-        if probe.dtype != torch.float32 or probe.device.type != "cpu":
+        probe = fn(torch.zeros(1, dtype=self.dtype))  # what the conversion makes of a CPU tensor of ours
+        if probe.dtype != self.dtype or probe.device.type != "cpu":
             raise TypeError("vitkit.optimize's output runs on the CPU in the precision it was made for, and "
                             f"cannot be converted to {probe.dtype} on {probe.device}: convert the model "
                             "itself and optimize that, e.g. vitkit.optimize(model.to(...), precision=...)")
@@ -63,21 +66,24 @@ class PackedLinear(Unsaved):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        weight = linear.weight.detach().float().contiguous()
+        # bf16 stays bf16 (optimize's bf16 model on a CPU with native bf16); anything else computes in fp32
+        self.dtype = torch.bfloat16 if linear.weight.dtype == torch.bfloat16 else torch.float32
+        weight = linear.weight.detach().to(self.dtype).contiguous()
         # Plain attributes, not buffers: an mkldnn tensor cannot be saved, copied or moved like a dense one.
         self.packed_weight = pack_weight(weight, batch_hint)
         self.plain_weight = weight
-        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.bias = None if linear.bias is None else linear.bias.detach().to(self.dtype).clone()
         self.activation = activation
         self.approximate = approximate if activation == "gelu" else ""
 
     def _check(self, x: torch.Tensor) -> None:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"PackedLinear runs fp32 on the CPU, got {x.dtype} on {x.device}")
+        if x.dtype != self.dtype or x.device.type != "cpu":
+            name = "bf16" if self.dtype == torch.bfloat16 else "fp32"
+            raise ValueError(f"this PackedLinear runs {name} on the CPU, got {x.dtype} on {x.device}")
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T + b by F.linear on the plain weight, in fp32 whatever autocast says (as the packed
-        product)."""
+        """x W^T + b by F.linear on the plain weight, in the layer's dtype whatever autocast says (as the
+        packed product)."""
         with autocast_off(x.device.type):
             return F.linear(x, self.plain_weight, self.bias)
 
@@ -97,10 +103,10 @@ class PackedLinear(Unsaved):
         if n <= MKL_MAX_ROWS:
             return "plain"
         shape = (n, self.in_features, self.out_features, self.bias is not None, self.activation,
-                 self.approximate)
+                 self.approximate) + (("bf16",) if self.dtype == torch.bfloat16 else ())
 
         def candidates():
-            sample = torch.randn(n, self.in_features, generator=autotune.generator())
+            sample = torch.randn(n, self.in_features, generator=autotune.generator()).to(self.dtype)
             return {"plain": lambda: self._plain(sample), "packed": lambda: self._packed(sample)}
 
         default = "plain" if inference_engine(n) == "mkl" else "packed"

@@ -157,10 +157,10 @@ def eager_fp32_on_cpu(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and _eager_on_cpu(x)
 
 
-def eager_bf16_autocast_on_cpu(x: torch.Tensor) -> bool:
-    """Whether `x` is a bf16 tensor of CPU autocast in eager mode (not compiling, not
-    `plain_ops_required`): where an fp32 kernel may take the tensor cast back to fp32."""
-    return x.dtype == torch.bfloat16 and torch.is_autocast_enabled("cpu") and _eager_on_cpu(x)
+def eager_bf16_on_cpu(x: torch.Tensor) -> bool:
+    """Whether `x` is a bf16 tensor on the CPU in eager mode, under autocast or of a model cast to bf16 (not
+    compiling, not `plain_ops_required`): where an fp32 kernel may take the tensor cast to fp32."""
+    return x.dtype == torch.bfloat16 and _eager_on_cpu(x)
 
 
 def extension_library_exists(name: str) -> bool:
