@@ -4,10 +4,14 @@ agreement of a trained checkpoint on the Fashion-MNIST test set.
     .venv/bin/python benchmarks/bench_inference.py speed --threads 1 --json runs/bench-1.json \
         --markdown runs/bench-1.md
     .venv/bin/python benchmarks/bench_inference.py agreement --checkpoint runs/fmnist-demo
+    .venv/bin/python benchmarks/bench_inference.py agreement --checkpoint runs/fm/last --runtimes
 
 `speed` is `vitkit bench` with the same options (see vitkit.bench). `agreement` runs the checkpoint on all
 10,000 test images plain, through optimize('fp32') and through optimize('int8'), and reports the top-1
-agreement of int8 with fp32, both accuracies, the largest fp32 difference and the throughput of each.
+agreement of int8 with fp32, both accuracies, the largest fp32 difference and the throughput of each. With
+`--runtimes` the int8 models of ONNX Runtime (`quantize_dynamic`) and OpenVINO (`nncf.quantize`, calibrated on
+`--calibration` training images, the first of the training split) are measured beside it, each with its
+agreement with fp32 (vitkit.bench_runtimes; the bench-runtimes extra).
 """
 
 from __future__ import annotations
@@ -45,12 +49,22 @@ def run_speed(args: argparse.Namespace) -> None:
             f.write(bench.format_markdown(report))
 
 
-def fashion_mnist_test() -> tuple[torch.Tensor, torch.Tensor]:
-    """The 10,000 test images (uint8, N x 1 x 28 x 28) and labels, through vitkit.data's loader."""
+def fashion_mnist_test(split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
+    """The 10,000 test images (uint8, N x 1 x 28 x 28) and labels, through vitkit.data's loader (or those of
+    `split`)."""
     from vitkit.data import resolve
 
-    ds = resolve("fashion-mnist", "test", download=False)
+    ds = resolve("fashion-mnist", split, download=False)
     return ds.images, ds.targets
+
+
+def runtime_variants(model: torch.nn.Module, calibration: torch.Tensor, size: int) -> dict:
+    """The int8 models of ONNX Runtime and OpenVINO made from `model`; OpenVINO's calibrated on `size` images
+    of `calibration` (model inputs)."""
+    from vitkit.bench_runtimes import build_openvino, build_ort
+
+    return {"ort-int8": build_ort(model, "int8"),
+            "openvino-int8": build_openvino(model, "int8", calibration_size=size, calibration=calibration)}
 
 
 def run_agreement(args: argparse.Namespace) -> None:
@@ -61,6 +75,10 @@ def run_agreement(args: argparse.Namespace) -> None:
     model = vitkit.load(args.checkpoint).eval()
     images, labels = fashion_mnist_test()
     variants = {"fp32": model, "fp32-opt": optimize(model, "fp32"), "int8": optimize(model, "int8")}
+    if args.runtimes:
+        train_images, _ = fashion_mnist_test("train")
+        calibration = normalize_batch(train_images[: args.calibration], model.cfg)
+        variants.update(runtime_variants(model, calibration, args.calibration))
     logits = {name: [] for name in variants}
     seconds = dict.fromkeys(variants, 0.0)
     with torch.inference_mode():
@@ -77,6 +95,9 @@ def run_agreement(args: argparse.Namespace) -> None:
         "checkpoint": str(args.checkpoint), "images": n, "threads": torch.get_num_threads(),
         "accuracy": {name: (p == labels).float().mean().item() for name, p in pred.items()},
         "int8_top1_agreement_with_fp32": (pred["int8"] == pred["fp32"]).float().mean().item(),
+        **({"top1_agreement_with_fp32": {name: (pred[name] == pred["fp32"]).float().mean().item()
+                                         for name in pred if name != "fp32"},
+            "calibration_images": args.calibration} if args.runtimes else {}),
         "int8_disagreements": int((pred["int8"] != pred["fp32"]).sum()),
         "fp32_opt_max_abs_diff": (out["fp32-opt"] - out["fp32"]).abs().max().item(),
         "int8_max_abs_diff": (out["int8"] - out["fp32"]).abs().max().item(),
@@ -105,6 +126,10 @@ def main() -> None:
     a.add_argument("--batch-size", type=int, default=250)
     a.add_argument("--threads", "-t", type=int, default=0)
     a.add_argument("--json", default=None)
+    a.add_argument("--runtimes", action="store_true",
+                   help="also ONNX Runtime's and OpenVINO's int8 models (the bench-runtimes extra)")
+    a.add_argument("--calibration", type=int, default=500,
+                   help="training images OpenVINO's int8 model is calibrated on (with --runtimes)")
     args = p.parse_args()
     if args.command == "speed":
         args.model = args.model or ["ViT-S/16", "ViT-B/16"]

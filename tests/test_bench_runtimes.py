@@ -111,3 +111,20 @@ def test_the_harness_pairs_vitkit_with_the_faster_runtime_at_its_precision():
 def test_timm_compiled_is_timms_function():
     """torch.compile (inductor, freezing) of timm's model computes what timm's eager model does."""
     in_child("check_timm_compiled()")
+
+
+def test_calibration_batches_take_the_given_images_in_batches_of_the_shape():
+    """OpenVINO's int8 calibration: consecutive full batches of the given images (a short last one dropped),
+    about `size` images in all; random ones of the shape, seeded, without images; too few images for one
+    batch is an error naming both counts."""
+    from vitkit.bench_runtimes import calibration_batches
+
+    images = torch.arange(10 * 3 * 2 * 2, dtype=torch.float32).reshape(10, 3, 2, 2)
+    batches = calibration_batches((4, 3, 2, 2), 8, images)
+    assert len(batches) == 2 and all(b.shape == (4, 3, 2, 2) for b in batches)
+    assert (batches[1] == images[4:8].numpy()).all()
+    assert len(calibration_batches((4, 3, 2, 2), 100, images)) == 2  # 10 images: two full batches
+    random = calibration_batches((2, 3, 2, 2), 6)
+    assert len(random) == 3 and (random[0] == calibration_batches((2, 3, 2, 2), 6)[0]).all()
+    with pytest.raises(ValueError, match="3 calibration images make no batch of 4"):
+        calibration_batches((4, 3, 2, 2), 8, images[:3])

@@ -102,8 +102,25 @@ def build_ort(model: torch.nn.Module, precision: str) -> Runtime:
     return Runtime(model, compile_for)
 
 
-def build_openvino(model: torch.nn.Module, precision: str, calibration_size: int = 32) -> Runtime:
-    """`model` through OpenVINO's CPU plugin at `precision` ("fp32", "bf16" or "int8")."""
+def calibration_batches(shape: tuple[int, ...], size: int, images: torch.Tensor | None = None,
+                        seed: int = 0) -> list[np.ndarray]:
+    """Inputs of `shape` for int8 calibration, about `size` images in all: consecutive batches of `images`
+    (model inputs, as preprocessed; a short last batch dropped) where given, else seeded random ones."""
+    if images is not None:
+        b = shape[0]
+        batches = [images[i: i + b].numpy() for i in range(0, len(images) - b + 1, b)][: max(1, size // b)]
+        if not batches:
+            raise ValueError(f"{len(images)} calibration images make no batch of {b}")
+        return batches
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).numpy() for _ in range(max(1, size // shape[0]))]
+
+
+def build_openvino(model: torch.nn.Module, precision: str, calibration_size: int = 32,
+                   calibration: torch.Tensor | None = None) -> Runtime:
+    """`model` through OpenVINO's CPU plugin at `precision` ("fp32", "bf16" or "int8"). int8 is calibrated on
+    `calibration_size` images: of `calibration` (model inputs, as preprocessed) where given, as a deploying
+    user would on their own data, else random ones (enough for timing)."""
     _need("openvino")
     import openvino as ov
 
@@ -115,9 +132,7 @@ def build_openvino(model: torch.nn.Module, precision: str, calibration_size: int
         if precision == "int8":
             import nncf
 
-            g = torch.Generator().manual_seed(0)
-            count = max(1, calibration_size // shape[0])
-            samples = [torch.randn(shape, generator=g).numpy() for _ in range(count)]
+            samples = calibration_batches(shape, calibration_size, calibration)
             graph = nncf.quantize(graph, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(samples))
         else:
