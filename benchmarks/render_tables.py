@@ -14,7 +14,8 @@ Tables: `speed` (inference and training-step ratios to the fastest of timm, Hugg
 range over the runs of one day), `speed-runs` (the same, run by run), `agreement` (int8 against fp32),
 `recipes` (what each training recipe reached, in how long, where, and the split it chose on), `recipe-seeds`
 (the test top-1 of runs that chose on a held-out part, mean ± sd over their seeds), `gpu` (ViT-B/16
-against timm on a GPU) and `serve` (vitkit serve against LitServe and mosec).
+against timm on a GPU), `serve` (vitkit serve against LitServe and mosec) and `runtimes` (optimize's models
+against OpenVINO, ONNX Runtime and timm compiled, `vitkit bench --runtimes`).
 """
 
 from __future__ import annotations
@@ -259,6 +260,59 @@ def gpu(recs: list[Record], where: str, date: str) -> str:
     return "\n".join(lines)
 
 
+# `vitkit bench --runtimes`'s columns: (contender, heading); the vitkit ones also give their ratio to the
+# faster runtime at their precision.
+RUNTIME_COLUMNS = (
+    ("timm", "timm eager"), ("timm-compiled", "timm compiled"),
+    ("vitkit-fp32-opt", "vitkit fp32"), ("openvino-fp32", "OpenVINO fp32"), ("ort-fp32", "ORT fp32"),
+    ("vitkit-int8", "vitkit int8"), ("openvino-int8", "OpenVINO int8"), ("ort-int8", "ORT int8"),
+    ("vitkit-bf16", "vitkit bf16"), ("openvino-bf16", "OpenVINO bf16"),
+)
+
+
+def runtimes(recs: list[Record], where: str, date: str, tag: str = "") -> str:
+    """`vitkit bench --runtimes` records of one day (those whose tag starts with `tag`): each contender's
+    images/s (median over the runs) per cell, and, for optimize's models, the range over the runs of the
+    paired ratio to the faster runtime."""
+    runs = [load(r) for r in pick(recs, "infer-runtimes", where, date) if (r.tag or "").startswith(tag)]
+    if not runs:
+        raise TableError(f"no record infer-runtimes_{where}_{date}_{tag}*.json in {RESULTS}")
+    rows: dict[tuple[str, int, str], list[dict]] = {}
+    for run in runs:
+        for r in run["rows"]:
+            rows.setdefault((r["model"], r["batch"], r["contender"]), []).append(r)
+    columns = [(c, h) for c, h in RUNTIME_COLUMNS if any(k[2] == c for k in rows)]
+    m = runs[0]["machine"]
+    has = [x for x, ok in (("VNNI", m.get("vnni")), ("native bf16", m.get("native_bf16"))) if ok]
+    caption = (
+        f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), {m['threads']} "
+        f"threads, torch {m['torch'].split('+')[0]}; {len(runs)} run{'s' if len(runs) != 1 else ''} of "
+        f"`vitkit bench --runtimes` on {date}. Images/s, the median over the runs; in brackets vitkit's "
+        "paired ratio to the faster of OpenVINO and ONNX Runtime (ORT) at the same precision, the range over "
+        "the runs. Higher is faster."
+    )
+    lines = [
+        *textwrap.wrap(caption, 110, break_on_hyphens=False),
+        "",
+        "| model | " + " | ".join(h for _, h in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for model, batch in CELLS:
+        if not any(k[:2] == (model, batch) for k in rows):
+            continue
+        cells = []
+        for contender, _ in columns:
+            found = rows.get((model, batch, contender), [])
+            if not found:
+                cells.append("-")
+                continue
+            text = f"{statistics.median(r['images_per_s'] for r in found):.1f}"
+            ratios = [r["vs_best_runtime"] for r in found if r.get("vs_best_runtime") is not None]
+            cells.append(text + (f" ({span(ratios)})" if ratios else ""))
+        lines.append(f"| {model} b{batch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # benchmarks/bench_serve.py's servers (vitkit serve first, then the anchors) and client counts.
 SERVERS = ("vitkit", "litserve", "mosec")
 SERVE_CONCURRENCY = (1, 4, 16, 64)
@@ -308,6 +362,7 @@ TABLES: dict[str, Callable[..., str]] = {
     "recipe-seeds": recipe_seeds,
     "gpu": gpu,
     "serve": serve,
+    "runtimes": runtimes,
 }
 
 
