@@ -2,19 +2,17 @@
 torch.compile): each computes the same function as the vitkit model it starts from, and the harness pairs
 vitkit's optimized models with the faster runtime at their precision.
 
-Each check runs in a process of its own (`in_child`): OpenVINO's thread pools and inductor's `freezing`
-setting are process-wide, and a later fork of the test process (a subprocess test) crashed with them."""
+Each check runs in a process of its own (tests/process_helpers.py): OpenVINO's thread pools and inductor's
+`freezing` setting are process-wide, and a later fork of the test process (a subprocess test) crashed with
+them."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import vitkit
+from process_helpers import in_child
 from vitkit import bench
 from vitkit.bench_runtimes import RUNTIMES, available, build_openvino, build_ort
 from vitkit.extras import MissingExtra
@@ -82,22 +80,13 @@ def check_timm_compiled():
         torch.testing.assert_close(compiled(x), eager(x), atol=1e-5, rtol=1e-5)
 
 
-def in_child(call: str) -> None:
-    """Run `call` (an expression over this module's names) in a fresh Python process; its failure fails
-    here."""
-    here = str(Path(__file__).parent)
-    code = f"import sys; sys.path.insert(0, {here!r}); import test_bench_runtimes as t; t.{call}"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-
-
 @pytest.mark.parametrize("name, atol", [("ort-fp32", 1e-4), ("openvino-fp32", 1e-4), ("ort-int8", 0.1),
                                         ("openvino-int8", 0.1), ("openvino-bf16", 0.1)])
 def test_each_runtime_computes_the_vitkit_models_function(name, atol):
     """The exported model's logits at two batch sizes (one compilation each), within fp32's rounding for the
     fp32 runtimes and within the quantisation's error (logits of about 1) for int8 and bf16."""
     needs(name)
-    in_child(f"check_runtime({name!r}, {atol!r})")
+    in_child(__file__, f"check_runtime({name!r}, {atol!r})")
 
 
 def test_the_harness_pairs_vitkit_with_the_faster_runtime_at_its_precision():
@@ -105,12 +94,12 @@ def test_the_harness_pairs_vitkit_with_the_faster_runtime_at_its_precision():
     faster of them, a runtime's row none."""
     if not any(available(r) for r in ("ort-fp32", "openvino-fp32")):
         pytest.skip("no inference runtime installed (pip install 'vitkit[bench-runtimes]')")
-    in_child("check_harness()")
+    in_child(__file__, "check_harness()")
 
 
 def test_timm_compiled_is_timms_function():
     """torch.compile (inductor, freezing) of timm's model computes what timm's eager model does."""
-    in_child("check_timm_compiled()")
+    in_child(__file__, "check_timm_compiled()")
 
 
 def test_calibration_batches_take_the_given_images_in_batches_of_the_shape():
