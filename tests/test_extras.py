@@ -74,3 +74,20 @@ def test_without_ninja_the_operators_say_which_extra_once(monkeypatch):
     said = warnings_of_two_builds()
     assert len(said) == 1 and "pip install 'vitkit[kernels]'" in said[0]
     build.no_build_tool.cache_clear()
+
+
+def test_the_hint_offers_vitkit_all_only_for_the_extras_it_brings():
+    """IN_ALL is pyproject.toml's `all`; an extra outside it (OpenVINO, the benchmarks' runtimes) is named
+    alone, and a package of two extras can be named by the feature's own."""
+    tomllib = pytest.importorskip("tomllib")
+    from pathlib import Path
+
+    from vitkit.extras import IN_ALL, pip_command
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    (all_,) = project["optional-dependencies"]["all"]
+    assert all_ == f"vitkit[{','.join(IN_ALL)}]"
+    assert pip_command("sklearn") == "pip install 'vitkit[sklearn]' (or vitkit[all])"
+    assert pip_command("openvino") == "pip install 'vitkit[bench-runtimes]'"
+    assert pip_command("openvino", "openvino") == "pip install 'vitkit[openvino]'"
+    assert "openvino>=2024.0" in project["optional-dependencies"]["openvino"]
