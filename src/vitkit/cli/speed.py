@@ -1,4 +1,5 @@
-"""`vitkit bench` (inference speed against timm, Hugging Face and torchvision) and `vitkit export` (ONNX)."""
+"""`vitkit bench` (inference speed against timm, Hugging Face and torchvision) and `vitkit export` (ONNX,
+OpenVINO IR)."""
 
 from __future__ import annotations
 
@@ -114,42 +115,90 @@ def bench(
         console.print(f"results written to {json_path}")
 
 
+# what `vitkit export --to FORMAT` writes: the file's suffix, and the format's name in messages
+EXPORT_FORMATS = {"onnx": (".onnx", "ONNX"), "openvino": (".xml", "OpenVINO IR")}
+
+
+def export_target(to: str | None, output: Path) -> tuple[str, Path]:
+    """The format `vitkit export` writes and the file it writes it to. The format is --to, else the output's
+    suffix says (.xml: openvino, anything else: onnx); an output without a suffix gets the format's."""
+    from .main import UsageError
+
+    if to is not None and to not in EXPORT_FORMATS:
+        raise UsageError(f"unknown format --to {to!r}", f"choose from {', '.join(EXPORT_FORMATS)}")
+    by_suffix = {suffix: name for name, (suffix, _) in EXPORT_FORMATS.items()}
+    fmt = to or by_suffix.get(output.suffix, "onnx")
+    suffix, title = EXPORT_FORMATS[fmt]
+    if not output.suffix:
+        return fmt, output.with_suffix(suffix)
+    if output.suffix != suffix:
+        if to is None:
+            raise UsageError(f"{output.name}: an export ends in .onnx (ONNX) or .xml (OpenVINO IR)")
+        other = by_suffix.get(output.suffix)
+        means = f", {output.suffix} is {EXPORT_FORMATS[other][1]} (--to {other})" if other else ""
+        raise UsageError(f"--to {to} does not match {output.name}: {title} files end in {suffix}{means}")
+    return fmt, output
+
+
+def report_check(result, path: Path, runtime: str, atol: float) -> None:
+    """Print the check's line (`ExportCheck`), or raise ValueError where the runtime differs from PyTorch."""
+    diffs = ", ".join(f"batch {b}: {d:.2e}" for b, d in result.max_abs_diff.items())
+    how = (f"{atol:g} x largest logit {result.max_abs_logit:.3g}" if result.max_abs_logit > 1 else
+           f"{atol:g} absolute, the largest logit {result.max_abs_logit:.3g} being below 1")
+    if not result.ok:
+        raise ValueError(f"{path}: {runtime} differs from PyTorch by up to {result.worst:.2e} "
+                         f"> {result.tolerance:.2e} ({how}; {diffs})")
+    typer.echo(f"{runtime} matches PyTorch: max |diff| {diffs} (tolerance {result.tolerance:.2e}: {how})")
+    if result.max_abs_logit == 0:
+        typer.echo("note: every logit is 0 (an untrained, zero-initialised head), so the check compared "
+                   "zeros")
+
+
 def export(
     checkpoint: Path = typer.Argument(...,
                                       help="A vitkit checkpoint folder (or anything `vitkit info` reads)."),
-    output: Path = typer.Argument(..., help="The ONNX file to write, e.g. model.onnx."),
+    output: Path = typer.Argument(..., help="The file to write: model.onnx (ONNX), or model.xml (OpenVINO "
+                                            "IR, its weights beside it in model.bin)."),
+    to: str = typer.Option(None, "--to", show_default=False,
+                           help="onnx or openvino. Default: from the output's suffix (.xml: openvino, else "
+                                "onnx)."),
     check: bool = typer.Option(True, "--check/--no-check",
-                               help="Run the file with onnxruntime and compare it with PyTorch."),
+                               help="Run the file with onnxruntime or OpenVINO and compare it with PyTorch."),
     atol: float = typer.Option(1e-4, "--atol", min=0.0, help="Largest difference of the logits allowed, "
                                "relative to the largest logit (absolute where the logits stay below 1)."),
     opset: int = typer.Option(0, "--opset", min=0,
                               help="ONNX opset, 17 or newer (0: the exporter's default)."),
 ) -> None:
-    """Export a checkpoint to ONNX (dynamo exporter, dynamic batch axis) and check it with onnxruntime.
+    """Export a checkpoint to ONNX (dynamo exporter) or OpenVINO IR (converted from that ONNX), with a dynamic
+    batch axis, and check it with onnxruntime or OpenVINO's CPU runtime at fp32.
 
     The file takes normalised pixel_values (batch, C, H, W) and returns logits; the checkpoint's preprocessing
-    and class names are stored in its metadata.
+    and class names are stored in its metadata (the IR's runtime info). OpenVINO: pip install
+    'vitkit[openvino]'.
     """
     from .. import load
-    from ..export import check_onnx, export_onnx
+    from ..export import check_onnx, check_openvino, export_onnx, export_openvino
+    from .main import UsageError
 
+    fmt, output = export_target(to, output)
+    if fmt == "openvino" and opset:
+        raise UsageError("--opset is for ONNX files, not OpenVINO IR")
     model = load(checkpoint)
-    path = export_onnx(model, output, class_names=getattr(model, "class_names", None), opset=opset or None)
-    typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB), input pixel_values (batch, "
-               f"{model.cfg.in_chans}, {model.cfg.image_size[0]}, {model.cfg.image_size[1]}), output logits")
+    cfg, class_names = model.cfg, getattr(model, "class_names", None)
+    if fmt == "openvino":
+        path = export_openvino(model, output, class_names=class_names)
+        files = [path, path.with_suffix(".bin")]
+    else:
+        path = export_onnx(model, output, class_names=class_names, opset=opset or None)
+        files = [path]
+    size = sum(f.stat().st_size for f in files) / 1e6
+    typer.echo(f"wrote {' + '.join(map(str, files))} ({size:.1f} MB), input pixel_values (batch, "
+               f"{cfg.in_chans}, {cfg.image_size[0]}, {cfg.image_size[1]}), output logits")
     if check:
-        result = check_onnx(model, path, atol=atol)
-        diffs = ", ".join(f"batch {b}: {d:.2e}" for b, d in result.max_abs_diff.items())
-        how = (f"{atol:g} x largest logit {result.max_abs_logit:.3g}" if result.max_abs_logit > 1 else
-               f"{atol:g} absolute, the largest logit {result.max_abs_logit:.3g} being below 1")
-        if not result.ok:
-            raise ValueError(f"{path}: onnxruntime differs from PyTorch by up to {result.worst:.2e} "
-                             f"> {result.tolerance:.2e} ({how}; {diffs})")
-        typer.echo(f"onnxruntime matches PyTorch: max |diff| {diffs} (tolerance {result.tolerance:.2e}: "
-                   f"{how})")
-        if result.max_abs_logit == 0:
-            typer.echo("note: every logit is 0 (an untrained, zero-initialised head), so the check compared "
-                       "zeros")
+        if fmt == "openvino":
+            report_check(check_openvino(model, path, atol=atol), path, "OpenVINO (CPU, f32)", atol)
+        else:
+            report_check(check_onnx(model, path, atol=atol), path, "onnxruntime", atol)
 
 
 def register(app: typer.Typer) -> None:
