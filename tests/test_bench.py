@@ -293,39 +293,6 @@ def test_few_rows_script_times_the_engines_and_the_tail(tmp_path, capsys):
     assert "unknown model 'ViT-Q/16'" in capsys.readouterr().err
 
 
-def test_int8_engines_script_times_the_chosen_engines_against_fbgemm(tmp_path, capsys):
-    """benchmarks/bench_int8_engines.py runs for real on a small preset: the int8 model on the engines the
-    timing picks against the same model on fbgemm alone, and which engine each layer took."""
-    from vitkit.cpu.int8 import int8_engines
-
-    bench_int8, out = load_benchmark("bench_int8_engines"), tmp_path / "engines.json"
-    rows = bench_int8.main(["-m", "ViT-Ti/32", "-b", "2", "--repeats", "2", "--warmup", "0", "--json",
-                            str(out)])
-    assert json.loads(out.read_text())["rows"] == rows
-    (row,) = rows
-    assert row["model"] == "ViT-Ti/32" and row["batch"] == 2
-    assert row["ms_chosen"] > 0 and row["ms_fbgemm"] > 0 and row["speedup"] > 0
-    assert set(row["layers_by_engine"]) <= set(int8_engines())
-    assert sum(row["layers_by_engine"].values()) == 4 * 12 + 1  # the blocks' layers and the last query
-    assert "fbgemm only" in capsys.readouterr().out
-
-
-@pytest.mark.skipif(not (torch.backends.openmp.is_available()
-                         and "fbgemm" in torch.backends.quantized.supported_engines),
-                    reason="this PyTorch has no OpenMP or no fbgemm, which the int8 block operator needs")
-def test_int8_attention_script_times_each_kernel_against_the_chosen(tmp_path, capsys):
-    """benchmarks/bench_int8_attention.py runs for real on a small preset: the int8 model with its block's
-    attention on the kernel the timing picks and on each kernel in turn."""
-    script, out = load_benchmark("bench_int8_attention"), tmp_path / "attention.json"
-    rows = script.main(["-m", "ViT-Ti/32", "-b", "2", "--repeats", "2", "--warmup", "0", "--json", str(out)])
-    assert json.loads(out.read_text())["rows"] == rows
-    (row,) = rows
-    assert row["model"] == "ViT-Ti/32" and row["batch"] == 2 and row["chosen"] in script.kernels()
-    assert set(row["ms"]) == {"chosen", *script.kernels()} and min(row["ms"].values()) > 0
-    assert set(row["chosen_over"]) == set(script.kernels()) and min(row["chosen_over"].values()) > 0
-    assert "chosen " + row["chosen"] in capsys.readouterr().out
-
-
 @pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN linear or packing")
 def test_inference_engine_script_times_each_engine(tmp_path, capsys, monkeypatch):
     """benchmarks/bench_inference_engine.py runs for real on a small preset: the accelerated model once per

@@ -24,9 +24,9 @@ from .packed import Unsaved, gelu_
 def int8_engines() -> tuple[str, ...]:
     """The quantized engines whose int8 products DynamicInt8Linear may use here, its default first: fbgemm
     everywhere; oneDNN too on CPUs with VNNI where PyTorch has it, first where the CPU has AMX (with its tile
-    products the int8 ViT-S/16 and ViT-B/16 run 1.07-1.48x faster than on fbgemm alone on an Intel Xeon with
-    AMX: benchmarks/bench_int8_engines.py). Both compute the same quantisation (to float rounding); without
-    VNNI only fbgemm, whose 7-bit guard is known to hold there."""
+    products the int8 ViT-S/16 and ViT-B/16 ran 1.07-1.47x faster than on fbgemm alone on an Intel Xeon with
+    AMX: docs/speed.md). Both compute the same quantisation (to float rounding); without VNNI only fbgemm,
+    whose 7-bit guard is known to hold there."""
     if not cpu_has_vnni() or "onednn" not in torch.backends.quantized.supported_engines:
         return ("fbgemm",)
     return ("onednn", "fbgemm") if "amx_int8" in cpu_flags() else ("fbgemm", "onednn")
