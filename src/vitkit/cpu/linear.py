@@ -40,7 +40,7 @@ from .private import eager_fp32_on_cpu, onednn_linear, onednn_linear_available
 # threads, AVX-512: 150 against 222-230 us; from 4 rows on oneDNN leads).
 MKL_MAX_ROWS = 2
 # On Intel CPUs, from this many rows on (four images of 197 tokens make 788) MKL's F.linear beats oneDNN's
-# linear again in inference (benchmarks/bench_inference_engine.py).
+# linear again in inference (docs/speed.md, "Studies since removed").
 MKL_FROM_ROWS = 768
 
 
@@ -105,8 +105,8 @@ def inference_engine(n: int) -> str:
 @contextlib.contextmanager
 def forced_inference_engine(name: str) -> Iterator[None]:
     """Within the block, the products that need no gradient run on `name`: "onednn" (every product of more
-    than MKL_MAX_ROWS rows), "mkl" (every product) or "auto" (`inference_engine`'s rule);
-    benchmarks/bench_inference_engine.py times them in one process."""
+    than MKL_MAX_ROWS rows), "mkl" (every product) or "auto" (`inference_engine`'s rule): to time the engines
+    against each other in one process (docs/speed.md gives what that found)."""
     global _forced_inference_engine
     previous, _forced_inference_engine = (_forced_inference_engine,
                                           _check_engine(name, "inference engine", INFERENCE_ENGINES))
