@@ -6,8 +6,8 @@ heads (B, T, C), with its gradient. The operators (csrc/attention.cpp) read q, k
 gradient of the whole projection at once, where PyTorch's path stacks the three head gradients into one (a
 copy); they work on blocks of query rows that stay in the cache, and multiply on AVX-512 register tiles where
 the CPU has them and the head width is a multiple of 16 up to 128 (every ViT preset), else with MKL's sgemm
-(`sgemm_products()` forces sgemm, for comparison: benchmarks/bench_attention.py). In training the forward
-keeps the softmax for the backward when it is no larger than the MLP's hidden activation
+(`sgemm_products()` forces sgemm, for comparison; docs/speed.md gives what the tiles buy). In training the
+forward keeps the softmax for the backward when it is no larger than the MLP's hidden activation
 (`keeps_probabilities`); on longer sequences the backward recomputes it from q, k and the saved log-sum-exp,
 as flash attention does, so memory stays linear in T.
 
@@ -46,8 +46,8 @@ _sgemm_only = False
 @contextlib.contextmanager
 def sgemm_products() -> Iterator[None]:
     """Within the block the attention operators multiply with MKL's sgemm, not on their AVX-512 register
-    tiles: the same function, another summation order; benchmarks/bench_attention.py times the two in one
-    process."""
+    tiles: the same function, another summation order, to time the two in one process (docs/speed.md gives
+    what that found)."""
     global _sgemm_only
     previous, _sgemm_only = _sgemm_only, True
     try:

@@ -117,7 +117,7 @@ int64_t block_rows(int64_t T) {
 // The forward computes S^T = K (scale Q)^T (keys down, 16 queries in each vector), so the softmax over the keys
 // is elementwise down the rows, with no tail, then O = P V / rowsum. The backward takes a whole pair at once:
 // dP = dO V^T in the first tile, dV, dQ and dK in the second, reading P and dS as stored or transposed. The rows
-// of Q, K and V are read in place from the projection. (Timed against sgemm: benchmarks/bench_attention.py.)
+// of Q, K and V are read in place from the projection. (What they buy over sgemm: docs/speed.md.)
 #define VITKIT_AVX512 __attribute__((target("avx512f")))
 
 // Query vectors per block: blocks of whole vectors, as even as they come, each at most kMaxBlock rows.
