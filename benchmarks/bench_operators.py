@@ -28,11 +28,10 @@ import statistics
 from collections.abc import Callable
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import interleaved_times, machine_info, paired_ratio, write_json
+from vitkit.bench import build_vitkit, interleaved_times, machine_info, paired_ratio, write_json
 from vitkit.cpu.build import DISABLE_ENV
 from vitkit.train.optim import build_optimizer
 
@@ -54,18 +53,11 @@ def kernels_off(off: bool):
             os.environ[DISABLE_ENV] = before
 
 
-def _random_head(model: nn.Module) -> nn.Module:
-    with torch.no_grad():
-        for p in model.head.parameters():
-            nn.init.normal_(p, std=0.02)
-    return model
-
-
 def training_step(cfg, batch: int, off: bool) -> Callable[[], None]:
     from vitkit.train.recipes import OptimConfig
 
     torch.manual_seed(0)
-    model = vitkit.accelerate(_random_head(vitkit.create_model(cfg)).train())
+    model = build_vitkit(cfg).train()  # accelerated, its head random, as vitkit bench builds it
     opt = build_optimizer(model, OptimConfig())
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
@@ -81,9 +73,8 @@ def training_step(cfg, batch: int, off: bool) -> Callable[[], None]:
 
 def inference_call(cfg, batch: int, precision: str, off: bool) -> Callable[[], None]:
     torch.manual_seed(0)
-    model = _random_head(vitkit.create_model(cfg)).eval()
     with kernels_off(off):
-        fast = vitkit.optimize(model, precision)
+        fast = build_vitkit(cfg, precision)  # vitkit.optimize's model, as vitkit bench builds it
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
 
     def call() -> None:

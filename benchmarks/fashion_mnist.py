@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import sys
 import time
@@ -75,6 +74,7 @@ def main() -> None:
                         help="also write the report to benchmarks/results/recipe-RECIPE_CPU_DATE[_TAG].json")
     args = parser.parse_args()
 
+    from vitkit.bench import write_json
     from vitkit.counting import count_parameters
     from vitkit.train import get_recipe, train
 
@@ -116,10 +116,10 @@ def main() -> None:
         "minutes_to_accuracy": {f"{k:.1f}": (None if v is None else round(v / 60, 2))
                                 for k, v in reached.items()},
     }
-    (args.out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(report, args.out / "benchmark.json")
     if args.record is not None:
         record = record_path(f"recipe-{args.recipe}", tag=args.record or None)
-        record.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(report, record)
         print(f"record: {record}")
     print(f"\n{args.recipe}: test top-1 {report['test_top1']:.2f} % (final weights; {result.split} top-1 "
           f"{report['val_top1']:.2f} %, best {report['best_val_top1']:.2f} %) after "
