@@ -1,6 +1,6 @@
-"""Every `vitkit ...` command line in README.md, CONTRIBUTING.md and docs/*.md names a real command with
-options that command accepts (checked against the command line's own definition, without running anything),
-and every repository path and link they name exists."""
+"""Every `vitkit ...` command line in README.md, CONTRIBUTING.md, docs/*.md and the READMEs of benchmarks/
+names a real command with options that command accepts (checked against the command line's own definition,
+without running anything), and every repository path and link they name exists."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import typer
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "results" / "README.md"]
 PATH_PREFIXES = ("src/", "docs/", "benchmarks/", "tests/", "scripts/")
 PATH_SUFFIXES = (".py", ".md", ".sh", ".json")
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
