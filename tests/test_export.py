@@ -123,3 +123,18 @@ def test_export_leaves_the_callers_model_as_it_was_and_refuses_an_optimized_one(
     with pytest.raises(ValueError, match="export the model you passed to vitkit.optimize"):
         export_onnx(vitkit.optimize(model), tmp_path / "optimized.onnx")
     assert not (tmp_path / "optimized.onnx").exists()
+
+
+@pytest.mark.parametrize("module", ["onnx", "onnxscript", "onnxruntime"])
+def test_without_the_onnx_extra_the_command_names_it_in_one_line(tiny, module, monkeypatch, tmp_path, capsys):
+    """Each package of the `onnx` extra missing (the exporter's two, onnxruntime for the check): one line that
+    names the extra, no traceback."""
+    import sys
+
+    _, ckpt, _ = tiny
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(SystemExit) as stop:
+        main(["export", str(ckpt), str(tmp_path / "m.onnx")])
+    assert stop.value.code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: vitkit export") and line.endswith("pip install 'vitkit[onnx]'")

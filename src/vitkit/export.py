@@ -87,7 +87,8 @@ def export_onnx(model: VisionTransformer, path: str | Path, class_names: list[st
     """Write `model` (as fp32, in eval mode, on the CPU; a copy where it is not so already) to `path` as ONNX
     with a dynamic batch axis; returns the path.
     `opset`: the ONNX operator set, MIN_OPSET up to what the installed onnx knows (None: the exporter's)."""
-    import onnx
+    onnx = require("onnx", "vitkit export", extra="onnx")
+    require("onnxscript", "vitkit export", extra="onnx")  # torch.onnx's dynamo exporter writes through it
 
     path = Path(path)
     if path.suffix != ".onnx":
@@ -144,7 +145,7 @@ def compare_logits(model: nn.Module, run: Callable[[np.ndarray], np.ndarray], ba
 def check_onnx(model: nn.Module, path: str | Path, batch_sizes: tuple[int, ...] = (1, 3),
                atol: float = DEFAULT_ATOL, seed: int = 0) -> ExportCheck:
     """Run the ONNX file with onnxruntime (CPU) and PyTorch on the same random inputs (`compare_logits`)."""
-    import onnxruntime as ort
+    ort = require("onnxruntime", "vitkit export's check", extra="onnx")
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (inp,) = session.get_inputs()
