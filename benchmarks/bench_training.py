@@ -97,6 +97,10 @@ def contenders(cfg: ViTConfig, batch: int, engines: Sequence[str] = (),
     """The steps to time: "vitkit" (as the trainer runs it), one "vitkit[ENGINE]" per engine in `engines`,
     "timm", and with `compile` "timm-compiled" and "vitkit-compiled" (torch.compile, inductor, of the forward
     pass, as vitkit's trainer compiles); each with its own `step_optimizer(model, optimizer)`."""
+    if compile:
+        # Each cell compiles afresh, as a user's program would: after another cell's shapes, dynamo would
+        # recompile the same forward with dynamic shapes.
+        torch._dynamo.reset()
     torch.manual_seed(0)
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
