@@ -58,7 +58,10 @@ def upload(browser, path) -> str:
     browser.find_element(By.ID, "file").send_keys(str(path))
     WebDriverWait(browser, 30).until(lambda b: b.execute_script("return document.body.dataset.state") in
                                      ("done", "error"))
-    return browser.execute_script("return document.body.dataset.state")
+    state = browser.execute_script("return document.body.dataset.state")
+    if state == "error":  # the page's own message, in the test's report
+        print("the page says:", browser.find_element(By.ID, "status").text)
+    return state
 
 
 def test_the_page_shows_the_top_5_and_the_overlay(page, tmp_path):
