@@ -149,28 +149,24 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     if precision == "int8" and compile is True:
         raise ValueError("compile=True with precision='int8' is not supported (only fp32 and bf16 compile); "
                          "use compile=False")
+    do_compile = compile is True or (compile == "auto" and device.type == "cuda" and precision != "int8")
+    # Compiled on the CPU, inductor packs the weights itself, from plain linear layers: nothing to pack first.
+    pack = device.type == "cpu" and onednn_packing_available() and not do_compile
     out = with_class_token_shortcut(copy.deepcopy(model).eval())
     out.requires_grad_(False)
-    if precision == "fp32" and device.type == "cpu" and onednn_packing_available():
+    if precision == "fp32" and pack:
         pack_linears(fuse_blocks(out))
     elif precision == "int8":
         quantize_linears_int8(fuse_blocks(out))
         if onednn_packing_available():
             pack_linears(out)  # what stays fp32: the patch projection, the classifier
-    elif precision == "bf16" and device.type == "cpu" and onednn_packing_available():
+    elif precision == "bf16" and pack:
         # the blocks fused while fp32 (FusedBlock derives its few-query layers from the fp32 weights), then
         # every linear layer packed in bf16
         pack_linears(_cast_bf16(fuse_blocks(out)))
     elif precision == "bf16":
         _cast_bf16(out)
-    do_compile = compile is True or (compile == "auto" and device.type == "cuda" and precision != "int8")
     if do_compile:
-        if device.type == "cpu":
-            # Inductor does its own weight packing from plain linear layers: start again from them.
-            out = with_class_token_shortcut(copy.deepcopy(model).eval())
-            out.requires_grad_(False)
-            if precision == "bf16":
-                _cast_bf16(out)
         out = _compile(out, device)
     # No gradients flow through the optimized layers: an input that requires them is detached, so that a
     # backward() through the output fails loudly instead of leaving the input's .grad silently None.
