@@ -93,15 +93,19 @@ def training_ratios(recs: list[Record], where: str, date: str) -> list[dict[str,
     ]
 
 
-def machine_line(recs: list[Record], where: str, date: str) -> str:
-    m = load(pick(recs, "infer-b1", where, date)[0])["machine"]
+def runs_line(m: dict, runs: int, command: str, date: str) -> str:
+    """"CPU (features), N threads, torch V; R runs of `command` on DATE", from a record's `machine`."""
     has = [x for x, ok in (("VNNI", m.get("vnni")), ("native bf16", m.get("native_bf16"))) if ok]
-    runs = len(pick(recs, "infer-b1", where, date))
     return (
         f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), "
         f"{m['threads']} threads, torch {m['torch'].split('+')[0]}; {runs} run{'s' if runs != 1 else ''} of "
-        f"`bash benchmarks/target_runs.sh` on {date}"
+        f"`{command}` on {date}"
     )
+
+
+def machine_line(recs: list[Record], where: str, date: str) -> str:
+    found = pick(recs, "infer-b1", where, date)
+    return runs_line(load(found[0])["machine"], len(found), "bash benchmarks/target_runs.sh", date)
 
 
 def speed(recs: list[Record], where: str, date: str) -> str:
@@ -282,12 +286,9 @@ def runtimes(recs: list[Record], where: str, date: str, tag: str = "") -> str:
         for r in run["rows"]:
             rows.setdefault((r["model"], r["batch"], r["contender"]), []).append(r)
     columns = [(c, h) for c, h in RUNTIME_COLUMNS if any(k[2] == c for k in rows)]
-    m = runs[0]["machine"]
-    has = [x for x, ok in (("VNNI", m.get("vnni")), ("native bf16", m.get("native_bf16"))) if ok]
     caption = (
-        f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), {m['threads']} "
-        f"threads, torch {m['torch'].split('+')[0]}; {len(runs)} run{'s' if len(runs) != 1 else ''} of "
-        f"`vitkit bench --runtimes` on {date}. Images/s, the median over the runs; in brackets vitkit's "
+        runs_line(runs[0]["machine"], len(runs), "vitkit bench --runtimes", date)
+        + ". Images/s, the median over the runs; in brackets vitkit's "
         "paired ratio to the faster of OpenVINO and ONNX Runtime (ORT) at the same precision, the range over "
         "the runs. Higher is faster."
     )
