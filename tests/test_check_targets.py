@@ -142,7 +142,7 @@ def test_target_runs_script_refuses_bad_settings(tmp_path):
 def test_target_runs_script_end_to_end_on_a_tiny_setting(tmp_path):
     """One run of the real commands at the smallest setting (ViT-Ti/32, one round, the demo recipe's eager
     step; the runtimes and the compiled steps, minutes of exporting and compiling, left out as the settings
-    say; tests/test_bench_runtimes.py and tests/test_bench_training.py run those): every file written, and
+    say; tests/test_bench_runtimes.py and tests/test_bench.py run those): every file written, and
     the exit status is the checker's verdict on them."""
     out = tmp_path / "targets"
     env = {
