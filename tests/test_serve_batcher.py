@@ -195,3 +195,30 @@ def test_an_error_in_run_fails_its_batch_only():
 def test_settings_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Batcher(Recorder(), **kwargs)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_deadline_closes_the_batch_on_any_event_loop(loop):
+    """The deadline's timer alone closes a batch that `all_here` keeps open. uvloop (uvicorn's loop where it
+    is installed) keeps time in whole milliseconds: its timer may run when loop.time() still reads a hair
+    before the deadline, so a batcher that compared the clock again after the timer went back to waiting,
+    with no timer left, until the next submission."""
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop", reason="uvloop is uvicorn's loop where it is installed")
+        runner = uvloop.run
+    else:
+        runner = asyncio.run
+
+    async def main():
+        # 10 ms: arrival + 0.010 is a hair above the millisecond the timer fires at for about a quarter of the
+        # arrival times (float rounding), 1 ms never
+        b = Batcher(Recorder(), max_batch_size=16, max_delay=0.010, all_here=lambda: False)
+        b.start()
+        try:
+            for i in range(60):
+                assert await asyncio.wait_for(b.submit(i), 1.0) == 2 * i
+                await asyncio.sleep(0.0003 * (i % 7))
+        finally:
+            await b.close()
+
+    runner(main())

@@ -131,10 +131,19 @@ class Batcher(Generic[T, R]):
             await self._wakeup.wait()
         deadline = self._pending[0].arrived + self.max_delay
         # One timer for the batch's deadline. A submission wakes the worker only when it could end the wait:
-        # any new item where `all_here` is asked again, else the one that fills the batch.
-        timer = loop.call_at(deadline, self._wakeup.set)
+        # any new item where `all_here` is asked again, else the one that fills the batch. The timer's having
+        # run ends the wait, not a second reading of the clock: uvloop keeps whole milliseconds, and its timer
+        # may run while loop.time() still reads a float rounding below the deadline.
+        expired = loop.time() >= deadline
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            self._wakeup.set()
+
+        timer = loop.call_at(deadline, expire)
         try:
-            while self.depth < self.max_batch_size and loop.time() < deadline:
+            while self.depth < self.max_batch_size and not expired:
                 if self.all_here is not None and self.all_here():
                     break
                 self._wake_at = len(self._pending) + 1 if self.all_here is not None else self.max_batch_size
