@@ -102,10 +102,11 @@ def server_command(server: str, model: str, port: int, args: argparse.Namespace)
     if server == "vitkit":
         return [sys.executable, "-m", "vitkit.cli.main", "serve", model, "--port", str(port),
                 "--name", "bench", "--max-batch-size", "16", "--max-delay-ms", str(args.max_delay_ms),
-                "--queue-size", "256", "--log-level", "warning", "--threads", str(args.threads)]
+                "--queue-size", "256", "--log-level", "warning", "--threads", str(args.threads),
+                "--workers", str(args.processes)]
     return [sys.executable, str(HERE / "serve_anchors.py"), server, model, "--port", str(port),
             "--threads", str(args.threads), "--max-batch-size", "16",
-            "--max-delay-ms", str(args.max_delay_ms)]
+            "--max-delay-ms", str(args.max_delay_ms), "--processes", str(args.processes)]
 
 
 def process_tree(root: int) -> list[int]:
@@ -319,6 +320,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="PyTorch threads of every server's model (default 1: the load generator needs "
                              "a core of its own on a 2-core machine).")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="Each server's processes: vitkit serve --workers; LitServe's API servers and "
+                             "model workers; mosec's processes per stage (each with --threads threads).")
     parser.add_argument("--skip-vit-s", action="store_true", help="Only the demo model.")
     parser.add_argument("--seed", type=int, default=0, help="The shuffle of the servers' order.")
     parser.add_argument("--json", type=Path, help="Write the results here.")
@@ -341,6 +345,7 @@ def main() -> None:
             versions[package] = None
     result = {"what": "POST a multipart image on loopback: vitkit serve, LitServe, mosec; the same model",
               "cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+              "processes": args.processes,
               "date": datetime.date.today().isoformat(),
               "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "versions": versions,
               "load_average_before": os.getloadavg(), "models": {}}

@@ -341,18 +341,30 @@ def serve_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def serve(recs: list[Record], where: str, date: str) -> str:
-    rec = pick(recs, "serve", where, date)[0]
-    d = load(rec)
+def serve(recs: list[Record], where: str, date: str, tag: str = "") -> str:
+    """The serving table of the record serve_WHERE_DATE[_TAG].json."""
+    found = [r for r in pick(recs, "serve", where, date) if r.tag == tag]
+    if not found:
+        raise TableError(f"no record serve_{where}_{date}{'_' + tag if tag else ''}.json in {RESULTS}")
+    d = load(found[0])
     v = d["versions"]
     rounds = max(c["rounds"] for entry in d["models"].values() for c in entry["cells"])
     caption = (
         f"{d['cpu']}, {d['cores']} cores, {date}, {rounds} rounds (medians); "
-        f"every server on {d['threads']} PyTorch thread{'s' if d['threads'] != 1 else ''}; vitkit "
+        f"every server {processes(d.get('processes', 1))}on {d['threads']} PyTorch "
+        f"thread{'s' if d['threads'] != 1 else ''}{' each' if d.get('processes', 1) > 1 else ''}; vitkit "
         f"{v['vitkit']} (uvicorn {v['uvicorn']}), LitServe {v['litserve']}, mosec {v['mosec']}, torch "
         f"{v['torch'].split('+')[0]}; `python {d['command']}`"
     )
     return "\n".join([*textwrap.wrap(caption, 110, break_on_hyphens=False), "", serve_table(d)])
+
+
+def processes(n: int) -> str:
+    """How a serving record's servers were spread over processes, for its caption."""
+    if n == 1:
+        return ""
+    return (f"in {n} processes (vitkit serve --workers {n}; LitServe {n} API servers and {n} model workers; "
+            f"mosec {n} processes a stage) ")
 
 
 TABLES: dict[str, Callable[..., str]] = {

@@ -144,8 +144,9 @@ if mosec is not None:
 
 def run_litserve(args: argparse.Namespace) -> None:
     api = LitServeAPI(max_batch_size=args.max_batch_size, batch_timeout=args.max_delay_ms / 1000)
-    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=30)
-    server.run(port=args.port, log_level="warning", generate_client_file=False)
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=args.processes, timeout=30)
+    server.run(port=args.port, log_level="warning", generate_client_file=False,
+               num_api_servers=args.processes)
 
 
 def run_mosec(args: argparse.Namespace) -> None:
@@ -153,8 +154,8 @@ def run_mosec(args: argparse.Namespace) -> None:
     sys.argv = [sys.argv[0], "--port", str(args.port), "--capacity", "256", "--timeout", "30000",
                 "--log-level", "warning"]
     server = mosec.Server()
-    server.append_worker(MosecDecode, num=1)
-    server.append_worker(MosecInfer, num=1, max_batch_size=args.max_batch_size,
+    server.append_worker(MosecDecode, num=args.processes)
+    server.append_worker(MosecInfer, num=args.processes, max_batch_size=args.max_batch_size,
                          max_wait_time=max(1, round(args.max_delay_ms)))
     server.run()
 
@@ -167,6 +168,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="PyTorch threads of the model's process")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--max-delay-ms", type=float, default=10.0)
+    parser.add_argument("--processes", type=int, default=1,
+                        help="LitServe: API servers and model workers; mosec: processes per stage")
     args = parser.parse_args()
     if {"litserve": ls, "mosec": mosec}[args.framework] is None:
         sys.exit(f"{args.framework} is not installed: pip install 'vitkit[bench-serve]'")

@@ -4,11 +4,16 @@ metrics and a web page."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from .device import DEVICE_HELP
+
+if TYPE_CHECKING:
+    from ..serve import ServeSettings
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -66,6 +71,12 @@ def serve(
                                 help="CPU threads for the model (0: PyTorch's default, one per core). On a "
                                      "machine shared with other work, or with the clients, fewer threads can "
                                      "be faster: a parallel region waits for its slowest thread."),
+    workers: int = typer.Option(1, "--workers", min=1,
+                                help="Server processes, each with its own copy of the model, answering on "
+                                     "the one port. One process handles HTTP, uploads and answers on one "
+                                     "core; for a small model more processes answer more requests a second "
+                                     "(up to one per core). Each runs --threads threads (default: the cores "
+                                     "shared out between them)."),
     log_level: str = typer.Option("info", "--log-level",
                                   help="uvicorn's log level: critical, error, warning, info, debug or "
                                        "trace."),
@@ -81,42 +92,112 @@ def serve(
     from .main import UsageError
 
     try:
-        from ..serve import ModelWorker, ServeSettings, create_app
-        from ..serve.guard import Gate
-        from ..serve.server import serve as run_server
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise UsageError(f"vitkit serve needs packages that are not installed ({e.name or e})",
                          "pip install 'vitkit[serve]'") from None
-    from .. import load
-    from ..cpu.allocator import retain_freed_memory
-    from ..inference import PRECISIONS, optimize
-    from .device import parse_device
+    from ..inference import PRECISIONS
 
     if precision not in PRECISIONS:
         raise UsageError(f"--precision {precision!r}: choose from {', '.join(PRECISIONS)}")
+    from ..serve import ServeSettings
+
     settings = ServeSettings(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, queue_size=queue_size,
                              timeout_s=timeout_s, token=token, max_body_bytes=round(max_body_mb * 2**20))
-    dev = parse_device(device)
+    options = ServeOptions(model, host, settings, max_pixels, name, device, precision, threads, workers,
+                           log_level, access_log)
+    if host not in LOOPBACK and token is None:
+        typer.echo(f"warning: serving on {host} without --token: anyone who can reach this port can use it",
+                   err=True)
+    if workers == 1:
+        app, gate, announce = build_server(options, on_ready=lambda message: typer.echo(message, err=True))
+        from ..serve.server import serve as run_server
+
+        run_server(app, gate, host, port, log_level, access_log, on_listening=announce)
+        return
+    from ..serve.processes import Supervisor, bind
+
+    served_name = model_name(name, _model_name(model), model)  # a bad --name or model fails here, once
+    try:
+        sock = bind(host, port)
+    except OSError as e:
+        raise UsageError(str(e), "choose another --port, or --port 0 for any free one") from None
+    typer.echo(f"serving {served_name} ({model}) at http://{host}:{sock.getsockname()[1]}/ from {workers} "
+               f"processes (batches of up to {max_batch_size}, waiting at most {max_delay_ms:g} ms)",
+               err=True)
+    code = Supervisor(serve_process, (options,), sock, workers, lambda m: typer.echo(m, err=True)).run()
+    sock.close()
+    if code:
+        raise typer.Exit(code)
+
+
+def _model_name(model: str) -> str | None:
+    """The model's own name, read as `vitkit.load` reads the model (its errors are the command's)."""
+    from .. import load
+
+    return load(model).cfg.name
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What each server process is built from: the command's options (picklable, for --workers)."""
+
+    model: str
+    host: str
+    settings: ServeSettings
+    max_pixels: int | None
+    name: str | None
+    device: str
+    precision: str
+    threads: int
+    workers: int
+    log_level: str
+    access_log: bool
+
+
+def build_server(options: ServeOptions, on_ready):
+    """The app of one server process for the command's `options`: (app, gate, announce), `announce(port)`
+    printing where it listens. `on_ready(message)` is told when the model has warmed up."""
+    from .. import load
+    from ..cpu.allocator import retain_freed_memory
+    from ..cpu.hardware import usable_cores
+    from ..inference import optimize
+    from ..serve import ModelWorker, create_app
+    from ..serve.guard import Gate
+    from .device import parse_device
+
+    dev = parse_device(options.device)
+    threads = options.threads or (max(1, usable_cores() // options.workers) if options.workers > 1 else 0)
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    loaded = load(model)
-    served_name = model_name(name, loaded.cfg.name, model)
+    loaded = load(options.model)
+    served_name = model_name(options.name, loaded.cfg.name, options.model)
     retain_freed_memory()
-    net = optimize(loaded.to(dev), precision=precision)
-    worker = ModelWorker(net, served_name, dev, max_pixels)
-    worker.on_ready = lambda message: typer.echo(message, err=True)
+    net = optimize(loaded.to(dev), precision=options.precision)
+    worker = ModelWorker(net, served_name, dev, options.max_pixels)
+    worker.on_ready = on_ready
     gate = Gate()
-    app = create_app(worker, settings, gate)
-    if host not in LOOPBACK and token is None:
-        typer.echo(f"warning: serving on {host} without --token: anyone who can reach this port can use it",
-                   err=True)
-    def listening(bound: int) -> None:  # the port actually bound: --port 0 lets the system choose
-        typer.echo(f"serving {served_name} ({model}) on {dev} at http://{host}:{bound}/ "
-                   f"(batches of up to {max_batch_size}, waiting at most {max_delay_ms:g} ms)", err=True)
+    app = create_app(worker, options.settings, gate)
+    settings = options.settings
 
-    run_server(app, gate, host, port, log_level, access_log, on_listening=listening)
+    def announce(bound: int) -> None:  # the port actually bound: --port 0 lets the system choose
+        typer.echo(f"serving {served_name} ({options.model}) on {dev} at http://{options.host}:{bound}/ "
+                   f"(batches of up to {settings.max_batch_size}, waiting at most "
+                   f"{settings.max_delay_ms:g} ms)", err=True)
+
+    return app, gate, announce
+
+
+def serve_process(index: int, sock, ready, options: ServeOptions) -> None:
+    """One of `--workers` server processes (spawned by vitkit.serve.processes.Supervisor): the whole server
+    on the shared socket `sock`, its ready message sent on `ready` as (index, message)."""
+    from ..serve.server import serve as run_server
+
+    app, gate, _ = build_server(options, on_ready=lambda message: ready.send((index, message)))
+    run_server(app, gate, log_level=options.log_level, access_log=options.access_log, sock=sock)
 
 
 def register(app: typer.Typer) -> None:

@@ -42,9 +42,10 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(app: ASGIApp, gate: Gate, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          access_log: bool = False, on_listening: Callable[[int], None] | None = None) -> None:
-    """Serve `app` (whose Guard shares `gate`) on host:port until a signal; returns once drained.
-    `on_listening(port)` is called once the socket is bound."""
+          access_log: bool = False, on_listening: Callable[[int], None] | None = None,
+          sock: socket.socket | None = None) -> None:
+    """Serve `app` (whose Guard shares `gate`) on host:port, or on the bound `sock` (one shared by several
+    server processes), until a signal; returns once drained. `on_listening(port)` is called once listening."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=5, server_header=False)
-    DrainingServer(config, gate, on_listening).run()
+    DrainingServer(config, gate, on_listening).run(sockets=None if sock is None else [sock])
