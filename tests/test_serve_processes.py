@@ -1,5 +1,5 @@
-"""`vitkit serve --workers 2`: two server processes on one port, a dead one replaced while the other answers,
-and SIGTERM draining both to exit 0."""
+"""`vitkit serve --workers 2`: two server processes on one port, the connections shared out between them, a
+dead one replaced while the other answers, and SIGTERM draining both to exit 0."""
 
 from __future__ import annotations
 
@@ -35,6 +35,23 @@ def server_processes(supervisor: int) -> list[int]:
     return found
 
 
+def connections_on(pid: int, port: int) -> int:
+    """The established TCP connections to local `port` that process `pid` holds (from /proc)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":  # 01: ESTABLISHED
+            inodes.add(fields[9])
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        held += target.startswith("socket:[") and target[8:-1] in inodes
+    return held
+
+
 def wait_for(log: list[str], pattern: str, seconds: float = 120.0) -> str:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -63,12 +80,24 @@ def test_two_server_processes_share_the_port_and_one_that_dies_is_replaced(tmp_p
         assert len(children) == 2, children
         expected = httpx.post(url + "/predictions", content=photo()).json()
         assert [p["label"] for p in expected][0] in CLASSES
+        # 4 keep-alive clients arriving together: 2 on each process (sharing the listening socket, the
+        # process that woke first would take all 4)
+        clients = [httpx.Client(base_url=url, timeout=30) for _ in range(4)]
+        try:
+            for c in clients:
+                assert c.post("/predictions", content=photo()).json() == expected
+            port = int(url.rsplit(":", 1)[1])
+            assert sorted(connections_on(pid, port) for pid in children) == [2, 2]
+        finally:
+            for c in clients:
+                c.close()
 
         os.kill(children[0], signal.SIGKILL)  # the other answers while the supervisor starts another
+        # once the supervisor has seen it go (a connection handed to it as it died would be lost with it)
+        wait_for(log, r"^warning: server process \d \(pid \d+\) exited with code -9; starting another")
         for _ in range(10):
             with httpx.Client(base_url=url, timeout=30) as fresh:  # a new connection each time
                 assert fresh.post("/predictions", content=photo()).json() == expected
-        wait_for(log, r"^warning: server process \d \(pid \d+\) exited with code -9; starting another")
         wait_for(log, r"^ready: server process \d \(restarted\), warmed up batches of 1 to 4 in ")
         replaced = server_processes(proc.pid)
         assert len(replaced) == 2 and children[0] not in replaced and children[1] in replaced

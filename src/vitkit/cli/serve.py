@@ -191,13 +191,13 @@ def build_server(options: ServeOptions, on_ready):
     return app, gate, announce
 
 
-def serve_process(index: int, sock, ready, options: ServeOptions) -> None:
-    """One of `--workers` server processes (spawned by vitkit.serve.processes.Supervisor): the whole server
-    on the shared socket `sock`, its ready message sent on `ready` as (index, message)."""
+def serve_process(index: int, channel, ready, options: ServeOptions) -> None:
+    """One of `--workers` server processes (spawned by vitkit.serve.processes.Supervisor): the whole server,
+    serving the connections handed to it on `channel`; its ready message goes on `ready`."""
     from ..serve.server import serve as run_server
 
     app, gate, _ = build_server(options, on_ready=lambda message: ready.send((index, message)))
-    run_server(app, gate, log_level=options.log_level, access_log=options.access_log, sock=sock)
+    run_server(app, gate, log_level=options.log_level, access_log=options.access_log, channel=channel)
 
 
 def register(app: typer.Typer) -> None:

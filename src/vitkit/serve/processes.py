@@ -1,10 +1,14 @@
-"""`vitkit serve --workers N`: N server processes answering on one listening socket.
+"""`vitkit serve --workers N`: N server processes answering on one port.
 
 One process runs HTTP, the upload's parsing and decoding and the JSON answer on one thread under Python's
 global lock; for a small model that thread, not the model, bounds the requests a second. N processes, each
-with the whole server and its own copy of the model, share one listening socket (bound here, in the
-supervising process, and handed to each; the kernel gives each new connection to one of them), so the
-per-request Python work runs on N cores. Each process keeps its own batcher, metrics and warm-up.
+with the whole server and its own copy of the model, run that work on N cores. Each keeps its own batcher,
+metrics and warm-up.
+
+The supervisor listens and hands each new connection to the processes in turn (its file descriptor, over a
+Unix socket: `hand_over`, `take_connections`). Processes sharing the listening socket instead would each
+accept every connection waiting when they wake: 4 keep-alive clients arriving together all land on one
+process, 64 split 22 to 42, and the busier process sets the latency.
 
 The supervisor starts the processes (spawned, not forked: a forked PyTorch with live OpenMP threads can
 hang), says once when every one is ready, restarts one that dies after it was ready, and stops them all if one
@@ -14,11 +18,14 @@ supervisor returns 0 once they have exited; a second Ctrl-C stops them at once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -27,8 +34,8 @@ from typing import Any
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (port 0: one the system chooses), as uvicorn binds one, to be shared
-    by the server processes. OSError names the address when it cannot be bound."""
+    """A TCP socket bound to host:port (port 0: one the system chooses), as uvicorn binds one. OSError names
+    the address when it cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -43,9 +50,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 @dataclass
 class Supervisor:
-    """Runs `target(index, sock, ready, *args)` in `workers` spawned processes; `target` is a module-level
-    function that serves on `sock` and, once warmed up, sends `(index, message)` on the connection `ready`.
-    `say(message)` reports the supervisor's own events (all ready; a restart)."""
+    """Runs `target(index, channel, ready, *args)` in `workers` spawned processes and hands them the
+    connections `sock` accepts, in turn. `target` is a module-level function that serves the connections
+    arriving on `channel` (`take_connections`) and, once warmed up, sends `(index, message)` on the
+    connection `ready`. `say(message)` reports the supervisor's own events (all ready; a restart)."""
 
     target: Callable[..., None]
     args: tuple[Any, ...]
@@ -56,18 +64,50 @@ class Supervisor:
     stopping: bool = False
     signals: int = 0
     restarted: bool = False
+    handing_out: bool = True
 
     def __post_init__(self):
         self.context = multiprocessing.get_context("spawn")
         self.reader, self.ready = self.context.Pipe(duplex=False)
         self.was_ready = [False] * self.workers
         self.processes = [None] * self.workers
+        self.channels: list[socket.socket | None] = [None] * self.workers
 
     def start(self, index: int) -> None:
-        process = self.context.Process(target=self.target, args=(index, self.sock, self.ready, *self.args),
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message, one fd
+        process = self.context.Process(target=self.target, args=(index, theirs, self.ready, *self.args),
                                        name=f"vitkit-serve-{index}", daemon=False)
         process.start()
+        theirs.close()
+        old, self.channels[index] = self.channels[index], mine
+        if old is not None:
+            old.close()
         self.processes[index] = process
+
+    def hand_out(self) -> None:
+        """Accept connections and hand each to the next ready process in turn (skipping one that has gone),
+        until every process has exited; then stop listening. A connection handed to a process as it dies
+        is lost with it, as it would be had it chosen that process."""
+        self.sock.listen(2048)
+        self.sock.settimeout(0.2)  # to see that the processes have exited
+        turns = itertools.cycle(range(self.workers))
+        while self.handing_out:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            with conn:
+                for _ in range(self.workers):
+                    index = next(turns)
+                    channel = self.channels[index]
+                    if channel is None or (any(self.was_ready) and not self.was_ready[index]):
+                        continue  # a process still warming up waits until the others are all gone
+                    with contextlib.suppress(OSError):  # that process has gone: the next one
+                        hand_over(channel, conn)
+                        break
+        self.sock.close()
 
     def on_signal(self, sig: int, frame: FrameType | None) -> None:
         """First signal: every process drains (SIGTERM); a second Ctrl-C: they stop at once (SIGINT again,
@@ -84,11 +124,19 @@ class Supervisor:
         """Start the processes and supervise them until they have all exited after a signal; the exit code
         (0 when every process drained and exited 0, else the first failure's code)."""
         previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        listener = threading.Thread(target=self.hand_out, name="vitkit-accept", daemon=True)
         try:
             for index in range(self.workers):
                 self.start(index)
+            listener.start()
             return self._supervise()
         finally:
+            self.handing_out = False
+            if listener.is_alive():
+                listener.join()
+            for channel in self.channels:
+                if channel is not None:
+                    channel.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
@@ -125,3 +173,38 @@ class Supervisor:
                     code = process.exitcode or 1
                     self.on_signal(signal.SIGTERM, None)
         return code
+
+
+def hand_over(channel: socket.socket, conn: socket.socket) -> None:
+    """Send the accepted connection `conn` to a server process over the Unix socket `channel` (its file
+    descriptor, SCM_RIGHTS: the process gets its own copy, and the caller closes its one)."""
+    socket.send_fds(channel, [b"c"], [conn.fileno()])
+
+
+def take_connections(channel: socket.socket, serve: Callable[[socket.socket], Any],
+                     on_close: Callable[[], None]) -> None:
+    """In a server process's event loop: call `serve(sock)` for each connection arriving on `channel` (a
+    coroutine, e.g. `loop.connect_accepted_socket(protocol, sock)`, runs as a task); `on_close()` when the
+    supervisor has gone (the channel reads end of file)."""
+    loop = asyncio.get_running_loop()
+    channel.setblocking(False)
+    tasks: set[asyncio.Task] = set()
+
+    def readable() -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(channel, 64, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                loop.remove_reader(channel.fileno())
+                on_close()
+                return
+            for fd in fds:
+                result = serve(socket.socket(fileno=fd))
+                if asyncio.iscoroutine(result):
+                    task = loop.create_task(result)
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+
+    loop.add_reader(channel.fileno(), readable)
