@@ -116,7 +116,11 @@ def serve(
 
         run_server(app, gate, host, port, log_level, access_log, on_listening=announce)
         return
-    from ..serve.processes import Supervisor, bind
+    from ..serve.processes import Supervisor, bind, can_hand_over
+
+    if not can_hand_over():
+        raise UsageError(f"--workers {workers}: handing connections to server processes needs Unix sockets "
+                         "that carry file descriptors (Linux)", "run one process: --workers 1")
 
     served_name = model_name(name, _model_name(model), model)  # a bad --name or model fails here, once
     try:

@@ -44,7 +44,6 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
-    sock.set_inheritable(True)
     return sock
 
 
@@ -173,6 +172,20 @@ class Supervisor:
                     code = process.exitcode or 1
                     self.on_signal(signal.SIGTERM, None)
         return code
+
+
+def can_hand_over() -> bool:
+    """Whether this system can pass connections to the server processes (Unix sockets of SOCK_SEQPACKET
+    carrying file descriptors: Linux)."""
+    if not (hasattr(socket, "send_fds") and hasattr(socket, "SOCK_SEQPACKET") and hasattr(socket, "AF_UNIX")):
+        return False
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except OSError:
+        return False
+    a.close()
+    b.close()
+    return True
 
 
 def hand_over(channel: socket.socket, conn: socket.socket) -> None:
