@@ -26,7 +26,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from types import FrameType
@@ -59,17 +59,16 @@ class Supervisor:
     sock: socket.socket
     workers: int
     say: Callable[[str], None]
-    processes: list[multiprocessing.Process | None] = field(default_factory=list)
-    stopping: bool = False
-    signals: int = 0
-    restarted: bool = False
-    handing_out: bool = True
+    stopping: bool = field(default=False, init=False)
+    signals: int = field(default=0, init=False)
+    announced: bool = field(default=False, init=False)  # "ready: N server processes" said
+    handing_out: bool = field(default=True, init=False)
 
     def __post_init__(self):
         self.context = multiprocessing.get_context("spawn")
         self.reader, self.ready = self.context.Pipe(duplex=False)
         self.was_ready = [False] * self.workers
-        self.processes = [None] * self.workers
+        self.processes: list[multiprocessing.Process | None] = [None] * self.workers
         self.channels: list[socket.socket | None] = [None] * self.workers
 
     def start(self, index: int) -> None:
@@ -142,12 +141,12 @@ class Supervisor:
     def _read_ready(self) -> None:
         while self.reader.poll():
             index, message = self.reader.recv()
-            first_time = not all(self.was_ready) and not self.restarted
             self.was_ready[index] = True
-            if first_time and all(self.was_ready):
-                self.say(f"ready: {self.workers} server processes, each {message.removeprefix('ready: ')}")
-            elif not first_time:
+            if self.announced:  # every later ready message is a replacement's
                 self.say(f"ready: server process {index} (restarted), {message.removeprefix('ready: ')}")
+            elif all(self.was_ready):
+                self.announced = True
+                self.say(f"ready: {self.workers} server processes, each {message.removeprefix('ready: ')}")
 
     def _supervise(self) -> int:
         code = 0
@@ -164,7 +163,7 @@ class Supervisor:
                 elif self.was_ready[index]:  # it served, then died: another takes its place
                     self.say(f"warning: server process {index} (pid {process.pid}) exited with code "
                              f"{process.exitcode}; starting another")
-                    self.was_ready[index], self.restarted = False, True
+                    self.was_ready[index] = False
                     self.start(index)
                 else:  # it never became ready: the others would fail alike
                     self.say(f"error: server process {index} exited with code {process.exitcode} before it "
@@ -194,11 +193,11 @@ def hand_over(channel: socket.socket, conn: socket.socket) -> None:
     socket.send_fds(channel, [b"c"], [conn.fileno()])
 
 
-def take_connections(channel: socket.socket, serve: Callable[[socket.socket], Any],
+def take_connections(channel: socket.socket, serve: Callable[[socket.socket], Coroutine[Any, Any, Any]],
                      on_close: Callable[[], None]) -> None:
-    """In a server process's event loop: call `serve(sock)` for each connection arriving on `channel` (a
-    coroutine, e.g. `loop.connect_accepted_socket(protocol, sock)`, runs as a task); `on_close()` when the
-    supervisor has gone (the channel reads end of file)."""
+    """In a server process's event loop: run `serve(sock)` as a task for each connection arriving on `channel`
+    (e.g. `loop.connect_accepted_socket(protocol, sock)`); `on_close()` when the supervisor has gone (the
+    channel reads end of file)."""
     loop = asyncio.get_running_loop()
     channel.setblocking(False)
     tasks: set[asyncio.Task] = set()
@@ -214,10 +213,8 @@ def take_connections(channel: socket.socket, serve: Callable[[socket.socket], An
                 on_close()
                 return
             for fd in fds:
-                result = serve(socket.socket(fileno=fd))
-                if asyncio.iscoroutine(result):
-                    task = loop.create_task(result)
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                task = loop.create_task(serve(socket.socket(fileno=fd)))
+                tasks.add(task)  # held until done: the loop keeps only weak references to tasks
+                task.add_done_callback(tasks.discard)
 
     loop.add_reader(channel.fileno(), readable)
