@@ -123,9 +123,9 @@ def test_a_non_vit_config_is_refused(tmp_path):
     ref = transformers.ViTModel(hf_config())
     ref.save_pretrained(tmp_path / "hf")
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
-    cfg["model_type"] = "deit"
+    cfg["model_type"] = "swin"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match="a Hugging Face 'deit' model, not a plain ViT"):
+    with pytest.raises(CheckpointError, match="a Hugging Face 'swin' model, not a plain ViT"):
         vitkit.load(tmp_path / "hf")
 
 

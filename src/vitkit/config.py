@@ -85,6 +85,8 @@ class ViTConfig:
 
     `image_size` is (height, width); an int means a square image. The class token exists when
     `class_token` is true; the paper's GAP variant (Appendix D.3) has none and averages the patch tokens.
+    `distilled` adds DeiT's distillation token (Touvron et al., ICML 2021) after the class token, with its own
+    head taught by a teacher's predictions; the model's logits are the mean of the two heads'.
     `hybrid_layers`, when set, replaces the patch projection by a BiT ResNet stem with that many units
     per stage (Sec. 3.1, "Hybrid Architecture"). `dynamic_img_size` (timm's name) lets the model take
     images of any size whose sides are multiples of the patch stride: the position table is resampled to
@@ -103,6 +105,7 @@ class ViTConfig:
     representation_size: int | None = None  # pre-training head's hidden layer (tanh); None: fine-tuning head
     pool: Pool = "token"
     class_token: bool = True
+    distilled: bool = False
     pos_embed: PosEmbed = "learned"
     dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -167,6 +170,9 @@ class ViTConfig:
             raise ValueError("invalid ViTConfig: " + "; ".join(errors))
         if self.pool == "token" and not self.class_token:
             errors.append("pool='token' needs class_token=True")
+        if self.distilled and (self.pool != "token" or self.representation_size is not None):
+            errors.append("distilled=True (a distillation token) needs pool='token' and no "
+                          "representation_size, as DeiT's models")
         if self.dim % self.num_heads:
             errors.append(f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
         if self.pos_embed == "sincos-2d" and self.dim % 4:
@@ -217,7 +223,7 @@ class ViTConfig:
                 put(key, float(value))
             else:
                 errors.append(f"{key}={value!r} must be a finite number")
-        for key in ("class_token", "qkv_bias", "dynamic_img_size"):
+        for key in ("class_token", "distilled", "qkv_bias", "dynamic_img_size"):
             if not isinstance(getattr(self, key), bool):
                 errors.append(f"{key}={getattr(self, key)!r} must be true or false")
         for key in ("pool", "pos_embed", "gelu", "attn_init", "hybrid_norm", "interpolation", "crop_mode",
@@ -265,7 +271,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        """The tokens before the patches: the class token, then the distillation token."""
+        return int(self.class_token) + int(self.distilled)
 
     @property
     def num_tokens(self) -> int:
@@ -414,8 +421,8 @@ def get_preset(name: str) -> Preset:
 
 # The fields that shape the network (not its preprocessing, training rates or class count).
 ARCHITECTURE_FIELDS = ("image_size", "patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "pool",
-                       "class_token", "pos_embed", "qkv_bias", "representation_size", "hybrid_layers",
-                       "hybrid_width")
+                       "class_token", "distilled", "pos_embed", "qkv_bias", "representation_size",
+                       "hybrid_layers", "hybrid_width")
 
 
 def changes_from_preset(cfg: ViTConfig) -> list[str]:

@@ -203,7 +203,11 @@ class VisionTransformer(nn.Module, HubMixin):
     In training, drop-path and PatchDropout draw from torch's generator, or, given `streams` ((B, 2) int64,
     vitkit.streams), from each image's own stream: vitkit's trainer keys them by the image's place in the
     global batch, so that an image's masks do not depend on the process or micro-batch it falls in. Dropout
-    always draws from torch's generator."""
+    always draws from torch's generator.
+
+    With cfg.distilled, DeiT's distillation token follows the class token and has its own head (`head_dist`):
+    the logits are the mean of the two heads', or, in training after set_distilled_training(), the pair
+    (class head, distillation head) for a distillation loss."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -215,6 +219,8 @@ class VisionTransformer(nn.Module, HubMixin):
         self.patch_embed = build_patch_embed(cfg)
         # Eq. 1: the learnable class token whose final state is the image representation.
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distilled else None
+        self.distilled_training = False  # set_distilled_training
         self.pos_embed = None
         if cfg.pos_embed == "learned":  # 1D: one row per token (N+1 rows with the class token)
             self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_tokens, D))
@@ -223,7 +229,7 @@ class VisionTransformer(nn.Module, HubMixin):
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, D // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, D // 2))
             if cfg.class_token:
-                self.pos_embed_cls = nn.Parameter(torch.zeros(1, 1, D))
+                self.pos_embed_cls = nn.Parameter(torch.zeros(1, cfg.num_prefix_tokens, D))
         elif cfg.pos_embed == "sincos-2d":  # fixed, so a buffer; the class token gets no position
             self.register_buffer("pos_embed_fixed", sincos_position_table(cfg.grid_size, D,
                                                                           cfg.num_prefix_tokens),
@@ -237,6 +243,8 @@ class VisionTransformer(nn.Module, HubMixin):
         self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         head_in = cfg.representation_size or D
         self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        if cfg.distilled:
+            self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.init_weights()
 
     # --- initialisation, as the reference (Flax) code ---------------------------------------------
@@ -252,6 +260,8 @@ class VisionTransformer(nn.Module, HubMixin):
                 nn.init.normal_(getattr(self, name), std=0.02)  # AddPositionEmbs: normal(0.02), "from BERT"
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
+        if self.dist_token is not None:
+            nn.init.normal_(self.dist_token, std=0.02)  # DeiT's; a zero one would start as the class token
         if isinstance(self.patch_embed, PatchEmbed):
             # The patch projection is the linear map E of the flattened patch: LeCun normal over its fan-in.
             lecun_normal_(self.patch_embed.proj.weight)
@@ -278,9 +288,10 @@ class VisionTransformer(nn.Module, HubMixin):
         if self.pre_logits is not None:
             lecun_normal_(self.pre_logits.weight)  # Flax Dense's default kernel init
             nn.init.zeros_(self.pre_logits.bias)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)  # the paper's zero-initialised classifier
-            nn.init.zeros_(self.head.bias)
+        for head in (self.head, getattr(self, "head_dist", None)):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)  # the paper's zero-initialised classifier
+                nn.init.zeros_(head.bias)
 
     # --- position embedding --------------------------------------------------------------------------
     def position_table(self, grid: tuple[int, int] | None = None) -> torch.Tensor | None:
@@ -316,8 +327,9 @@ class VisionTransformer(nn.Module, HubMixin):
         PatchDropout (rate `self.patch_drop_rate`, from cfg.patch_dropout), fewer patch tokens."""
         grid = self.image_grid(x)
         x = self.patch_embed(x)  # (B, N, D)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N+1, D)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        if prefix:
+            x = torch.cat([*prefix, x], dim=1)  # (B, N+1, D), or N+2 with a distillation token
         pos = self.position_table(grid)
         if pos is not None:
             x = x + pos
@@ -377,10 +389,25 @@ class VisionTransformer(nn.Module, HubMixin):
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Logits from forward_features' output; with pre_logits, the representation fed to the classifier."""
+        if self.cfg.distilled:
+            return self.distilled_head(features, pre_logits)
         x = self.pool(features)  # (B, D)
         if self.pre_logits is not None:
             x = torch.tanh(self.pre_logits(x))
         return x if pre_logits else self.head(x)
+
+    def distilled_head(self, features: torch.Tensor, pre_logits: bool = False):
+        """DeiT's two heads, on the class token and on the distillation token: their mean (timm's
+        VisionTransformerDistilled), or the pair in training after set_distilled_training()."""
+        x, x_dist = features[:, 0], features[:, 1]
+        if pre_logits:
+            return (x + x_dist) / 2
+        x, x_dist = self.head(x), self.head_dist(x_dist)
+        return (x, x_dist) if self.distilled_training and self.training else (x + x_dist) / 2
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """Whether forward returns (class logits, distillation logits) in training (timm's name)."""
+        self.distilled_training = enable
 
     def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
                               return_prefix_tokens: bool = False, norm: bool = False,
@@ -426,16 +453,19 @@ class VisionTransformer(nn.Module, HubMixin):
         pool = {"avg": "gap"}.get(global_pool, global_pool) or self.cfg.pool
         cfg = self.cfg.replace(num_classes=num_classes, pool=pool)  # validated: 'token' needs a class token
         like = self.head.weight if isinstance(self.head, nn.Linear) else self.norm.weight
-        self.head = nn.Linear(cfg.representation_size or cfg.dim, num_classes, device=like.device,
-                              dtype=like.dtype) if num_classes > 0 else nn.Identity()
-        if num_classes > 0 and not like.is_meta:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        for name in ("head", "head_dist") if cfg.distilled else ("head",):
+            head = nn.Linear(cfg.representation_size or cfg.dim, num_classes, device=like.device,
+                             dtype=like.dtype) if num_classes > 0 else nn.Identity()
+            if num_classes > 0 and not like.is_meta:
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
+            setattr(self, name, head)
         self.cfg = cfg
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip, besides biases and norms: the embeddings."""
-        return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed", "cls_token"))}
+        embeddings = ("pos_embed", "cls_token", "dist_token")
+        return {n for n, _ in self.named_parameters() if n.startswith(embeddings)}
 
 
 def create_model(name: str | ViTConfig, **overrides) -> VisionTransformer:

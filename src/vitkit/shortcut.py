@@ -27,7 +27,7 @@ class ClassTokenShortcut(VisionTransformer):
         last = len(self.blocks) - 1
         for i in range(last):
             x, _ = self.run_block(i, x, streams)
-        x, _ = self.run_block(last, x, streams, queries=1)  # (B, 1, D)
+        x, _ = self.run_block(last, x, streams, queries=self.cfg.num_prefix_tokens)  # (B, 1 or 2, D)
         return self.forward_head(self.norm(x))
 
 

@@ -173,11 +173,12 @@ def warn_assumed_heads(source: str, assumed: str) -> None:
 def named_preset(name: str) -> Preset | None:
     """The preset a checkpoint's name names: a timm or paper name ("vit_base_patch16_224.augreg_in21k"), a
     release file's ("vit_base_patch16_224-80ecf9dd"), or DeiT's ("deit_tiny_patch16_224", timm's plain
-    ViT)."""
+    ViT; "deit_tiny_distilled_patch16_224", the same with a distillation token)."""
     if not name:
         return None
     base = name.split("-", 1)[0] if "/" not in name else name
-    for candidate in dict.fromkeys((name, base, re.sub(r"^deit_", "vit_", base))):
+    deit = re.sub(r"^deit_", "vit_", base).replace("_distilled_", "_")
+    for candidate in dict.fromkeys((name, base, deit)):
         try:
             return get_preset(candidate)
         except (KeyError, TypeError):
@@ -325,19 +326,19 @@ def infer_config(state: dict[str, torch.Tensor], hints: Hints, source: str, squa
         raise CheckpointError(f"{source}: no encoder blocks found (no 'blocks.0.norm1.weight' after "
                               "renaming)")
     mlp_dim = shape("blocks.0.mlp.fc1.weight")[0]
-    class_token = "cls_token" in state
+    class_token, distilled = "cls_token" in state, "dist_token" in state
     preset = named_preset(hints.name)
     exact = is_the_preset(preset, dim, depth, mlp_dim, patch, fields.get("hybrid_layers"))
     heads, how = heads_for(dim, mlp_dim, hints, exact)
     if how:
         warn_assumed_heads(source, f"{_heads_text(heads, dim)} {how}")
     fields.update(patch_size=patch, dim=dim, depth=depth, mlp_dim=mlp_dim, class_token=class_token,
-                  qkv_bias="blocks.0.attn.qkv.bias" in state, num_heads=heads)
-    fields["pool"] = (hints.pool or hints.config.get("pool")
-                      or _pool_for(class_token, token_or_gap, preset, exact, source))
+                  distilled=distilled, qkv_bias="blocks.0.attn.qkv.bias" in state, num_heads=heads)
+    stated = hints.pool or hints.config.get("pool") or ("token" if distilled else None)  # DeiT's two heads
+    fields["pool"] = stated or _pool_for(class_token, token_or_gap, preset, exact, source)
     fields["num_classes"] = shape("head.weight")[0] if "head.weight" in state else 0
     fields["representation_size"] = shape("pre_logits.weight")[0] if "pre_logits.weight" in state else None
-    prefix = 1 if class_token else 0
+    prefix = int(class_token) + int(distilled)
     stride = patch_stride_of(state)
     if "pos_embed" in state:
         fields["pos_embed"] = "learned"

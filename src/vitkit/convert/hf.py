@@ -31,12 +31,13 @@ HF_PART = {"query": "q", "key": "k", "value": "v", "q_proj": "q", "k_proj": "k",
 # PIL resampling codes, as preprocessor_config.json stores them.
 RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 
-_V4 = r"(?:vit\.)?encoder\.layer\.(\d+)\."
-_V5 = r"(?:vit\.)?layers\.(\d+)\."
+_V4 = r"(?:vit\.|deit\.)?encoder\.layer\.(\d+)\."
+_V5 = r"(?:vit\.|deit\.)?layers\.(\d+)\."
 RULES = [
-    (r"(?:vit\.)?embeddings\.cls_token", "cls_token"),
-    (r"(?:vit\.)?embeddings\.position_embeddings", "pos_embed"),
-    (r"(?:vit\.)?embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"(?:vit\.|deit\.)?embeddings\.cls_token", "cls_token"),
+    (r"(?:deit\.)?embeddings\.distillation_token", "dist_token"),
+    (r"(?:vit\.|deit\.)?embeddings\.position_embeddings", "pos_embed"),
+    (r"(?:vit\.|deit\.)?embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
     (_V4 + r"attention\.attention\.(query|key|value)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
     (_V4 + r"attention\.output\.dense\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
     (_V4 + r"intermediate\.dense\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
@@ -48,9 +49,12 @@ RULES = [
     (_V5 + r"mlp\.(fc1|fc2)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
     (_V5 + r"layernorm_before\.(weight|bias)", r"blocks.\1.norm1.\2"),
     (_V5 + r"layernorm_after\.(weight|bias)", r"blocks.\1.norm2.\2"),
-    (r"(?:vit\.)?layernorm\.(weight|bias)", r"norm.\1"),
-    (r"(?:vit\.)?pooler\.dense\.(weight|bias)", r"pre_logits.\1"),
+    (r"(?:vit\.|deit\.)?layernorm\.(weight|bias)", r"norm.\1"),
+    (r"(?:vit\.|deit\.)?pooler\.dense\.(weight|bias)", r"pre_logits.\1"),
     (r"classifier\.(weight|bias)", r"head.\1"),
+    # DeiTForImageClassificationWithTeacher: a head on the class token and one on the distillation token
+    (r"cls_classifier\.(weight|bias)", r"head.\1"),
+    (r"distillation_classifier\.(weight|bias)", r"head_dist.\1"),
 ]
 
 
@@ -66,9 +70,9 @@ def hints_from_config(config: dict[str, Any], preprocessor: dict[str, Any] | Non
     fields transformers reads (hidden_act, layer_norm_eps, image_size, num_attention_heads, the preprocessor's
     mean, std and resample) win over it.
     """
-    if config.get("model_type", "vit") != "vit":
+    if config.get("model_type", "vit") not in ("vit", "deit"):
         raise CheckpointError(f"{source}: a Hugging Face {config.get('model_type')!r} model, not a plain ViT "
-                              "(model_type 'vit')")
+                              "(model_type 'vit', or 'deit' with its distillation token)")
     if config.get("pooler_act", "tanh") != "tanh":
         raise CheckpointError(f"{source}: pooler_act={config['pooler_act']!r}; vitkit's pre-logits use tanh")
     written = config.get("vitkit_config") or {}  # a folder vitkit wrote: the fields HF cannot hold
@@ -124,6 +128,11 @@ def from_hf(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conver
     for long, short in HF_PART.items():
         state = {k.replace(f".attn.{long}.", f".attn.{short}."): v for k, v in state.items()}
     state = fuse_qkv(state, "blocks.{i}.attn.{part}.{kind}", source)
+    if "dist_token" in state and "head.weight" in state and "head_dist.weight" not in state:
+        raise CheckpointError(f"{source}: a DeiTForImageClassification, whose classifier reads the class "
+                              "token alone while a distillation token stays in the sequence; vitkit's "
+                              "distilled models average the two heads "
+                              "(DeiTForImageClassificationWithTeacher, timm's deit_*_distilled)")
     if "ln_eps" not in hints.config:
         hints.config["ln_eps"] = HF_LAYER_NORM_EPS
     cfg = infer_config(state, hints, source)
@@ -145,6 +154,9 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
         problems.append(f"transformers' ViT has only a learned 1D position table, not {cfg.pos_embed!r}")
     if cfg.hybrid_layers is not None:
         problems.append("transformers has no ResNet hybrid ViT in its current versions")
+    if cfg.distilled:
+        problems.append("vitkit writes transformers' ViT, which has no distillation token (write it for "
+                        "timm)")
     if cfg.num_classes > 0 and cfg.representation_size:
         problems.append("ViTForImageClassification has no pre-logits layer before its classifier")
     if problems:

@@ -49,6 +49,7 @@ from .common import (
 _BLOCK = r"blocks\.(\d+)\.(norm1|attn\.qkv|attn\.proj|norm2|mlp\.fc1|mlp\.fc2)\.(weight|bias)"
 RULES = [
     (r"cls_token", "cls_token"),
+    (r"dist_token", "dist_token"),  # DeiT's distilled models (timm's VisionTransformerDistilled)
     (r"pos_embed", "pos_embed"),
     (r"patch_embed\.proj\.(weight|bias)", r"patch_embed.proj.\1"),
     (r"patch_embed\.backbone\.(stem\.(?:conv|norm)\.(?:weight|bias))", r"patch_embed.backbone.\1"),
@@ -58,6 +59,7 @@ RULES = [
     (r"norm\.(weight|bias)", r"norm.\1"),
     (r"pre_logits\.fc\.(weight|bias)", r"pre_logits.\1"),  # timm < 0.9 kept the representation layer
     (r"head\.(weight|bias)", r"head.\1"),
+    (r"head_dist\.(weight|bias)", r"head_dist.\1"),
 ]
 
 TIMM_GELU_TANH = "gelu_tanh"
@@ -236,7 +238,7 @@ def from_timm(state: dict[str, torch.Tensor], hints: Hints, source: str) -> Conv
     if "patch_embed.proj.weight" in state:
         hints = hints_from_architecture(hints, state["patch_embed.proj.weight"].shape[0], source)
     no_embed_class = hints.no_embed_class
-    if "cls_token" in state and "pos_embed" in state:
+    if "cls_token" in state and "pos_embed" in state and "dist_token" not in state:  # DeiT's: rows for both
         if no_embed_class is None:
             no_embed_class = lacks_class_row(state["pos_embed"].shape[1], patch_stride_of(state), hints,
                                              source)
@@ -262,7 +264,11 @@ def architecture_name(cfg: ViTConfig) -> str:
     model of the same shape (width, depth, heads, MLP, patch, ResNet), preferring the one of the same input
     size and then the one `cfg.name` names (timm names a model at another size by its builder's size);
     for a shape timm registers none of, its plain ViT (or the hybrid with the same ResNet), whose
-    `model_args` make any shape (`shape_description` says what the model is)."""
+    `model_args` make any shape (`shape_description` says what the model is). A model with a distillation
+    token: DeiT's distilled ViT of its width at 224 or 384 px (timm's VisionTransformerDistilled)."""
+    if cfg.distilled:
+        size = {192: "tiny", 384: "small"}.get(cfg.dim, "base")
+        return f"deit_{size}_distilled_patch16_{384 if min(cfg.image_size) >= 384 else 224}"
     same = [p for p in PRESETS.values() if p.in_timm
             and all(getattr(p.config, k) == getattr(cfg, k) for k in SHAPE_FIELDS)]
     if same:
@@ -293,6 +299,9 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
     problems = []
     if cfg.pos_embed not in TIMM_POS_EMBED:
         problems.append(f"timm's VisionTransformer has no {cfg.pos_embed!r} position embedding")
+    if cfg.distilled and (cfg.hybrid_layers is not None or cfg.pos_embed != "learned"):
+        problems.append("timm's distilled ViT (VisionTransformerDistilled) is a plain ViT with a learned "
+                        "position table")
     if cfg.hybrid_width != 64 and cfg.hybrid_layers is not None:
         problems.append(f"timm's hybrids have a ResNet of width 64, this one {cfg.hybrid_width}")
     if cfg.representation_size:
@@ -343,7 +352,7 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
             "input_size": [cfg.in_chans, *cfg.image_size], "fixed_input_size": True,
             "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct, "crop_mode": cfg.crop_mode,
             "mean": list(cfg.mean), "std": list(cfg.std), "num_classes": cfg.num_classes,
-            "classifier": "head",
+            "classifier": ["head", "head_dist"] if cfg.distilled else "head",
         },
         "vitkit_config": cfg.to_dict(),
     }

@@ -47,6 +47,7 @@ from .batches import (
 )
 from .checkpoints import latest_checkpoint, restore_rng, save_model_atomically, save_train_state
 from .dcp_checkpoints import load_sharded_train_state, save_sharded_train_state
+from .distill import Teacher, hard_distillation_loss, load_teacher
 from .ema import EMA
 from .evaluate import EvalResult, evaluate
 from .losses import classification_loss
@@ -318,6 +319,11 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
         net = compiled(net, ctx.device)
     loss_fn = classification_loss(cfg.optim.loss, cfg.optim.label_smoothing)
     val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
+    teacher = None
+    if cfg.teacher:  # DeiT's hard distillation: the teacher's classes are the loss's third argument
+        teacher = load_teacher(cfg.teacher, cfg.model, len(run.classes), ctx.device)
+        loss_fn = hard_distillation_loss(loss_fn, cfg.distill_weight)
+        run.model.set_distilled_training(cfg.model.distilled)
     report = Report(MetricsLog(run.out, ctx.is_main, run.step), progress_bar(run, progress),
                     lines=progress is not False and ctx.is_main)
     result = None
@@ -330,7 +336,7 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
             first = run.step % lengths.per_epoch
             last = min(lengths.per_epoch, first + lengths.total - run.step)
             for _, micro_batches in run.source.epoch(epoch, run.plan, first, last):
-                lr, loss, stop = train_one_step(run, net, micro_batches, loss_fn, stops)
+                lr, loss, stop = train_one_step(run, net, micro_batches, loss_fn, stops, teacher)
                 report.after_step(run, lr, loss)
                 if run.step % lengths.eval_every == 0 or run.step == lengths.total:
                     result = evaluate_and_keep_best(run, report, val_loss)
@@ -346,8 +352,8 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
 
 
 # --- the steps of the loop ---------------------------------------------------------------------------------
-def train_one_step(run: Run, net: nn.Module, micro_batches: list[Batch], loss_fn,
-                   stops: StopRequests) -> tuple[float, float | None, bool]:
+def train_one_step(run: Run, net: nn.Module, micro_batches: list[Batch], loss_fn, stops: StopRequests,
+                   teacher: Teacher | None = None) -> tuple[float, float | None, bool]:
     """One optimizer step at `run.step` (see the module's docstring), which it then advances. Returns the
     learning rate, the loss (the mean over the processes; None except at a log step, the only steps that read
     it back from the device) and whether a process was asked to stop.
@@ -360,7 +366,7 @@ def train_one_step(run: Run, net: nn.Module, micro_batches: list[Batch], loss_fn
     set_lr(run.optimizer, lr)
     run.model.patch_drop_rate = 0.0 if run.step >= lengths.full_tokens_from else cfg.model.patch_dropout
     # Under FSDP each micro-batch's gradients are reduce-scattered into the shards as its backward ends.
-    loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, run.ddp)
+    loss = forward_backward(net, micro_batches, loss_fn, ctx.device, run.amp, run.ddp, teacher)
     norm = gradient_norm(run.model, cfg.optim.clip_grad_norm)  # the same on every process (averaged grads)
     # Whether the gradients are finite and whether a signal asked this process to stop, summed over the
     # processes, which must all skip or stop together, at the same step; at a log step the loss rides along,

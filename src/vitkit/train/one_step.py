@@ -94,7 +94,8 @@ def dropout_seed(streams: torch.Tensor) -> int:
 
 def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, ...]],
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
-                     amp: torch.dtype | None, ddp: bool = False) -> torch.Tensor:
+                     amp: torch.dtype | None, ddp: bool = False,
+                     teacher: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Forward and backward over one step's micro-batches; each loss is divided by their number so that the
     gradients add up to the mean over all of them. Under DDP the gradients are averaged over the processes on
     the last micro-batch only. Returns the mean loss (a 0-d tensor on `device`, not synchronised).
@@ -102,7 +103,8 @@ def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, ...
     A micro-batch is (images, labels) or (images, labels, streams): with the images' random streams
     (vitkit.streams), the model draws its drop-path and PatchDropout masks from them and torch's generator is
     seeded from them for dropout (`dropout_seed`), so every draw of the step is a function of the images'
-    places in the global batch."""
+    places in the global batch. With a `teacher` (vitkit.train.distill.Teacher), its classes for the images
+    are the loss's third argument."""
     total = torch.zeros((), device=device)
     for j, (x, y, *rest) in enumerate(micro_batches):
         streams = rest[0] if rest else None
@@ -115,8 +117,9 @@ def forward_backward(net: nn.Module, micro_batches: list[tuple[torch.Tensor, ...
         with contextlib.nullcontext() if sync else net.no_sync():
             with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
                 logits = net(x, **kwargs)
+                taught = () if teacher is None else (teacher(x),)
             # Soft labels (MixUp/CutMix) and integer labels alike; the loss in fp32 even under autocast.
-            loss = loss_fn(logits, y)
+            loss = loss_fn(logits, y, *taught)
             (loss / len(micro_batches)).backward()
         total += loss.detach()
     return total / len(micro_batches)

@@ -13,8 +13,9 @@ from .settings import OptimConfig
 
 def layer_id(name: str, depth: int) -> int:
     """A ViT parameter's layer for layer-wise decay, as BEiT numbers them: 0 for the embeddings (patches,
-    class token, positions), i + 1 for block i, depth + 1 for the final norm and the head."""
-    if name.startswith(("patch_embed.", "cls_token", "pos_embed")):
+    class and distillation tokens, positions), i + 1 for block i, depth + 1 for the final norm and the
+    heads."""
+    if name.startswith(("patch_embed.", "cls_token", "dist_token", "pos_embed")):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1

@@ -246,6 +246,10 @@ class TrainConfig:
     `parallel`: how several processes share the training. 'ddp': each holds the whole model, optimizer and
     EMA, and the gradients are averaged. 'fsdp': FSDP2 shards them over the processes, per block and at the
     root (vitkit.train.sharding), and the checkpoints are sharded too (vitkit.train.dcp_checkpoints).
+    `teacher`: a trained classifier of the same classes (a run's `best`, or anything vitkit.load reads) whose
+    top class for each augmented image teaches the model, DeiT's hard distillation (vitkit.train.distill):
+    the loss is (1 - distill_weight) x the loss on the labels + distill_weight x the cross-entropy of the
+    distillation head (`model.distilled`; the class head without one) against the teacher's class.
     """
 
     recipe: str = ""
@@ -275,6 +279,8 @@ class TrainConfig:
     fast: bool = True
     grad_checkpointing: bool = False
     parallel: Parallel = "ddp"
+    teacher: str = ""
+    distill_weight: float = 0.5
 
     def __post_init__(self) -> None:
         errors = range_errors(self, TRAIN_RANGES) + nonfinite_errors(self.augment, "augment.")
@@ -314,7 +320,7 @@ TRAIN_RANGES = {
     "seed": Range(0, 2**32, integer=True, open_high=True), "threads": Range(0, integer=True),
     "eval_every": Range(0, integer=True), "ckpt_every": Range(0, integer=True),
     "keep_last": Range(1, integer=True), "log_every": Range(1, integer=True),
-    "max_skipped_steps": Range(1, integer=True),
+    "max_skipped_steps": Range(1, integer=True), "distill_weight": Range(0, 1),
 }
 
 
