@@ -133,9 +133,11 @@ def test_a_run_taught_by_a_teacher(tmp_path):
     """A tiny teacher trained, then a distilled student taught by it: the run records its teacher and saves a
     model whose forward averages the two heads."""
     data = dict(train_set=synthetic_dataset(96, 0), val_set=synthetic_dataset(32, 1), progress=False)
-    train(get_recipe("fashion-mnist-tiny", ["steps=4"]), tmp_path / "teacher", **data)
-    student_cfg = get_recipe("fashion-mnist-tiny", ["steps=4", "model.distilled=true",
-                                                    f"teacher={tmp_path / 'teacher' / 'best'}"])
+    with pytest.raises(ValueError, match="recipe learns from a teacher: set teacher=MODEL"):
+        train(get_recipe("fashion-mnist-distilled-tiny"), tmp_path / "untaught", **data)
+    train(get_recipe("fashion-mnist-teacher-tiny", ["steps=4"]), tmp_path / "teacher", **data)
+    taught = f"teacher={tmp_path / 'teacher' / 'best'}"
+    student_cfg = get_recipe("fashion-mnist-distilled-tiny", ["steps=4", taught])
     train(student_cfg, tmp_path / "student", **data)
     saved = json.loads((tmp_path / "student" / "config.json").read_text())
     assert saved["teacher"] == str(tmp_path / "teacher" / "best") and saved["model"]["distilled"] is True

@@ -129,6 +129,40 @@ def fashion_mnist_long() -> TrainConfig:
     )
 
 
+def fashion_mnist_teacher() -> TrainConfig:
+    """A convolutional teacher for `fashion-mnist-distilled`: vitkit's BiT ResNet (the hybrid's: three stages
+    of two bottleneck units, root width 32; weight-standardised convolutions, GroupNorm) on the images resized
+    to 32x32, then one transformer block of width 128 over its 2x2 map and global average pooling: a ResNet in
+    all but its last layer (1.06 M parameters, 19 MFLOPs an image). The `fashion-mnist` recipe's training
+    otherwise (augmentation, label smoothing, EMA, bf16 where native, compiled), at AdamW 2e-3 for 30 epochs:
+
+        vitkit train fashion-mnist-teacher --out runs/fm-teacher --nproc 2
+
+    Results in docs/training.md ("Distillation").
+    """
+    base = fashion_mnist()
+    model = base.model.replace(image_size=(32, 32), patch_size=1, hybrid_layers=(2, 2, 2), hybrid_width=32,
+                               dim=128, depth=1, mlp_dim=256, pool="gap", class_token=False,
+                               patch_dropout=0.0, attn_init="xavier", name="vit-fashion-mnist-teacher")
+    return dataclasses.replace(base, recipe="fashion-mnist-teacher", model=model, epochs=30.0,
+                               optim=dataclasses.replace(base.optim, lr=2e-3), full_token_epochs=0.0)
+
+
+def fashion_mnist_distilled() -> TrainConfig:
+    """The `fashion-mnist` recipe with DeiT's distillation token, taught by a teacher's hard labels (half the
+    loss; vitkit.train.distill), for example the `fashion-mnist-teacher` recipe's:
+
+        vitkit train fashion-mnist-teacher --out runs/fm-teacher --nproc 2
+        vitkit train fashion-mnist-distilled --out runs/fm-distilled --nproc 2 \
+            --set teacher=runs/fm-teacher/best
+
+    Results in docs/training.md ("Distillation").
+    """
+    base = fashion_mnist()
+    return dataclasses.replace(base, recipe="fashion-mnist-distilled",
+                               model=base.model.replace(distilled=True, name="vit-fashion-mnist-distilled"))
+
+
 def demo() -> TrainConfig:
     """What `make demo` trains: a small ViT with 7x7 patches (16 tokens), width 128, depth 4, on Fashion-MNIST
     for 6 epochs (2,808 steps of 128), flips only (in a run this short a random crop slows learning more than
@@ -200,31 +234,52 @@ def demo_tiny() -> TrainConfig:
     return _tiny(demo(), 28, 7)
 
 
+def fashion_mnist_teacher_tiny() -> TrainConfig:
+    """The teacher's twin: one bottleneck unit at 16x16 (a 4x4 map), one block of width 32."""
+    cfg = _tiny(fashion_mnist_teacher(), 16, 1)
+    return dataclasses.replace(cfg, model=cfg.model.replace(hybrid_layers=(1,), depth=1))
+
+
+def fashion_mnist_distilled_tiny() -> TrainConfig:
+    return _tiny(fashion_mnist_distilled(), 28, 4)
+
+
 RECIPES: dict[str, Callable[[], TrainConfig]] = {
     "pretrain": pretrain,
     "finetune": finetune,
     "fashion-mnist": fashion_mnist,
     "fashion-mnist-long": fashion_mnist_long,
     "demo": demo,
+    "fashion-mnist-teacher": fashion_mnist_teacher,
+    "fashion-mnist-distilled": fashion_mnist_distilled,
     "pretrain-tiny": pretrain_tiny,
     "finetune-tiny": finetune_tiny,
     "fashion-mnist-tiny": fashion_mnist_tiny,
     "fashion-mnist-long-tiny": fashion_mnist_long_tiny,
     "demo-tiny": demo_tiny,
+    "fashion-mnist-teacher-tiny": fashion_mnist_teacher_tiny,
+    "fashion-mnist-distilled-tiny": fashion_mnist_distilled_tiny,
 }
 
 
 # Recipes that fine-tune: without `init` they would train their model from scratch, which they are not made
 # for.
 NEEDS_INIT = ("finetune", "finetune-tiny")
+# Recipes that distil: without a teacher the distillation token would learn the labels like the class token.
+NEEDS_TEACHER = ("fashion-mnist-distilled", "fashion-mnist-distilled-tiny")
 
 
 def missing_init(cfg: TrainConfig) -> str | None:
-    """Why `cfg` cannot run as it is (a fine-tuning recipe without `init`), or None."""
+    """Why `cfg` cannot run as it is (a fine-tuning recipe without `init`, a distilling one without
+    `teacher`), or None."""
     if cfg.recipe in NEEDS_INIT and not cfg.init:
         return (f"the {cfg.recipe} recipe fine-tunes a pre-trained model: set init=CHECKPOINT (anything "
                 "vitkit.load reads, e.g. --set init=ViT-B_16.npz); to train from scratch, use pretrain, "
                 "fashion-mnist or demo")
+    if cfg.recipe in NEEDS_TEACHER and not cfg.teacher:
+        return (f"the {cfg.recipe} recipe learns from a teacher: set teacher=MODEL (a trained classifier of "
+                "the same classes, e.g. --set teacher=runs/fm-teacher/best after `vitkit train "
+                "fashion-mnist-teacher --out runs/fm-teacher`)")
     return None
 
 
