@@ -321,7 +321,7 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
     val_loss = classification_loss(cfg.optim.loss)  # the same loss on the true labels, without smoothing
     teacher = None
     if cfg.teacher:  # DeiT's hard distillation: the teacher's classes are the loss's third argument
-        teacher = load_teacher(cfg.teacher, cfg.model, len(run.classes), ctx.device)
+        teacher = load_teacher(cfg.teacher, cfg.model, len(run.classes), ctx.device, cfg.compile)
         loss_fn = hard_distillation_loss(loss_fn, cfg.distill_weight)
         run.model.set_distilled_training(cfg.model.distilled)
     report = Report(MetricsLog(run.out, ctx.is_main, run.step), progress_bar(run, progress),
