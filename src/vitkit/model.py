@@ -243,6 +243,7 @@ class VisionTransformer(nn.Module, HubMixin):
         self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         head_in = cfg.representation_size or D
         self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head_dist = None  # DeiT's head on the distillation token
         if cfg.distilled:
             self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.init_weights()
@@ -288,7 +289,7 @@ class VisionTransformer(nn.Module, HubMixin):
         if self.pre_logits is not None:
             lecun_normal_(self.pre_logits.weight)  # Flax Dense's default kernel init
             nn.init.zeros_(self.pre_logits.bias)
-        for head in (self.head, getattr(self, "head_dist", None)):
+        for head in (self.head, self.head_dist):
             if isinstance(head, nn.Linear):
                 nn.init.zeros_(head.weight)  # the paper's zero-initialised classifier
                 nn.init.zeros_(head.bias)
