@@ -7,7 +7,9 @@ ONNX Runtime and OpenVINO, each at the precisions it offers on the CPU.
 - `openvino-fp32`: OpenVINO's CPU plugin with `INFERENCE_PRECISION_HINT=f32` (its default on a CPU with
   native bf16 is bf16, which is `openvino-bf16`);
 - `openvino-int8`: `nncf.quantize` with the transformer preset, calibrated on random inputs of the cell's
-  shape, compiled with the plugin's defaults.
+  shape, compiled with the plugin's defaults; on a CPU without VNNI with NNCF's overflow fix in every layer
+  (7-bit weights), as NNCF advises there: AVX2's and AVX-512's `vpmaddubsw` sums pairs of int8 products in
+  int16, which saturates (logits of a small random ViT were 40 % off without it on an AVX2-only AMD EPYC).
 
 Each starts from the contender's own randomly initialised vitkit model (the same architecture as every other
 contender), exported with `vitkit.export.export_onnx`, and is compiled for the cell's input shape at its first
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 
 from .config import ViTConfig
+from .cpu.hardware import cpu_has_vnni
 from .extras import available as extra_available
 from .extras import require
 
@@ -131,10 +134,14 @@ def build_openvino(model: torch.nn.Module, precision: str, calibration_size: int
         config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY"}
         if precision == "int8":
             import nncf
+            from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
             samples = calibration_batches(shape, calibration_size, calibration)
+            # Without VNNI every layer's int16 pair sums can saturate, not only the first's (NNCF's default).
+            advanced = (None if cpu_has_vnni()
+                        else AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE))
             graph = nncf.quantize(graph, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER,
-                                  subset_size=len(samples))
+                                  subset_size=len(samples), advanced_parameters=advanced)
         else:
             config["INFERENCE_PRECISION_HINT"] = {"fp32": "f32", "bf16": "bf16"}[precision]
         compiled = core.compile_model(graph, "CPU", config)
