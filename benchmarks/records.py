@@ -2,8 +2,9 @@
 
 A record is one measurement, one JSON file named by what was measured, where, and when:
 `WHAT_WHERE_DATE[_TAG].json`, e.g. `infer-b1_amd-epyc_2026-12-02_run1.json`. WHERE is the CPU (or GPU) model
-as a slug of `lscpu`'s "Model name"; DATE is the day of the measurement (YYYY-MM-DD); TAG tells apart several
-measurements of one kind on one day (`run1`, `seed1`).
+as a slug of `lscpu`'s "Model name", with `-avx2` added for an x86 CPU without AVX-512 (a virtual machine's
+"AMD EPYC" names a Zen 4 with AVX-512 and a Zen 3 with AVX2 alike); DATE is the day of the measurement
+(YYYY-MM-DD); TAG tells apart several measurements of one kind on one day (`run1`, `seed1`).
 
     python benchmarks/records.py name infer-b1 --tag run1     # the path a new record of this machine gets
     python benchmarks/records.py where                        # this machine's CPU slug
@@ -34,6 +35,25 @@ def slug(model_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "unknown-cpu"
 
 
+def cpu_flags() -> set[str]:
+    """This machine's CPU feature flags (/proc/cpuinfo's "flags"); empty where they cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def machine_slug(model_name: str | None = None, flags: set[str] | None = None) -> str:
+    """This machine's WHERE: the slug of its CPU model, `-avx2` added where the CPU has AVX2 but not AVX-512
+    (the same model name covers both kinds under some hypervisors)."""
+    flags = cpu_flags() if flags is None else flags
+    isa = "-avx2" if "avx2" in flags and "avx512f" not in flags else ""
+    return slug(cpu_model() if model_name is None else model_name) + isa
+
+
 def cpu_model() -> str:
     """This machine's CPU model, as `lscpu` names it ("Model name"; /proc/cpuinfo's "model name")."""
     try:
@@ -54,8 +74,8 @@ def record_path(
     tag: str | None = None,
     folder: Path = RESULTS,
 ) -> Path:
-    """The file a record of `what` gets: WHERE defaults to this machine's CPU slug, DATE to today (UTC)."""
-    where = where or slug(cpu_model())
+    """The file a record of `what` gets: WHERE defaults to `machine_slug()`, DATE to today (UTC)."""
+    where = where or machine_slug()
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     stem = f"{what}_{where}_{date}" + (f"_{tag}" if tag else "")
     if not NAME.match(stem):
@@ -119,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("slug", help="print the slug of a CPU or GPU model name").add_argument("model_name")
     args = parser.parse_args(argv)
     if args.command == "where":
-        print(slug(cpu_model()))
+        print(machine_slug())
     elif args.command == "slug":
         print(slug(args.model_name))
     else:
