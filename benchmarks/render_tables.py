@@ -147,13 +147,16 @@ def speed_runs(recs: list[Record], where: str, date: str) -> str:
     return "\n".join(lines)
 
 
-def agreement(recs: list[Record], where: str, date: str) -> str:
+def agreement(recs: list[Record], where: str, date: str, tag: str = "") -> str:
+    """`int8-agreement` records of one day whose tag is `tag` (untagged by default: target_runs.sh's)."""
     lines = [
         "| checkpoint | images | top-1 fp32 | top-1 int8 | int8 agrees with fp32 | "
         "`optimize(fp32)` max abs diff |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for rec in pick(recs, "int8-agreement", where, date):
+        if (rec.tag or "") != tag:
+            continue
         d = load(rec)
         acc = d["accuracy"]
         lines.append(
