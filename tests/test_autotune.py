@@ -56,6 +56,16 @@ def test_the_faster_candidate_is_chosen_timed_once_and_cached_on_disk(cache):
     assert autotune.choose("op", (3, 4), lambda: pytest.fail("timed again"), default="plain") == "fast"
 
 
+def test_cpus_of_one_model_name_with_other_vector_extensions_keep_their_own_choices(cache, monkeypatch):
+    monkeypatch.setattr(autotune, "cpu_model", lambda: "AMD EPYC")
+    names = set()
+    for isa in ("avx2", "avx512", ""):
+        monkeypatch.setattr(autotune, "cpu_isa", lambda isa=isa: isa)
+        names.add(autotune.cache_path().name)
+    assert names == {f"autotune-amd-epyc{s}-torch{torch.__version__.split('+')[0]}.json"
+                     for s in ("-avx2", "-avx512", "")}
+
+
 def test_the_default_stays_unless_beaten_by_the_margin():
     assert autotune.pick({"plain": 1.0, "fast": 0.99}, default="plain") == "plain"
     assert autotune.pick({"plain": 1.0, "fast": 0.9}, default="plain") == "fast"

@@ -6,8 +6,9 @@ each candidate implementation on tensors of that shape (interleaved rounds; each
 the figure least disturbed by other work on the machine) and keeps the fastest. The caller's default (its
 fixed rule) is kept unless another candidate is at least `MARGIN` faster, and PyTorch's own implementation is
 always among the candidates, so a tuned path is never slower than PyTorch's beyond that margin. The choice is
-kept for the process and written to a JSON file per CPU model, PyTorch version and thread count
-(`$VITKIT_CACHE_DIR` or `~/.cache/vitkit`, file `autotune-<cpu>-torch<version>.json`), so later processes on
+kept for the process and written to a JSON file per CPU model and vector extension, PyTorch version and
+thread count (`$VITKIT_CACHE_DIR` or `~/.cache/vitkit`, file `autotune-<cpu>-<isa>-torch<version>.json`: a
+hypervisor's "AMD EPYC" may be an AVX2 or an AVX-512 CPU), so later processes on
 the machine (a resumed run among them) make the same choice without timing again. The first choice written
 for a shape wins: processes that tune at once (those of a data-parallel run) take the one written first.
 
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .hardware import cpu_model
+from .hardware import cpu_isa, cpu_model
 
 ENV = "VITKIT_AUTOTUNE"
 CACHE_ENV = "VITKIT_CACHE_DIR"
@@ -53,10 +54,11 @@ def enabled() -> bool:
 
 
 def cache_path() -> Path:
-    """This machine's cache file: per CPU model and PyTorch version, under $VITKIT_CACHE_DIR or
-    ~/.cache/vitkit."""
+    """This machine's cache file: per CPU model, vector extension and PyTorch version, under $VITKIT_CACHE_DIR
+    or ~/.cache/vitkit."""
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vitkit")
-    cpu = re.sub(r"[^a-z0-9]+", "-", (cpu_model() or "unknown-cpu").lower()).strip("-")
+    cpu = "-".join(filter(None, (cpu_model() or "unknown-cpu", cpu_isa())))
+    cpu = re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-")
     return root / f"autotune-{cpu}-torch{torch.__version__.split('+')[0]}.json"
 
 

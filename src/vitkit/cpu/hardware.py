@@ -28,6 +28,13 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(_cpuinfo_field("flags").split())
 
 
+def cpu_isa() -> str:
+    """The widest x86 vector extension the CPU has, "avx512" or "avx2"; "" for anything else. A hypervisor
+    may give a Zen 3 (AVX2) and a Zen 4 (AVX-512) one model name, and their fastest kernels differ."""
+    flags = cpu_flags()
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else ""
+
+
 def cpu_vendor() -> str:
     """The CPU's vendor string ("GenuineIntel", "AuthenticAMD", ...); "" where /proc/cpuinfo cannot be
     read."""
