@@ -1,13 +1,15 @@
 """vitkit's compiled CPU operators: built from src/vitkit/cpu/csrc on first use, then loaded from the cache.
 
-Two libraries of operators:
+Three libraries of operators:
 - `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder block of the int8
   model as one parallel region, each thread through its own share of the tokens, with two meeting points
   between the threads per block instead of the fifteen or so of running the block operator by operator (see
   `vitkit.cpu.int8`);
 - `torch.ops.vitkit.attention_forward` and `attention_backward` (csrc/attention.cpp): fp32 self-attention read
   straight from the fused q;k;v projection and its gradient written straight into one (see
-  `vitkit.cpu.attention`).
+  `vitkit.cpu.attention`);
+- `torch.ops.vitkit.gemm_pack` and `gemm_linear` (csrc/gemm.cpp): an fp32 linear layer on a packed weight for
+  AVX2 CPUs, one of the engines `vitkit.optimize`'s layers time (see `vitkit.cpu.packed`).
 
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-60 s a library
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 from ..extras import available, install_hint
+from .hardware import cpu_flags, cpu_isa
 from .private import extension_library_exists
 
 CSRC = Path(__file__).with_name("csrc")
@@ -164,3 +167,16 @@ def attention_available() -> bool:
     """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled
     operators not turned off, and the library built (on the first call) and loaded."""
     return kernels_enabled() and _attention_built()
+
+
+@functools.cache
+def _gemm_built() -> bool:
+    """The fp32 product operators, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_gemm", [CSRC / "gemm.cpp"], "gemm_linear")
+
+
+def gemm_available() -> bool:
+    """Whether `torch.ops.vitkit.gemm_pack` / `gemm_linear` can be used here: a CPU with AVX2 and FMA but not
+    AVX-512 (where oneDNN's AVX-512 products are at the CPU's limit already), compiled operators not turned
+    off, and the library built (on the first call) and loaded."""
+    return kernels_enabled() and cpu_isa() == "avx2" and "fma" in cpu_flags() and _gemm_built()

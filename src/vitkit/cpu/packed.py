@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..model import PatchEmbed, autocast_off
 from . import autotune
+from .build import gemm_available
 from .linear import MKL_MAX_ROWS, inference_engine, rows
 from .private import onednn_linear, onednn_linear_add, pack_weight
 
@@ -58,8 +59,9 @@ class PackedLinear(Unsaved):
     """An inference-only nn.Linear whose weight lives in oneDNN's blocked layout, optionally followed by a
     fused GELU (`activation="gelu"`). `batch_hint` is the number of rows the packing is tuned for (any number
     works). The layer keeps its weight in the plain layout too, and multiplies through whichever is faster on
-    this machine at the rows of each call (`engine`): MKL's `F.linear` (PyTorch's own) or the packed oneDNN
-    product."""
+    this machine at the rows of each call (`engine`): MKL's `F.linear` (PyTorch's own), the packed oneDNN
+    product, or, on an AVX2 CPU, vitkit's own (`gemm_linear`, on a third copy of the weight, packed in panels:
+    csrc/gemm.cpp)."""
 
     def __init__(self, linear: nn.Linear, activation: Literal["none", "gelu"] = "none",
                  approximate: Literal["none", "tanh"] = "none", batch_hint: int = 197):
@@ -73,6 +75,8 @@ class PackedLinear(Unsaved):
         self.packed_weight = pack_weight(weight, batch_hint)
         self.plain_weight = weight
         self.bias = None if linear.bias is None else linear.bias.detach().to(self.dtype).clone()
+        fits = self.dtype == torch.float32 and self.out_features % 16 == 0
+        self.gemm_weight = torch.ops.vitkit.gemm_pack(weight) if fits and gemm_available() else None
         self.activation = activation
         self.approximate = approximate if activation == "gelu" else ""
 
@@ -94,27 +98,34 @@ class PackedLinear(Unsaved):
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         return onednn_linear(x, self.packed_weight, self.bias, self.activation, self.approximate)
 
+    def _gemm(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch.ops.vitkit.gemm_linear(x, self.gemm_weight, self.bias, residual)
+        return gelu_(y, self.approximate) if self.activation == "gelu" else y
+
     def engine(self, x: torch.Tensor) -> str:
-        """"plain" or "packed" for an input of these rows: MKL up to MKL_MAX_ROWS rows (its matrix-vector
-        kernels beat oneDNN's), else the faster of the two on this machine (vitkit.cpu.autotune). The default,
-        kept unless the other is clearly faster and taken with tuning off, follows `inference_engine`'s rule:
-        "plain" where it names MKL (many rows on Intel CPUs), else "packed"."""
+        """"plain", "packed" or "gemm" (AVX2 CPUs) for an input of these rows: MKL up to MKL_MAX_ROWS rows
+        (its matrix-vector kernels beat oneDNN's), else the fastest on this machine (vitkit.cpu.autotune). The
+        default, kept unless another is clearly faster and taken with tuning off, follows `inference_engine`'s
+        rule: "plain" where it names MKL (many rows on Intel CPUs), else "packed"."""
         n = rows(x)
         if n <= MKL_MAX_ROWS:
             return "plain"
+        gemm = self.gemm_weight is not None
         shape = (n, self.in_features, self.out_features, self.bias is not None, self.activation,
-                 self.approximate) + (("bf16",) if self.dtype == torch.bfloat16 else ())
+                 self.approximate) + (("bf16",) if self.dtype == torch.bfloat16 else ()) + (("gemm",) * gemm)
 
         def candidates():
             sample = torch.randn(n, self.in_features, generator=autotune.generator()).to(self.dtype)
-            return {"plain": lambda: self._plain(sample), "packed": lambda: self._packed(sample)}
+            found = {"plain": lambda: self._plain(sample), "packed": lambda: self._packed(sample)}
+            return found | ({"gemm": lambda: self._gemm(sample)} if gemm else {})
 
         default = "plain" if inference_engine(n) == "mkl" else "packed"
         return autotune.choose("packed-linear", shape, candidates, default)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x)
-        return self._plain(x) if self.engine(x) == "plain" else self._packed(x)
+        engine = self.engine(x)
+        return self._plain(x) if engine == "plain" else self._gemm(x) if engine == "gemm" else self._packed(x)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + (x W^T + b), for a layer without activation: packed, in one oneDNN call (its binary
@@ -122,8 +133,11 @@ class PackedLinear(Unsaved):
         self._check(x)
         if self.activation != "none":
             raise ValueError("PackedLinear.add is for layers without a fused activation")
-        if self.engine(x) == "plain":
+        engine = self.engine(x)
+        if engine == "plain":
             return self._linear(x).add_(residual)
+        if engine == "gemm":
+            return self._gemm(x, residual)
         return onednn_linear_add(x, residual, self.packed_weight, self.bias)
 
     def __deepcopy__(self, memo):
