@@ -4,8 +4,9 @@
 // Zen 3) on a ViT's 197-row activations, where a product that keeps its operands in the caches reaches 180-190
 // (ONNX Runtime's MLAS does). This one is the textbook scheme (Goto's): the weight is packed once into panels of
 // 16 output columns, k-major (gemm_pack); the product walks blocks of NC columns (one task each, split among the
-// threads) and KC steps of the inner dimension, so that a block of the weight (16 x KC floats a panel) stays in
-// L1 and the KC-wide slice of x in L2, and computes 6 x 16 tiles of y in 12 AVX registers with broadcast FMAs.
+// threads), KC steps of the inner dimension and MC rows, so that a panel's block of the weight (16 x KC floats)
+// stays in L1 and the MC x KC block of x in L2, and computes 6 x 16 tiles of y in 12 AVX registers with
+// broadcast FMAs.
 // The bias initialises the tile on the first KC step; the residual is added on the last.
 
 #include <ATen/ATen.h>
@@ -23,6 +24,7 @@ namespace {
 constexpr int64_t NR = 16;   // columns of a panel, of a tile
 constexpr int64_t MR = 6;    // rows of a tile
 constexpr int64_t KC = 384;  // inner-dimension step
+constexpr int64_t MC = 96;   // rows a block: 96 x KC of x (144 KiB) and NC x KC of W (192 KiB) in L2
 
 // One MR x NR tile (R <= MR rows) of c over kc steps: c = (first ? bias : c) + a b (+ res when given).
 template <int R>
@@ -145,12 +147,15 @@ at::Tensor gemm_linear(const at::Tensor& input, const at::Tensor& packed, const 
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
         const bool first = k0 == 0, last = k0 + kc == K;
-        for (int64_t n = n0; n < n1; n += NR) {
-          const float* panel = B + (n / NR) * K * NR + k0 * NR;
-          for (int64_t m = 0; m < M; m += MR) {
-            const int64_t rows = std::min(MR, M - m);
-            TILES[rows](A + m * K + k0, K, panel, C + m * N + n, N, kc, b ? b + n : nullptr, first,
-                        last && R ? R + m * N + n : nullptr);
+        for (int64_t m0 = 0; m0 < M; m0 += MC) {
+          const int64_t m1 = std::min(M, m0 + MC);
+          for (int64_t n = n0; n < n1; n += NR) {
+            const float* panel = B + (n / NR) * K * NR + k0 * NR;
+            for (int64_t m = m0; m < m1; m += MR) {
+              const int64_t rows = std::min(MR, m1 - m);
+              TILES[rows](A + m * K + k0, K, panel, C + m * N + n, N, kc, b ? b + n : nullptr, first,
+                          last && R ? R + m * N + n : nullptr);
+            }
           }
         }
       }
