@@ -278,12 +278,11 @@ RUNTIME_COLUMNS = (
 
 
 def runtimes(recs: list[Record], where: str, date: str, tag: str = "") -> str:
-    """`vitkit bench --runtimes` records of one day (those whose tag starts with `tag`, or is one of a
+    """`vitkit bench --runtimes` records of one day (those whose tag starts with `tag`, or with one of a
     comma-separated list: `run4,run5,run6`): each contender's images/s (median over the runs) per cell, and,
     for optimize's models, the range over the runs of the paired ratio to the faster runtime."""
-    tags = tag.split(",")
-    runs = [load(r) for r in pick(recs, "infer-runtimes", where, date)
-            if (r.tag or "") in tags or (len(tags) == 1 and (r.tag or "").startswith(tag))]
+    prefixes = tuple(tag.split(","))
+    runs = [load(r) for r in pick(recs, "infer-runtimes", where, date) if (r.tag or "").startswith(prefixes)]
     if not runs:
         raise TableError(f"no record infer-runtimes_{where}_{date}_{tag}*.json in {RESULTS}")
     rows: dict[tuple[str, int, str], list[dict]] = {}
