@@ -13,11 +13,13 @@ bench` (for every contender alike), `vitkit eval` and `vitkit predict` call it; 
 at start. Training is left alone: on the Fashion-MNIST models it changed nothing beyond noise (2 threads).
 
 `return_large_blocks()` is the opposite trade, for sharded training (`parallel=fsdp`), where memory is the
-point: FSDP gathers each block's weights and reduce-scatters its gradients into blocks of a few tens of MB,
-allocated and freed at every step. Under glibc's rising threshold they land in the heap, between tensors that
-outlive them, and fragment it: ViT-B/16 on 2 processes peaked at 2.4 GiB a process, against 1.8 GiB with
-blocks above 8 MiB always mmapped and given back (benchmarks/bench_parallel.py; docs/training.md), for steps
-about a fifth slower. The trainer calls it under FSDP on the CPU.
+point: every block above 1 MiB gets an mmap of its own and goes back to the kernel when freed. FSDP gathers
+each block's weights and reduce-scatters its gradients into buffers of tens of MB, and a small batch's
+activations are blocks of 1-5 MB, all allocated and freed at every step; in glibc's heap they land between
+tensors that outlive them and fragment it, so a process keeps memory it no longer uses. ViT-B/16 on 2
+processes (benchmarks/bench_parallel.py, docs/training.md gives the figures) peaks at about 0.6 of DDP's
+memory a process with 1 MiB, 0.7 with 8 MiB and more with glibc's default, for a step 1.05-1.15x slower than
+with 8 MiB (the kernel faults each mapping in afresh). The trainer calls it under FSDP on the CPU.
 
 Where the C library is not glibc both do nothing and return False.
 """
@@ -74,8 +76,8 @@ def retain_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: in
 
 
 # Blocks above this are mmapped and given back under `return_large_blocks`: FSDP's per-block buffers
-# (ViT-B/16: 28 MB) are; most activations of a small batch are not.
-LARGE_BLOCK = 8 << 20
+# (ViT-B/16: 28 MB) and the activations of a batch of 2 at 224 px (1.2 MB a token-sized tensor) alike.
+LARGE_BLOCK = 1 << 20
 
 
 def return_large_blocks(threshold: int = LARGE_BLOCK) -> bool:
