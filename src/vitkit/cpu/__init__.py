@@ -1,9 +1,9 @@
 """vitkit's CPU speed-ups, kept apart from the model: the model (vitkit.model) is plain PyTorch, and these
 swap in.
 
-- `accelerate(model)` (accelerate.py): oneDNN/MKL linear layers (linear.py) and the attention operator
-  (attention.py) swapped into a model in place, for training and evaluation; the same parameters, state dict,
-  function and gradients.
+- `accelerate(model)` (accelerate.py): oneDNN/MKL linear layers (linear.py), the attention operator
+  (attention.py) and an MLP that computes its GELU again in the backward pass (mlp.py) swapped into a model
+  in place, for training and evaluation; the same parameters, state dict, function and gradients.
 - `vitkit.optimize(model, precision)` (vitkit.inference) for inference builds on the conversions here:
   fused blocks (fused_block.py), oneDNN-packed layers (packed.py), the int8 encoder (int8.py), applied by
   convert.py.
