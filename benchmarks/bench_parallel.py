@@ -9,9 +9,11 @@ kernel as the trainer's FSDP processes do (`vitkit.cpu.allocator.return_large_bl
 AdamW, and each step's forward and backward through `forward_backward` and `optimizer_step` on a random
 batch at 224 px. One step warms up; the step time is the median of the timed steps on process 0. Peak RSS is
 each process's high-water mark (VmHWM in /proc/self/status) over the whole cell, model building included;
-beside it the RSS after the steps, once glibc has returned the memory freed. The state bytes are counted
-tensor by tensor on each process (its shard's under FSDP): parameters, gradients (before they are cleared)
-and the optimizer's moments; DDP's gradient buckets, a further gradient-sized buffer, are not counted.
+beside it the RSS after the steps, once glibc has returned the memory freed, and the RSS before the model
+(the libraries, the files among them mapped in shared with the other process: the floor every process starts
+from, whatever the strategy). The state bytes are counted tensor by tensor on each process (its shard's
+under FSDP): parameters, gradients (before they are cleared) and the optimizer's moments; DDP's gradient
+buckets, a further gradient-sized buffer, are not counted.
 
 A cell whose processes together hold more than `--rss-limit-gib` is stopped (the machine would otherwise
 run out of memory) and recorded as such, with the resident memory it had reached.
@@ -89,6 +91,9 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, checkpointing
 
     torch.set_num_threads(1)
     ctx = distributed.setup("cpu")
+    # what the process holds before any model: the libraries (shared files mapped in, RssFile, among them)
+    floor = {"rss_before_model_bytes": status_bytes("VmRSS"),
+             "rss_file_before_model_bytes": status_bytes("RssFile")}
     torch.manual_seed(0)
     if parallel == "fsdp":  # as the trainer builds it: whole on process 0 only, large blocks given back
         return_large_blocks()
@@ -118,7 +123,8 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, checkpointing
                         if torch.is_tensor(v) and v.dim() > 0)
     peak_rss = status_bytes("VmHWM")
     mine = {"params_bytes": local_bytes(model.parameters()), "grads_bytes": grads,
-            "optimizer_state_bytes": state, "peak_rss_bytes": peak_rss, "rss_after_steps_bytes": rss_now()}
+            "optimizer_state_bytes": state, "peak_rss_bytes": peak_rss, "rss_after_steps_bytes": rss_now(),
+            **floor}
     mine["params_grads_optimizer_bytes"] = mine["params_bytes"] + grads + state
     everyone = distributed.gather_strings([json.dumps(mine)])
     if ctx.is_main:
@@ -220,9 +226,13 @@ def main() -> None:
         fsdp["peak_rss_vs_ddp"] = rss[1] / rss[0]
         fsdp["rss_after_steps_vs_ddp"] = after[1] / after[0]
         fsdp["step_time_vs_ddp"] = fsdp["step_ms"] / ddp["step_ms"]
+        # the peak above what each process held before its model (the libraries), the larger process's
+        above = [max(c["peak_rss_bytes"] - c["rss_before_model_bytes"] for c in r["per_process"])
+                 for r in (ddp, fsdp)]
+        fsdp["peak_rss_above_floor_vs_ddp"] = above[1] / above[0]
         print(f"{m} fsdp/ddp: state {fsdp['state_vs_ddp']:.3f}, peak RSS (the larger process's) "
-              f"{fsdp['peak_rss_vs_ddp']:.3f}, RSS after {fsdp['rss_after_steps_vs_ddp']:.3f}, step time "
-              f"{fsdp['step_time_vs_ddp']:.3f}")
+              f"{fsdp['peak_rss_vs_ddp']:.3f}, above the libraries' floor {above[1] / above[0]:.3f}, "
+              f"RSS after {fsdp['rss_after_steps_vs_ddp']:.3f}, step time {fsdp['step_time_vs_ddp']:.3f}")
     write_rows(rows, args.json)
 
 
