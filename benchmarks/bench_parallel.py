@@ -2,18 +2,18 @@
 bytes of parameters, gradients and optimizer state each process holds.
 
 Each cell (model x strategy) is a fresh `torchrun --standalone --nproc_per_node 2` of this file's worker,
-which builds the model as the trainer does: under DDP every process builds it whole (`vitkit.accelerate`,
-then DistributedDataParallel); under FSDP only process 0 does, and every process receives its shards
-(`vitkit.train.sharding.shard_from_main`, then `vitkit.accelerate`), with large blocks given back to the
-kernel as the trainer's FSDP processes do (`vitkit.cpu.allocator.return_large_blocks`). Then the trainer's
-AdamW, and each step's forward and backward through `forward_backward` and `optimizer_step` on a random
-batch at 224 px. One step warms up; the step time is the median of the timed steps on process 0. Peak RSS is
-each process's high-water mark (VmHWM in /proc/self/status) over the whole cell, model building included;
-beside it the RSS after the steps, once glibc has returned the memory freed, and the RSS before the model
-(the libraries, the files among them mapped in shared with the other process: the floor every process starts
-from, whatever the strategy). The state bytes are counted tensor by tensor on each process (its shard's
-under FSDP): parameters, gradients (before they are cleared) and the optimizer's moments; DDP's gradient
-buckets, a further gradient-sized buffer, are not counted.
+which builds the model as the trainer does: under DDP every process builds it whole (`vitkit.accelerate`, then
+DistributedDataParallel with the gradients in its buckets: `vitkit.train.distributed.data_parallel`); under
+FSDP only process 0 does, and every process receives its shards (`vitkit.train.sharding.shard_from_main`, then
+`vitkit.accelerate`), with large blocks given back to the kernel as the trainer's FSDP processes do
+(`vitkit.cpu.allocator.return_large_blocks`). Then the trainer's AdamW, and each step's forward and backward
+through `forward_backward` and `optimizer_step` on a random batch at 224 px. One step warms up; the step time
+is the median of the timed steps on process 0. Peak RSS is each process's high-water mark (VmHWM in
+/proc/self/status) over the whole cell, model building included; beside it the RSS after the steps, once glibc
+has returned the memory freed, and the RSS before the model (the libraries, the files among them mapped in
+shared with the other process: the floor every process starts from, whatever the strategy). The state bytes
+are counted tensor by tensor on each process (its shard's under FSDP): parameters, gradients (before they are
+cleared) and the optimizer's moments (DDP's gradients are its buckets).
 
 A cell whose processes together hold more than `--rss-limit-gib` is stopped (the machine would otherwise
 run out of memory) and recorded as such, with the resident memory it had reached.
@@ -79,7 +79,6 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, checkpointing
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
 
     import vitkit
     from vitkit.config import get_config
@@ -104,7 +103,7 @@ def worker(model_name: str, parallel: str, batch: int, steps: int, checkpointing
         net = vitkit.accelerate(model)
     else:
         model = vitkit.accelerate(vitkit.create_model(model_name))
-        net = DistributedDataParallel(model) if ctx.distributed else model  # one process: as the trainer
+        net = distributed.data_parallel(model) if ctx.distributed else model  # one process: as the trainer
     model.set_grad_checkpointing(checkpointing)  # as the trainer's grad_checkpointing setting
     optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05))
     per_process = batch // ctx.world

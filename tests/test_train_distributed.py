@@ -295,3 +295,34 @@ def test_ddp_stride_warnings_of_another_layout_are_still_reported():
     assert reported == ["grad.sizes() = [64, 1, 4, 4], strides() = [16, 1, 1, 4]",
                         "grad.sizes() = [32, 1, 4, 4], strides() = [16, 1, 4, 1]",
                         "grad.sizes() = [64, 1, 4, 4], strides() = [16, 1, 4, 1]"]
+
+
+def _bucket_worker(_, folder: Path) -> None:
+    """In a process of its own: how many storages the gradients of a model under `data_parallel` live in,
+    after two steps (the second after the trainer's zero_grad(set_to_none=True))."""
+    import torch.distributed as dist
+
+    import vitkit
+    from vitkit.train.distributed import data_parallel
+
+    dist.init_process_group("gloo", init_method=f"file://{folder / 'store'}", rank=0, world_size=1)
+    try:
+        model = vitkit.create_model("ViT-Ti/16", image_size=32, patch_size=8, depth=2, num_classes=5)
+        net = data_parallel(model)
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            net(torch.randn(2, 3, 32, 32)).sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        storages = {g.untyped_storage().data_ptr() for g in grads}
+        (folder / "grads.json").write_text(json.dumps({"params": len(grads), "storages": len(storages)}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_gradients_are_views_into_its_buckets(tmp_path):
+    """Under the trainer's DDP a process keeps one gradient-sized buffer: every gradient is a view into one
+    of DDP's all-reduce buckets, not a tensor of its own beside a bucket it is copied into."""
+    mp.spawn(_bucket_worker, args=(tmp_path,), nprocs=1, join=True)
+    found = json.loads((tmp_path / "grads.json").read_text())
+    assert found["params"] > 10
+    assert found["storages"] <= 2, found  # one bucket (25 MB) holds this model's gradients

@@ -113,6 +113,15 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` under DistributedDataParallel as vitkit trains it: each gradient a view into DDP's all-reduce
+    buckets (`gradient_as_bucket_view`), so that a process holds one gradient-sized buffer, not two (the
+    gradients autograd writes and the buckets they are copied into): 0.32 GiB less for ViT-B/16."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, gradient_as_bucket_view=True)
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum `t` over the processes, in place (a no-op for a single process). NCCL reduces only GPU tensors: a
     CPU tensor (evaluation's counts) goes through this process's GPU and back."""

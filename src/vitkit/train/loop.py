@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from ..checkpoint import CheckpointError
@@ -313,7 +312,7 @@ def train_steps(run: Run, progress: bool | None) -> RunResult:
     """Train from `run.step` to the last step, evaluating and checkpointing on the way, then write the
     end-of-run outputs. Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint."""
     cfg, ctx, lengths = run.cfg, run.ctx, run.lengths
-    net = DistributedDataParallel(run.model) if run.ddp else run.model
+    net = distributed.data_parallel(run.model) if run.ddp else run.model
     if cfg.compile:
         # the same parameters: the optimizer, EMA and checkpoints use `model` as before
         net = compiled(net, ctx.device)
