@@ -2,9 +2,9 @@
 
 Eq. 3's MLP, fc2(GELU(fc1(x))), keeps two activations of `mlp_dim` columns a token for its backward pass: the
 GELU's input h (for the GELU's derivative) and fc2's input GELU(h) (for fc2's weight gradient). `FastMlp`
-keeps h alone and computes GELU(h) again when the backward pass reaches fc2: one GELU more a step (a few
-per cent of the block's time) for a quarter to a third of a ViT's activation memory (ViT-B/16: 2.4 of the
-block's ~8 MB an image). The forward values are those of `Mlp`, computed by the same operators; the
+keeps h alone and computes GELU(h) again when the backward pass reaches fc2: one GELU more a block (about a
+per cent of a training step) for a fifth of a ViT's activation memory (ViT-B/16: 2.4 of a block's 10.6 MB an
+image). The forward values are those of `Mlp`, computed by the same operators; the
 gradients differ from PyTorch's only by float rounding (fc2's products run on the engine `FastLinear` picks).
 
 Where the recomputation does not apply, `FastMlp` is exactly `Mlp`: no gradient wanted, not fp32 eager on the
