@@ -87,9 +87,9 @@ class FastMlp(Mlp):
     def _recomputes(self, x: torch.Tensor) -> bool:
         fc2, act = self.fc2, self.act
         return (
-            torch.is_grad_enabled()
+            eager_fp32_on_cpu(x)  # first: under torch.compile nothing else is traced
+            and torch.is_grad_enabled()
             and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-            and eager_fp32_on_cpu(x)
             and type(act) is nn.GELU
             and type(fc2) in (nn.Linear, FastLinear)
             and (self.drop.p == 0.0 or not self.drop.training)
