@@ -1,13 +1,14 @@
 """`accelerate(model)`: vitkit's CPU kernels swapped into a model in place, for training and evaluation.
 
-Each nn.Linear becomes a `FastLinear`, each of the model's `Attention` layers a `FastAttention` and each
-`Mlp` a `FastMlp` (which keeps GELU's input alone for the backward pass), by changing the module's class: the
-same parameter objects under the same names (so the state dict, an optimizer made before, hooks and
-`torch.save` are unaffected), the same function and gradients to float rounding. The swap is done only where
-the kernels can run, on a model on the CPU; a model elsewhere (a GPU) keeps PyTorch's modules. On any device
-the model itself takes the class-token shortcut (`vitkit.shortcut`: its last block updates the class token
-only, the same logits and gradients). The kernels themselves fall back to PyTorch's operators wherever they
-do not apply (other dtypes, autocast, torch.compile, torch.func transforms, forward-mode AD).
+Each nn.Linear becomes a `FastLinear`, each of the model's `Attention` layers a `FastAttention`, each `Mlp` a
+`FastMlp` (which keeps GELU's input alone for the backward pass) and each nn.LayerNorm a `FastLayerNorm`
+(which keeps its output, not its input), by changing the module's class: the same parameter objects under the
+same names (so the state dict, an optimizer made before, hooks and `torch.save` are unaffected), the same
+function and gradients to float rounding. The swap is done only where the kernels can run, on a model on the
+CPU; a model elsewhere (a GPU) keeps PyTorch's modules. On any device the model itself takes the class-token
+shortcut (`vitkit.shortcut`: its last block updates the class token only, the same logits and gradients). The
+kernels themselves fall back to PyTorch's operators wherever they do not apply (other dtypes, autocast,
+torch.compile, torch.func transforms, forward-mode AD).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import torch.nn as nn
 from ..model import Attention, Mlp
 from ..shortcut import with_class_token_shortcut, without_class_token_shortcut
 from .attention import FastAttention
+from .layer_norm import FastLayerNorm
 from .linear import FastLinear
 from .mlp import FastMlp
 
 # The classes swapped in, by the class they replace (exactly that class: subclasses are someone else's).
 SWAPS: dict[type[nn.Module], type[nn.Module]] = {nn.Linear: FastLinear, Attention: FastAttention,
-                                                Mlp: FastMlp}
+                                                Mlp: FastMlp, nn.LayerNorm: FastLayerNorm}
 # Their inverse, for `plain`.
 PLAIN = {fast: plain for plain, fast in SWAPS.items()}
 

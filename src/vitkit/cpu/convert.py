@@ -12,6 +12,7 @@ from .build import int8_block_available
 from .fused_block import FusedBlock
 from .hardware import cpu_has_native_bf16
 from .int8 import DynamicInt8Linear, GELUInPlace
+from .layer_norm import FastLayerNorm
 from .packed import LinearPatchEmbed, PackedLinear
 
 
@@ -55,7 +56,8 @@ def fuse_blocks(model: nn.Module) -> nn.Module:
 
 def int8_block_eligible(block: nn.Module) -> bool:
     """Whether `block` is a FusedBlock that torch.ops.vitkit.int8_block computes: int8 linear layers with one
-    activation bit width, affine LayerNorms over the width, and an in-place GELU between the MLP's layers."""
+    activation bit width, affine LayerNorms over the width (an accelerated model's FastLayerNorm is one in
+    inference), and an in-place GELU between the MLP's layers."""
     if not isinstance(block, FusedBlock):
         return False
     attn, mlp = block.attn, block.mlp
@@ -65,7 +67,7 @@ def int8_block_eligible(block: nn.Module) -> bool:
     return (all(isinstance(lin, DynamicInt8Linear) for lin in linears)
             and len({lin.reduce_range for lin in linears}) == 1
             and isinstance(getattr(mlp, "act", None), GELUInPlace)
-            and all(type(n) is nn.LayerNorm and n.elementwise_affine and n.bias is not None
+            and all(type(n) in (nn.LayerNorm, FastLayerNorm) and n.elementwise_affine and n.bias is not None
                     and len(n.normalized_shape) == 1 for n in norms))
 
 

@@ -71,13 +71,14 @@ def gelu_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return _GeluLinearFunction.apply(h, weight, bias, approximate, training_engine_for(h, weight, bias))
 
 
-def _hooked(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
-
-
-def _global_hooks() -> bool:
-    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks
-                or _module._global_backward_hooks or _module._global_backward_pre_hooks)
+def hooked(*modules: nn.Module) -> bool:
+    """Whether any of `modules` has a forward or backward hook, or every module has (global hooks): a module
+    whose call a fused function skips must have none."""
+    if (_module._global_forward_hooks or _module._global_forward_pre_hooks
+            or _module._global_backward_hooks or _module._global_backward_pre_hooks):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in modules)
 
 
 class FastMlp(Mlp):
@@ -93,7 +94,7 @@ class FastMlp(Mlp):
             and type(act) is nn.GELU
             and type(fc2) in (nn.Linear, FastLinear)
             and (self.drop.p == 0.0 or not self.drop.training)
-            and not (_hooked(act) or _hooked(fc2) or _hooked(self.drop) or _global_hooks())
+            and not hooked(act, fc2, self.drop)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
