@@ -15,7 +15,7 @@ import vitkit
 from vitkit.cpu import accelerate, private
 
 CACHED = (private._linear_pointwise, private._reorder_linear_weight, private._forward_ad_level,
-          private._functorch_interpreter, private._foreach_lerp)
+          private._functorch_interpreter, private._foreach_lerp, private._global_hook_dicts)
 TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=5)
 
 
@@ -81,6 +81,25 @@ def test_the_lookups_warn_once_each_and_fall_back(without_private_apis):
     torch.testing.assert_close(private.onednn_linear(x, w, b, "gelu", "tanh"),
                                nn.functional.gelu(x @ w.T + b, approximate="tanh"))
     assert private.pack_weight(w, 4) is w
+
+
+def test_hooked_sees_module_and_global_hooks_and_assumes_them_where_it_cannot_tell(monkeypatch):
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    _clear_caches()
+    assert not private.hooked(a, b)
+    handle = b.register_forward_pre_hook(lambda m, args: None)
+    assert private.hooked(a, b) and not private.hooked(a)
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: None)
+    assert private.hooked(a)
+    handle.remove()
+    assert not private.hooked(a)
+    monkeypatch.delattr(nn.modules.module, "_global_forward_hooks")  # gone, as a release might remove it
+    _clear_caches()
+    with pytest.warns(RuntimeWarning, match="_global_forward_hooks"):
+        assert private.hooked(a)
+    monkeypatch.undo()
+    _clear_caches()
 
 
 def test_the_apis_are_there_on_this_build():

@@ -120,3 +120,14 @@ def test_gelu_linear_without_a_gradient_is_the_two_operators():
     h, w, b = torch.randn(5, 7, 30), torch.randn(11, 30), torch.randn(11)
     want = torch.nn.functional.linear(torch.nn.functional.gelu(h), w, b)
     torch.testing.assert_close(gelu_linear(h, w, b), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_global_module_hook_takes_the_mlps_path():
+    mlp, fast = _mlps()
+    x = torch.randn(2, 17, 48)
+    handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: None)
+    try:
+        assert _saved_bytes(fast, x) == _saved_bytes(mlp, x)
+    finally:
+        handle.remove()
+    assert _saved_bytes(fast, x) < _saved_bytes(mlp, x)

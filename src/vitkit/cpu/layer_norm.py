@@ -18,8 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .mlp import hooked
-from .private import eager_fp32_on_cpu
+from .private import eager_fp32_on_cpu, hooked
 
 # The smallest gain, relative to max(1, |bias|), from which x^ = (y - beta) / gamma is recovered to a few
 # parts in a million (y's rounding, 6e-8 |y|, divided by |gamma|).

@@ -17,11 +17,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.modules import module as _module
 
 from ..model import Mlp
 from .linear import FastLinear, _onednn_linear, training_engine_for, use_onednn
-from .private import eager_fp32_on_cpu
+from .private import eager_fp32_on_cpu, hooked
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, engine: str) -> torch.Tensor:
@@ -69,16 +68,6 @@ def gelu_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if not use_onednn(h, weight):
         return F.linear(F.gelu(h, approximate=approximate), weight, bias)
     return _GeluLinearFunction.apply(h, weight, bias, approximate, training_engine_for(h, weight, bias))
-
-
-def hooked(*modules: nn.Module) -> bool:
-    """Whether any of `modules` has a forward or backward hook, or every module has (global hooks): a module
-    whose call a fused function skips must have none."""
-    if (_module._global_forward_hooks or _module._global_forward_pre_hooks
-            or _module._global_backward_hooks or _module._global_backward_pre_hooks):
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-               for m in modules)
 
 
 class FastMlp(Mlp):

@@ -16,6 +16,8 @@ The APIs:
 - `torch._foreach_lerp_`: the EMA of the weights in one call over all of them; plain path one `lerp_` each.
 - `torch.utils.cpp_extension._get_build_directory`: where a compiled operator's library lies, read only to say
   on stderr that a first build is about to take a while.
+- `torch.nn.modules.module._global_forward_hooks` and its three siblings: whether hooks are registered on
+  every module, which a fused function that skips a module's call must not bypass; plain path: assume so.
 """
 
 from __future__ import annotations
@@ -73,6 +75,30 @@ def _functorch_interpreter() -> Callable[[], Any] | None:
         return peek_interpreter_stack
 
     return _lookup("torch._C._functorch.peek_interpreter_stack", get)
+
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+@functools.cache
+def _global_hook_dicts() -> tuple | None:
+    def get():
+        from torch.nn.modules import module
+
+        return tuple(getattr(module, name) for name in _GLOBAL_HOOKS)
+
+    return _lookup("torch.nn.modules.module._global_forward_hooks (and its siblings)", get)
+
+
+def hooked(*modules: torch.nn.Module) -> bool:
+    """Whether any of `modules` has a forward or backward hook, or every module has (global hooks): a module
+    whose call a fused function skips must have none. True where this PyTorch does not say."""
+    dicts = _global_hook_dicts()
+    if dicts is None or any(dicts):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in modules)
 
 
 @functools.cache
