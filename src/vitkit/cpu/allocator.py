@@ -16,9 +16,9 @@ at start. Training is left alone: on the Fashion-MNIST models it changed nothing
 point: every block above 1 MiB gets an mmap of its own and goes back to the kernel when freed. FSDP gathers
 each block's weights and reduce-scatters its gradients into buffers of tens of MB, and a small batch's
 activations are blocks of 1-5 MB, all allocated and freed at every step; in glibc's heap they land between
-tensors that outlive them and fragment it, so a process keeps memory it no longer uses. ViT-B/16 on 2
-processes (benchmarks/bench_parallel.py, docs/training.md gives the figures) peaks at about 0.6 of DDP's
-memory a process with 1 MiB, 0.7 with 8 MiB and more with glibc's default, for a step 1.05-1.15x slower than
+tensors that outlive them and fragment it, so a process keeps memory it no longer uses. ViT-B/16 under FSDP
+on 2 processes (benchmarks/bench_parallel.py, docs/training.md gives the figures) peaked at 1.51 GiB a
+process with 1 MiB against 1.74 with 8 MiB and more with glibc's default, for a step 1.05-1.15x slower than
 with 8 MiB (the kernel faults each mapping in afresh). The trainer calls it under FSDP on the CPU.
 
 Where the C library is not glibc both do nothing and return False.

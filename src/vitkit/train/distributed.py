@@ -116,7 +116,7 @@ def teardown() -> None:
 def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
     """`model` under DistributedDataParallel as vitkit trains it: each gradient a view into DDP's all-reduce
     buckets (`gradient_as_bucket_view`), so that a process holds one gradient-sized buffer, not two (the
-    gradients autograd writes and the buckets they are copied into): 0.32 GiB less for ViT-B/16."""
+    gradients autograd writes and the buckets they are copied into; docs/training.md gives the figures)."""
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, gradient_as_bucket_view=True)
