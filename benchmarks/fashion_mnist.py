@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records import cpu_model, record_path  # noqa: E402
+from records import cpu_model, record_path, slug  # noqa: E402
 
 # Test accuracy (%) from the README of zalandoresearch/fashion-mnist.
 ANCHORS = {"MLP 256-128-64": 90.0, "two-layer CNN (<100k parameters)": 92.5, "WRN-40-4": 96.7}
@@ -63,6 +63,13 @@ def fp32_test_top1(model_dir: Path, cfg) -> float:
     return 100 * evaluate(model, test, model.cfg, cfg.data.eval_batch_size, "cpu").top1
 
 
+def training_gpu(device: str) -> str | None:
+    """The GPU a run on `device` ('auto', 'cuda', 'cuda:N', ...) trains on, by name; None on a CPU."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.get_device_name(torch.device("cuda" if device == "auto" else device))
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,13 +96,14 @@ def main() -> None:
     reached = time_to_levels(args.out / "metrics.csv", start)  # (from this process's start when resumed)
     fp32 = fp32_test_top1(result.last_dir, cfg)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
+    gpu = training_gpu(cfg.device)
     sets = "".join(f" --set {o}" for o in args.overrides)
     report = {
         "command": f"vitkit train {args.recipe} --out {args.out}"
         + (f" --nproc {processes}" if processes > 1 else "") + sets,
         "measured_with": " ".join(["python", *sys.argv]),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "processes": processes,
-                    "threads": torch.get_num_threads()},
+                    "threads": torch.get_num_threads(), **({"gpu": gpu} if gpu else {})},
         "recipe": args.recipe,
         "overrides": args.overrides,
         "precision": cfg.precision,
@@ -118,7 +126,8 @@ def main() -> None:
     }
     write_json(report, args.out / "benchmark.json")
     if args.record is not None:
-        record = record_path(f"recipe-{args.recipe}", tag=args.record or None)
+        record = record_path(f"recipe-{args.recipe}", where=slug(gpu) if gpu else None,
+                             tag=args.record or None)
         write_json(report, record)
         print(f"record: {record}")
     print(f"\n{args.recipe}: test top-1 {report['test_top1']:.2f} % (final weights; {result.split} top-1 "

@@ -8,6 +8,7 @@
 #
 #   bash benchmarks/gpu_check.sh                               # on the GPU machine; results in $OUT or runs/gpu-check
 #   ONLY="study" bash benchmarks/gpu_check.sh                  # only the steps named (machine bench train study tests)
+#   ONLY="recipes" bash benchmarks/gpu_check.sh                # Fashion-MNIST's distilled recipes (below; not by default)
 #   PY=.venv/bin/python QUICK=1 bash benchmarks/gpu_check.sh   # the same steps on the CPU, tiny and short
 #
 # Each step has its own time limit and appends its output to $OUT/log.txt as it goes, so what finished comes
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 OUT=${OUT:-runs/gpu-check}
 QUICK=${QUICK:-0}
-ONLY=" ${ONLY:-machine bench train study tests} "
+ONLY=" ${ONLY:-machine bench train study tests} "  # or recipes (not by default)
 mkdir -p "$OUT"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 where=$("$PY" benchmarks/records.py slug "${gpu:-$(uname -m)-cpu}" 2>/dev/null || echo unknown)
@@ -56,6 +57,11 @@ if [ "$QUICK" = 1 ]; then
     study=(--tiny --device cpu --seeds 2)
     study_name=study-data-scaling-tiny
     study_limit=60
+    # the recipes' runs, a few steps each on a few images (their test split still whole), on the CPU
+    recipes_set=(--set device=cpu --set compile=false --set steps=4 --set eval_every=2 --set data.limit=600
+                 --set data.holdout=100)
+    recipes_record=0  # no records in benchmarks/results
+    recipes_limit=240
 else
     bench=(--repeats 20 --warmup 3 --profile 12)
     train_set=()
@@ -63,6 +69,9 @@ else
     study=(--device cuda --seeds 5)
     study_name=study-data-scaling
     study_limit=240  # both study steps and the report fit one 10-minute call of the device tool
+    recipes_set=(--set threads=3)  # five runs on 16 cores
+    recipes_record=1
+    recipes_limit=${RECIPES_LIMIT:-480}
 fi
 have_data() {
     "$PY" -c "import sys; from vitkit.data.fashion_mnist import find_fashion_mnist as f; sys.exit(not (f('train') and f('test')))"
@@ -109,6 +118,59 @@ if wanted study && have_data; then
     tar -czf "$OUT/$name.tar.gz" -C "$(dirname "$records")" "$name"
 elif wanted study; then
     echo "== study: skipped (no Fashion-MNIST; set VITKIT_DATA to a folder holding fashion-mnist/)"
+fi
+
+if wanted recipes && have_data; then
+    # Fashion-MNIST's strongest recipes, several runs at once on the one GPU (each is bound by its host's
+    # kernel launches, not by the GPU): a convolutional teacher at 112 px (the BiT stem's stride 4 then sees
+    # the 28-pixel images at their own resolution, a 7x7 map after three stages), then ViT students it
+    # teaches (DeiT's hard distillation) at fashion-mnist-long's width, three seeds, and that recipe untaught
+    # beside them.
+    # Every run chooses on its 5,000 held-out images and reports the test split once, at the end. Each run
+    # writes its record (benchmarks/fashion_mnist.py --record); records, logs, metrics and the final models
+    # come back as one archive. All runs stop at $recipes_limit seconds from the start of this step.
+    runs="${TMPDIR:-/tmp}/vitkit-gpu-recipes"
+    rm -rf "$runs" && mkdir -p "$runs"
+    deadline=$(( $(date +%s) + recipes_limit ))
+    fm() {  # fm TAG RECIPE [--set K=V]...: one recorded run, cut at the deadline; its output in $runs/TAG.log
+        local tag=$1 recipe=$2 start rec=()
+        start=$(date +%s)
+        shift 2
+        [ "$recipes_record" = 1 ] && rec=(--record "$tag")
+        timeout $(( deadline - start )) "$PY" benchmarks/fashion_mnist.py --recipe "$recipe" \
+            --out "$runs/$tag" "${recipes_set[@]}" "${rec[@]}" "$@" >"$runs/$tag.log" 2>&1
+        echo "-- $tag: exit $? after $(( $(date +%s) - start )) s: $(tail -n 1 "$runs/$tag.log")"
+        grep -h "test top-1" "$runs/$tag.log"
+    }
+    # the students and their untaught twin: fashion-mnist-long's model at batch 512 (half the steps, each
+    # no slower on a GPU), its lr scaled by about the square root of the batch
+    wide=(--set batch_size=512 --set optim.lr=4e-3)
+    student=(--set model.dim=128 --set model.mlp_dim=256 --set epochs=100 "${wide[@]}")
+    fm teacher112 fashion-mnist-teacher --set model.image_size=112 --set epochs=30 &
+    teacher=$!
+    fm long-b512-s0 fashion-mnist-long "${wide[@]}" &
+    wait "$teacher"
+    if [ -d "$runs/teacher112/best" ]; then
+        for seed in 0 1 2; do
+            fm "distilled-wide-s$seed" fashion-mnist-distilled --set "teacher=$runs/teacher112/best" \
+                "${student[@]}" --set "seed=$seed" &
+        done
+    else
+        failed=$((failed + 1))
+    fi
+    wait
+    cp benchmarks/results/recipe-*_"${where}"_"${day}"_*.json "$runs/" 2>/dev/null
+    # one archive of the records, logs and metrics, and one a run of its model (the teacher's best, the
+    # students' final weights): the device tool brings back files of 16 MiB at most
+    tar -czf "$OUT/recipes_${where}.tar.gz" -C "$runs" --exclude=ckpt --exclude=best --exclude=last .
+    for run in "$runs"/*/; do
+        tag=$(basename "$run")
+        model=last && [ -d "$run/best" ] && [[ $tag == teacher* ]] && model=best
+        [ -d "$run/$model" ] && tar -czf "$OUT/model-${tag}.tar.gz" -C "$runs" "$tag/$model"
+    done
+    ls -la "$OUT"
+elif wanted recipes; then
+    echo "== recipes: skipped (no Fashion-MNIST; set VITKIT_DATA to a folder holding fashion-mnist/)"
 fi
 
 if wanted tests; then
