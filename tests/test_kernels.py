@@ -14,7 +14,13 @@ from vitkit.cpu import autotune, build
 from vitkit.cpu.convert import int8_block_eligible
 from vitkit.cpu.fused_block import FusedBlock
 from vitkit.cpu.hardware import cpu_flags, cpu_has_native_bf16
-from vitkit.cpu.int8 import bf16_attention, int8_block, int8_block_attention, register_tiles_apply
+from vitkit.cpu.int8 import (
+    bf16_attention,
+    bf16_tiles_apply,
+    int8_block,
+    int8_block_attention,
+    register_tiles_apply,
+)
 from vitkit.inference import optimize
 from vitkit.model import merge_heads, split_heads
 
@@ -29,16 +35,24 @@ def int8_block_built() -> bool:
 needs_int8_operator = needs_operator(int8_block_built, "int8 block")
 
 
-ATTENTION = ["vitkit", "sdpa", "sdpa-bf16"]  # the int8 block's attention kernels
+def needs_bf16_tiles(attention: str) -> None:
+    """Skip "vitkit-bf16" where it cannot run: a CPU without AVX512-BF16 (the tiny model's heads of 16)."""
+    if attention == "vitkit-bf16" and not bf16_tiles_apply(16):
+        pytest.skip("vitkit-bf16 attention needs AVX512-BF16")
+
+
+# the int8 block's attention kernels
+ATTENTION = ["vitkit", "sdpa", "sdpa-bf16", "vitkit-bf16"]
 
 
 def int8_blocks(model, attention: str):
-    """The int8 model's blocks that the operator computes, their Python path's attention in bf16 for
-    "sdpa-bf16" and in fp32 for the others."""
+    """The int8 model's blocks that the operator computes, their Python path's attention in bf16 for the bf16
+    kernels and in fp32 for the others."""
+    needs_bf16_tiles(attention)
     q = optimize(model, "int8")
     blocks = [b for b in q.blocks if int8_block_eligible(b)]
     for b in blocks:
-        b.attention_dtype = torch.bfloat16 if attention == "sdpa-bf16" else None
+        b.attention_dtype = torch.bfloat16 if attention.endswith("bf16") else None
     return blocks
 
 
@@ -54,6 +68,9 @@ def reference_block(block: FusedBlock, x: torch.Tensor, parts: int, attention: s
     heads, scale = block.attn.num_heads, block.attn.scale
     if attention == "sdpa-bf16":
         y = bf16_attention(qkv, heads, scale)
+    elif attention == "vitkit-bf16":
+        assert build.attention_available(), "the attention operator did not build (see the warning)"
+        y = torch.ops.vitkit.attention_forward_bf16(qkv, heads, scale)
     elif attention == "vitkit":
         assert build.attention_available(), "the attention operator did not build (see the warning)"
         y = torch.ops.vitkit.attention_forward(qkv, heads, scale, False)[0]
@@ -178,17 +195,56 @@ def test_the_block_attention_is_timed_once_per_shape_and_kept(tmp_path, monkeypa
         choice = int8_block_attention(block, x, 2)
         assert int8_block_attention(block, x, 2) == choice
     expected = ["sdpa", "vitkit"] + (["sdpa-bf16"] if cpu_has_native_bf16() else [])
+    own_bf16 = cpu_has_native_bf16() and bf16_tiles_apply(16)
+    expected += ["vitkit-bf16"] if own_bf16 else []
     assert timed == [sorted(expected)] and choice in expected
     assert choice in autotune.cache_path().read_text()
     autotune.forget()
     with torch.inference_mode():
         assert int8_block_attention(block, x, 2) == choice and len(timed) == 1  # read from the file
     monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
-    default = "vitkit" if register_tiles_apply(16) else "sdpa-bf16" if cpu_has_native_bf16() else "sdpa"
+    default = ("vitkit-bf16" if own_bf16 else "vitkit" if register_tiles_apply(16)
+               else "sdpa-bf16" if cpu_has_native_bf16() else "sdpa")
     assert int8_block_attention(block, x, 2) == default
     with pytest.raises(ValueError, match="attention='flash'.*one of"):
         int8_block(block, x, attention="flash")
     autotune.forget()
+
+
+@needs_int8_operator
+@pytest.mark.parametrize("shape", [(2, 197, 6, 64), (3, 50, 4, 16), (1, 17, 2, 128), (2, 1, 3, 32),
+                                   (1, 33, 5, 48), (1, 96, 2, 80)])
+def test_the_bf16_tiles_compute_attention_to_bf16_rounding(shape, threads):
+    """The "vitkit-bf16" kernel alone, odd and even token counts, one token, head widths 16 to 128: against
+    the attention of q, k and v rounded to bf16 computed in fp64, the error is the softmax's rounding to
+    bf16 (within twice SDPA's bf16 kernel's, and nonzero: the products really run in bf16)."""
+    needs_bf16_tiles("vitkit-bf16")
+    assert build.attention_available(), "the attention operator did not build (see the warning)"
+    threads(2)
+    B, T, H, Dh = shape
+    qkv = torch.randn(B, T, 3 * H * Dh)
+    scale = Dh ** -0.5
+    with torch.inference_mode():
+        out = torch.ops.vitkit.attention_forward_bf16(qkv, H, scale)
+        q, k, v = split_heads(qkv.bfloat16().double(), H)
+        exact = merge_heads(torch.softmax(((q * scale).bfloat16().double() @ k.transpose(-1, -2)), -1) @ v)
+        sdpa = bf16_attention(qkv, H, scale)
+    err, sdpa_err = (out - exact).abs().max().item(), (sdpa - exact).abs().max().item()
+    # each probability within bf16's half ulp (2^-9 relative) moves the output by at most 2^-9 max |v|
+    assert err <= 2**-9 * v.abs().max().item() and err <= 2 * sdpa_err, (err, sdpa_err)
+    assert err > 0 or T == 1  # one token: the softmax is 1, exact in bf16, and the output is v
+
+
+@needs_int8_operator
+def test_the_bf16_tiles_refuse_what_they_do_not_compute():
+    needs_bf16_tiles("vitkit-bf16")
+    assert not bf16_tiles_apply(8) and not bf16_tiles_apply(24) and not bf16_tiles_apply(144)
+    assert build.attention_available(), "the attention operator did not build (see the warning)"
+    with pytest.raises(RuntimeError, match="heads of 16 to 128 dims"):
+        torch.ops.vitkit.attention_forward_bf16(torch.randn(1, 5, 3 * 16), 2, 0.3)
+    block = int8_blocks(tiny_model(num_heads=8), "vitkit-bf16")[0]  # heads of 8 dims
+    with pytest.raises(RuntimeError, match="vitkit-bf16 attention needs"):
+        int8_block(block, torch.randn(1, 17, 64), attention="vitkit-bf16")
 
 
 def test_the_environment_turns_the_operator_off(monkeypatch):

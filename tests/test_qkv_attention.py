@@ -24,12 +24,14 @@ from vitkit.cpu.attention import (
     FastAttention,
     _QKVAttention,
     explicit_attention_is_faster,
+    implementation,
     keeps_probabilities,
     qkv_attention,
     qkv_attention_applies,
     sgemm_products,
 )
 from vitkit.cpu.build import attention_available
+from vitkit.cpu.hardware import cpu_flags
 from vitkit.model import merge_heads, split_heads
 
 needs_attention_operator = needs_operator(attention_available, "attention")
@@ -229,6 +231,31 @@ def test_under_bf16_autocast_the_operator_computes_the_attention_in_fp32(monkeyp
     for name, g in ref_grads.items():
         rel = ((grads[name] - g).norm() / g.norm().clamp_min(1e-12)).item()
         assert rel < 5e-2, (name, rel)
+
+
+@needs_attention_operator
+def test_bf16_without_gradients_computes_on_the_bf16_tiles(monkeypatch):
+    """A bf16 projection with no gradient wanted (a bf16 model's inference) runs on the bf16 tiles where the
+    CPU has AVX512-BF16, and that is then the fixed rule's choice; with a gradient, in fp32 as before. Either
+    is the float64 attention of the bf16 inputs to bf16 rounding."""
+    qkv = torch.randn(2, 37, 3 * 64).bfloat16()
+    q, k, v = (t.double() for t in split_heads(qkv, 4))
+    exact = merge_heads(torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v)
+    tiles = attention_module.bf16_tiles_apply(16)
+    assert tiles == ("avx512_bf16" in cpu_flags() or "avx512bf16" in cpu_flags())
+    with torch.no_grad():
+        called = operators_called(lambda: qkv_attention(qkv, 4, 0.25), "vitkit::attention")
+        out = qkv_attention(qkv, 4, 0.25)
+    assert called == ({"vitkit::attention_forward_bf16"} if tiles else {"vitkit::attention_forward"})
+    torch.testing.assert_close(out.double(), exact, rtol=2e-2, atol=2e-2)
+    if tiles:
+        assert torch.equal(out, torch.ops.vitkit.attention_forward_bf16(qkv.float(), 4, 0.25).bfloat16())
+    with_grad = qkv.clone().requires_grad_()
+    called = operators_called(lambda: qkv_attention(with_grad, 4, 0.25), "vitkit::attention")
+    assert called == {"vitkit::attention_forward"}
+    monkeypatch.setenv("VITKIT_AUTOTUNE", "0")
+    with torch.no_grad():
+        assert implementation(qkv, 4, 0.0, False) == ("operator" if tiles else "sdpa")
 
 
 @needs_attention_operator

@@ -21,7 +21,9 @@ operator goes into the compiled graph (its fake kernels give inductor the output
 CPU, and in a model cast to bf16 (`optimize(model, "bf16")`), the operator may take the projection cast to
 fp32, as the model's `explicit_attention` computes the attention in fp32 there: the timing decides (with 26
 tokens of 4 heads of 16, the fashion-mnist recipe's, the bf16 training step runs about 1.15x faster on it on
-an Intel Xeon with AMX). Results differ from PyTorch's only by float rounding. A second derivative
+an Intel Xeon with AMX); without gradients, on CPUs with AVX512-BF16, the operator computes in bf16 on its
+tiles there (`attention_forward_bf16`: vdpbf16ps, two multiply-adds a lane per instruction). Results
+differ from PyTorch's only by float rounding. A second derivative
 (create_graph=True) comes from PyTorch's operators (`differentiable_gradient`).
 """
 
@@ -150,16 +152,28 @@ def qkv_attention_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
 
 def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     """softmax(q k^T * scale) v of each head of the fused projection qkv (B, T, 3C) -> merged heads (B, T, C),
-    differentiable in qkv. A bf16 projection is computed in fp32 and the result rounded back to bf16. Check
-    `qkv_attention_applies` first."""
+    differentiable in qkv. A bf16 projection is computed in bf16 on AVX512-BF16's tiles where they apply and
+    no gradient is wanted (`attention_forward_bf16`), else in fp32, and the result rounded back to bf16.
+    Check `qkv_attention_applies` first."""
     if qkv.dtype == torch.bfloat16:
         with autocast_off("cpu"):
+            grad = torch.is_grad_enabled() and qkv.requires_grad
+            if not grad and bf16_tiles_apply(qkv.shape[2] // (3 * heads)):
+                return torch.ops.vitkit.attention_forward_bf16(qkv.float(), heads, scale).to(torch.bfloat16)
             return qkv_attention(qkv.float(), heads, scale).to(torch.bfloat16)
     qkv = qkv.contiguous()
     if torch.is_grad_enabled() and qkv.requires_grad:
         keep = keeps_probabilities(qkv.shape[1], qkv.shape[2] // (3 * heads))
         return _QKVAttention.apply(qkv, heads, scale, keep)
     return torch.ops.vitkit.attention_forward(qkv, heads, scale, False, not _sgemm_only)[0]
+
+
+@functools.cache
+def bf16_tiles_apply(head_dim: int) -> bool:
+    """Whether `attention_forward_bf16` (the register tiles in bf16, attention_bf16.h) runs for heads of
+    `head_dim` here: AVX512-BF16 and heads of 16 to 128 dims in multiples of 16. Needs the operators
+    (`attention_available`)."""
+    return bool(torch.ops.vitkit.attention_bf16_tiles_apply(head_dim))
 
 
 # Where timing is off (vitkit.cpu.autotune) or the tensors are not fp32 on the CPU: training on the CPU,
@@ -215,7 +229,8 @@ def _forward_ad_on() -> bool:
 def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool) -> str:
     """How to attend over this projection output (B, T, 3C): the fastest of `IMPLEMENTATIONS` on this machine
     at this shape (vitkit.cpu.autotune) for fp32 tensors on the CPU; elsewhere, or with timing off, the fixed
-    rule (the operator where it applies, else the explicit products in training on up to
+    rule (the operator where it applies, in bf16 only where it computes in bf16, else the explicit products
+    in training on up to
     EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Under torch.compile, the operator where
     `compiled_operator_applies`. Forward-mode AD takes the explicit products (SDPA's CPU
     kernel and the operator have no forward derivative)."""
@@ -225,18 +240,22 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
         return "operator"
     operator = qkv_attention_applies(qkv, dropout)
     bf16 = qkv.dtype == torch.bfloat16
-    # Under bf16 autocast the operator is a candidate, not the default: the fixed rule stays PyTorch's paths.
-    if operator and not bf16:
+    grad = torch.is_grad_enabled() and qkv.requires_grad
+    # the operator in bf16 on its tiles (qkv_attention)
+    bf16_tiles = operator and bf16 and not grad and bf16_tiles_apply(qkv.shape[-1] // (3 * heads))
+    # Under bf16 autocast the operator is a candidate, not the default, unless it computes in bf16: the fixed
+    # rule stays PyTorch's paths.
+    if operator and (not bf16 or bf16_tiles):
         default = "operator"
     else:
         default = "explicit" if explicit_attention_is_faster(qkv, training) else "sdpa"
     if not eager_on_cpu(qkv) or qkv.dim() != 3:
         return default
-    grad = torch.is_grad_enabled() and qkv.requires_grad
     B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
     shape = (B, T, heads, width // heads, dropout > 0, operator)  # a choice made with the operator needs it
     if bf16:
         shape += ("bf16-autocast" if torch.is_autocast_enabled("cpu") else "bf16",)
+        shape += ("bf16-tiles",) if bf16_tiles else ()
     dtype = qkv.dtype
     return autotune.choose("attention-train" if grad else "attention", shape,
                            lambda: _candidates(B, T, heads, width, dropout, grad, operator, dtype), default)

@@ -143,7 +143,8 @@ def no_build_tool() -> None:
 def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block",
-                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "vector_math.h"])
+                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "attention_bf16.h",
+                           CSRC / "vector_math.h"])
 
 
 def int8_block_available() -> bool:
@@ -159,8 +160,8 @@ def int8_block_available() -> bool:
 @functools.cache
 def _attention_built() -> bool:
     """The attention operators, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_backward",
-                          [CSRC / "attention_kernels.h", CSRC / "vector_math.h"])
+    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_forward_bf16",
+                          [CSRC / "attention_kernels.h", CSRC / "attention_bf16.h", CSRC / "vector_math.h"])
 
 
 def attention_available() -> bool:

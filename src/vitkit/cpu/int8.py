@@ -137,7 +137,7 @@ def bf16_attention(qkv: torch.Tensor, num_heads: int, scale: float,
     return y.transpose(1, 2).float().reshape(B, q.shape[2], D)
 
 
-INT8_BLOCK_ATTENTION = ("vitkit", "sdpa", "sdpa-bf16")
+INT8_BLOCK_ATTENTION = ("vitkit", "vitkit-bf16", "sdpa", "sdpa-bf16")
 
 
 @functools.cache
@@ -148,19 +148,32 @@ def register_tiles_apply(head_dim: int) -> bool:
     return bool(torch.ops.vitkit.int8_block_tiles_apply(head_dim))
 
 
+@functools.cache
+def bf16_tiles_apply(head_dim: int) -> bool:
+    """Whether the int8 block operator's "vitkit-bf16" attention (the register tiles in bf16, vdpbf16ps) can
+    run for heads of `head_dim` here: AVX512-BF16 and the tiles' widths (attention_bf16.h)."""
+    return bool(torch.ops.vitkit.int8_block_bf16_tiles_apply(head_dim))
+
+
 def int8_block_attention(block: nn.Module, x: torch.Tensor, shares: int) -> str:
     """The attention kernel of the int8 block operator for input `x`: the fastest here of vitkit's fp32
     kernel ("vitkit", the one `accelerate` and `optimize(fp32)` run), SDPA's fused kernel in fp32 ("sdpa")
-    and, on CPUs with native bf16, in bf16 ("sdpa-bf16"), each timed on the whole block
-    (vitkit.cpu.autotune). The default, kept unless another is clearly faster and taken with tuning off:
-    "vitkit" where its AVX-512 register tiles apply (faster than SDPA in either precision there:
-    docs/speed.md), else SDPA in bf16 where the CPU has it natively, else SDPA in fp32."""
+    and, on CPUs with native bf16, vitkit's kernel in bf16 ("vitkit-bf16", where AVX512-BF16 has it) and
+    SDPA's in bf16 ("sdpa-bf16"), each timed on the whole block (vitkit.cpu.autotune). The default, kept
+    unless another is clearly faster and taken with tuning off: "vitkit-bf16" where it runs (AVX512-BF16
+    doubles the products' rate: docs/speed.md), else "vitkit" where its AVX-512 register tiles apply (faster
+    than SDPA in either precision there), else SDPA in bf16 where the CPU has it natively, else SDPA in
+    fp32."""
     B, T, D = x.shape
     heads = block.attn.num_heads
     bf16 = block.attention_dtype == torch.bfloat16
-    default = "vitkit" if register_tiles_apply(D // heads) else "sdpa-bf16" if bf16 else "sdpa"
-    modes = [m for m in INT8_BLOCK_ATTENTION if m != "sdpa-bf16" or bf16]
-    shape = (B, T, D, heads, shares, block.attn.qkv.reduce_range)
+    own_bf16 = bf16 and bf16_tiles_apply(D // heads)
+    default = ("vitkit-bf16" if own_bf16 else "vitkit" if register_tiles_apply(D // heads)
+               else "sdpa-bf16" if bf16 else "sdpa")
+    modes = [m for m in INT8_BLOCK_ATTENTION
+             if (m != "sdpa-bf16" or bf16) and (m != "vitkit-bf16" or own_bf16)]
+    # the candidates are part of the key: a choice cached before a kernel existed does not hide it
+    shape = (B, T, D, heads, shares, block.attn.qkv.reduce_range, *modes)
 
     def candidates():
         sample = torch.randn(B, T, D, generator=autotune.generator())

@@ -15,6 +15,8 @@
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q
 //
 // The kernels live in attention_kernels.h (the int8 block runs the forward's too); here, the operators.
+// attention_forward_bf16 is the forward on attention_bf16.h's bf16 tiles (AVX512-BF16), for inference in bf16
+// and the int8 block's "vitkit-bf16" attention.
 
 
 #include <ATen/ATen.h>
@@ -23,6 +25,7 @@
 
 #include <tuple>
 
+#include "attention_bf16.h"
 #include "attention_kernels.h"
 
 namespace {
@@ -105,6 +108,25 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
   return grad_qkv;
 }
 
+// softmax(q k^T scale) v of every head on the bf16 tiles (attention_bf16.h), from the fp32 projection (B, T,
+// 3D) to the merged heads (B, T, D) fp32, one task per (image, head) pair: inference only (no log-sum-exp).
+at::Tensor attention_forward_bf16(const at::Tensor& qkv_in, int64_t heads, double scale) {
+  TORCH_CHECK(heads > 0 && qkv_in.dim() == 3 && qkv_in.scalar_type() == at::kFloat && qkv_in.device().is_cpu() &&
+                  qkv_in.size(2) % (3 * heads) == 0,
+              "attention_forward_bf16: expected fp32 (B, T, 3D) on the CPU with D divisible by ", heads, ", got ",
+              qkv_in.sizes(), " ", qkv_in.dtype());
+  const at::Tensor qkv = qkv_in.contiguous();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  TORCH_CHECK(bf16_tiles_apply(D / heads), "attention_forward_bf16: needs AVX512-BF16 and heads of 16 to 128 ",
+              "dims in multiples of 16, got ", D / heads);
+  at::Tensor out = at::empty({B, T, D}, qkv.options());
+  at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
+    attention_pairs_bf16(qkv.const_data_ptr<float>(), T, D, heads, p0, p1, static_cast<float>(scale),
+                         out.mutable_data_ptr<float>());
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(vitkit, m) {
@@ -117,4 +139,8 @@ TORCH_LIBRARY_FRAGMENT(vitkit, m) {
   m.def("attention_tiles_apply(int head_dim) -> bool", [](int64_t head_dim) { return tiles_apply(head_dim); });
   m.impl("attention_forward", c10::DispatchKey::CPU, TORCH_FN(attention_forward));
   m.impl("attention_backward", c10::DispatchKey::CPU, TORCH_FN(attention_backward));
+  m.def("attention_forward_bf16(Tensor qkv, int heads, float scale) -> Tensor");
+  m.impl("attention_forward_bf16", c10::DispatchKey::CPU, TORCH_FN(attention_forward_bf16));
+  m.def("attention_bf16_tiles_apply(int head_dim) -> bool",
+        [](int64_t head_dim) { return bf16_tiles_apply(head_dim); });
 }

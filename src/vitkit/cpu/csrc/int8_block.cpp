@@ -4,11 +4,13 @@
 // packed the weights: one scale per tensor); here the tensor is a share of the rows, so the activation scales
 // are per share and the result depends, slightly, on `shares` (the caller passes the number of intra-op
 // threads). The attention runs on `attention`: "vitkit" (attention_kernels.h, fp32, the register tiles where
-// they apply), "sdpa" (SDPA's fused kernel in fp32) or "sdpa-bf16" (the same in bf16).
+// they apply), "vitkit-bf16" (attention_bf16.h: the same tiles in bf16, on CPUs with AVX512-BF16), "sdpa"
+// (SDPA's fused kernel in fp32) or "sdpa-bf16" (the same in bf16).
 
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/library.h>
 
+#include "attention_bf16.h"
 #include "attention_kernels.h"
 #include "block_region.h"
 
@@ -26,9 +28,12 @@ at::Tensor int8_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
   const at::Tensor x = x_in.contiguous();
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
   TORCH_CHECK(heads > 0 && D % heads == 0, "int8_block: width ", D, " is not divisible by ", heads, " heads");
-  TORCH_CHECK(attention == "vitkit" || attention == "sdpa" || attention == "sdpa-bf16",
-              "int8_block: attention must be vitkit, sdpa or sdpa-bf16, got ", attention);
+  TORCH_CHECK(attention == "vitkit" || attention == "vitkit-bf16" || attention == "sdpa" || attention == "sdpa-bf16",
+              "int8_block: attention must be vitkit, vitkit-bf16, sdpa or sdpa-bf16, got ", attention);
   const bool bf16_attention = attention == "sdpa-bf16", own_attention = attention == "vitkit";
+  const bool own_bf16 = attention == "vitkit-bf16";
+  TORCH_CHECK(!own_bf16 || bf16_tiles_apply(D / heads), "int8_block: vitkit-bf16 attention needs AVX512-BF16 and ",
+              "heads of 16 to 128 dims in multiples of 16, got ", D / heads);
   const at::Tensor tokens = x.view({B * T, D});
   at::Tensor out = at::empty_like(x);
   const at::Tensor out_rows = out.view({B * T, D});
@@ -49,6 +54,9 @@ at::Tensor int8_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
         if (own_attention) {
           attention_pairs(qkv_rows.const_data_ptr<float>(), T, D, heads, p0, p1, static_cast<float>(scale),
                           merged.mutable_data_ptr<float>());
+        } else if (own_bf16) {
+          attention_pairs_bf16(qkv_rows.const_data_ptr<float>(), T, D, heads, p0, p1, static_cast<float>(scale),
+                               merged.mutable_data_ptr<float>());
         } else {
           vitkit::attend_pairs(qkv_heads, p0, p1, scale, merged);
         }
@@ -77,4 +85,7 @@ TORCH_LIBRARY(vitkit, m) {
   m.impl("int8_block", c10::DispatchKey::CPU, TORCH_FN(int8_block));
   // whether attention "vitkit" runs on the register tiles for this head width (else on sgemm)
   m.def("int8_block_tiles_apply(int head_dim) -> bool", [](int64_t head_dim) { return tiles_apply(head_dim); });
+  // whether attention "vitkit-bf16" can run for this head width (AVX512-BF16 tiles)
+  m.def("int8_block_bf16_tiles_apply(int head_dim) -> bool",
+        [](int64_t head_dim) { return bf16_tiles_apply(head_dim); });
 }

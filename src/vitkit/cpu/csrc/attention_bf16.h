@@ -1,0 +1,228 @@
+// The int8 block's attention in bf16 on AVX512-BF16 register tiles: attention_kernels.h's tiled forward with
+// q, k, v and the softmax rounded to bf16 and every product accumulated in fp32 by vdpbf16ps, which does two
+// multiply-adds a lane where vfmadd231ps does one. For inference only (no log-sum-exp, no backward).
+//
+// vdpbf16ps multiplies pairs: lane l of the result gains a[2l] b[2l] + a[2l + 1] b[2l + 1]. So each operand
+// is stored as pairs along the dimension summed over, and one side is a broadcast pair:
+//
+//   scores  S^T (keys down, 16 queries a vector) = K (scale Q)^T: a key's pair of dims broadcast against
+//           16 queries' same pair (q packed as qp[e][i][2], e the pair of dims);
+//   values  O = P V / rowsum: a query's pair of keys broadcast against 16 dims of the same two keys' rows of
+//           V (v packed as vp[j'][d][2], j' the pair of keys; an odd T's last pair padded with a zero key).
+//
+// The softmax runs in fp32 on the scores as attention_kernels.h's does; its unnormalised terms, in [0, 1],
+// are what gets rounded to bf16, and the sum they are divided by stays fp32.
+
+#pragma once
+
+#include "attention_kernels.h"
+
+#if defined(__x86_64__)
+
+namespace {
+
+#define VITKIT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// Lane pairs of two rows of 16 floats as 32 bf16: out[2l] = a[l], out[2l + 1] = b[l] (rounded to nearest even).
+VITKIT_AVX512_BF16 VITKIT_INLINE __m512i interleave_bf16(__m512 a, __m512 b) {
+  alignas(64) static const int16_t kOrder[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i packed = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a's 16 low, b's 16 high
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kOrder), packed);
+}
+
+VITKIT_AVX512_BF16 VITKIT_INLINE __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// The 32 bits at p (a pair of bf16) in every lane.
+VITKIT_AVX512_BF16 VITKIT_INLINE __m512bh broadcast_pair(const uint16_t* p) {
+  int32_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return as_bh(_mm512_set1_epi32(bits));
+}
+
+// st[r * ldst + 16 c + l] = sum_d k[r * ldk + d] q(d, 16 c + l): RJ keys (bf16 rows) by NQ vectors of queries
+// (qp: pairs of dims e, then queries, n of them).
+template <int RJ, int NQ>
+VITKIT_AVX512_BF16 VITKIT_INLINE void scores_tile_bf16(const uint16_t* k, int64_t ldk, const uint16_t* qp,
+                                                       int64_t n, int64_t pairs, float* st, int64_t ldst) {
+  __m512 acc[RJ][NQ];
+  for (int r = 0; r < RJ; ++r)
+    for (int c = 0; c < NQ; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t e = 0; e < pairs; ++e) {
+    __m512bh qv[NQ];
+    for (int c = 0; c < NQ; ++c) qv[c] = as_bh(_mm512_loadu_si512(qp + (e * n + 16 * c) * 2));
+    for (int r = 0; r < RJ; ++r) {
+      const __m512bh kb = broadcast_pair(k + r * ldk + 2 * e);
+      for (int c = 0; c < NQ; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], kb, qv[c]);
+    }
+  }
+  for (int r = 0; r < RJ; ++r)
+    for (int c = 0; c < NQ; ++c) _mm512_storeu_ps(st + r * ldst + 16 * c, acc[r][c]);
+}
+
+// All T keys against NQ query vectors, six keys at a time.
+template <int NQ>
+VITKIT_AVX512_BF16 void scores_columns_bf16(const uint16_t* k, int64_t ldk, int64_t T, const uint16_t* qp,
+                                            int64_t n, int64_t pairs, float* st, int64_t ldst) {
+  int64_t j = 0;
+  for (; j + 6 <= T; j += 6) scores_tile_bf16<6, NQ>(k + j * ldk, ldk, qp, n, pairs, st + j * ldst, ldst);
+  const uint16_t* kj = k + j * ldk;
+  float* sj = st + j * ldst;
+  switch (T - j) {
+    case 5: scores_tile_bf16<5, NQ>(kj, ldk, qp, n, pairs, sj, ldst); break;
+    case 4: scores_tile_bf16<4, NQ>(kj, ldk, qp, n, pairs, sj, ldst); break;
+    case 3: scores_tile_bf16<3, NQ>(kj, ldk, qp, n, pairs, sj, ldst); break;
+    case 2: scores_tile_bf16<2, NQ>(kj, ldk, qp, n, pairs, sj, ldst); break;
+    case 1: scores_tile_bf16<1, NQ>(kj, ldk, qp, n, pairs, sj, ldst); break;
+    default: break;
+  }
+}
+
+// o[r * ldo + 16 c + l] = inv[r] sum_j' p(r, j') . vp(j', 16 c + l): RI queries by DV vectors of dims, pp and
+// vp in pairs of keys (pp: pairs, then queries, n of them; vp: pairs, then D dims).
+template <int RI, int DV>
+VITKIT_AVX512_BF16 VITKIT_INLINE void values_tile_bf16(const uint16_t* pp, int64_t n, const uint16_t* vp,
+                                                       int64_t D, int64_t pairs, const float* inv, float* o,
+                                                       int64_t ldo) {
+  __m512 acc[RI][DV];
+  for (int r = 0; r < RI; ++r)
+    for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t e = 0; e < pairs; ++e) {
+    __m512bh vv[DV];
+    for (int c = 0; c < DV; ++c) vv[c] = as_bh(_mm512_loadu_si512(vp + (e * D + 16 * c) * 2));
+    for (int r = 0; r < RI; ++r) {
+      const __m512bh pb = broadcast_pair(pp + (e * n + r) * 2);
+      for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pb, vv[c]);
+    }
+  }
+  for (int r = 0; r < RI; ++r) {
+    const __m512 f = _mm512_set1_ps(inv[r]);
+    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(o + r * ldo + 16 * c, _mm512_mul_ps(acc[r][c], f));
+  }
+}
+
+// All `rows` queries, RI at a time (as many as keep RI x DV accumulators within 24 registers).
+template <int DV>
+VITKIT_AVX512_BF16 void values_rows_bf16(const uint16_t* pp, int64_t n, const uint16_t* vp, int64_t D,
+                                         int64_t pairs, int64_t rows, const float* inv, float* o, int64_t ldo) {
+  constexpr int RI = DV <= 4 ? 6 : DV <= 6 ? 4 : 3;
+  int64_t i = 0;
+  for (; i + RI <= rows; i += RI) values_tile_bf16<RI, DV>(pp + 2 * i, n, vp, D, pairs, inv + i, o + i * ldo, ldo);
+  const uint16_t* pi = pp + 2 * i;
+  float* oi = o + i * ldo;
+  switch (rows - i) {
+    case 5: if constexpr (RI > 5) values_tile_bf16<5, DV>(pi, n, vp, D, pairs, inv + i, oi, ldo); break;
+    case 4: if constexpr (RI > 4) values_tile_bf16<4, DV>(pi, n, vp, D, pairs, inv + i, oi, ldo); break;
+    case 3: if constexpr (RI > 3) values_tile_bf16<3, DV>(pi, n, vp, D, pairs, inv + i, oi, ldo); break;
+    case 2: values_tile_bf16<2, DV>(pi, n, vp, D, pairs, inv + i, oi, ldo); break;
+    case 1: values_tile_bf16<1, DV>(pi, n, vp, D, pairs, inv + i, oi, ldo); break;
+    default: break;
+  }
+}
+
+// (rows x D) = P V / rowsum (values_tile_bf16), for D = 16 to 128.
+VITKIT_AVX512_BF16 void values_bf16(const uint16_t* pp, int64_t n, const uint16_t* vp, int64_t D, int64_t pairs,
+                                    int64_t rows, const float* inv, float* o, int64_t ldo) {
+  switch (D / kWidth) {
+    case 1: values_rows_bf16<1>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+    case 2: values_rows_bf16<2>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+    case 3: values_rows_bf16<3>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+    case 4: values_rows_bf16<4>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+    case 5: values_rows_bf16<5>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+    case 6: values_rows_bf16<6>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+    case 7: values_rows_bf16<7>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+    default: values_rows_bf16<8>(pp, n, vp, D, pairs, rows, inv, o, ldo); break;
+  }
+}
+
+// out[(e * n + i) * 2 + t] = rows[(2 e + t) * n + i]: `count` rows of n floats (n a multiple of 16) as pairs
+// of rows in bf16, a zero row after an odd count.
+VITKIT_AVX512_BF16 void pair_rows_bf16(const float* rows, int64_t count, int64_t n, uint16_t* out) {
+  for (int64_t e = 0; 2 * e < count; ++e) {
+    const float* a = rows + 2 * e * n;
+    for (int64_t i = 0; i < n; i += kWidth) {
+      const __m512 b = 2 * e + 1 < count ? _mm512_loadu_ps(a + n + i) : _mm512_setzero_ps();
+      _mm512_storeu_si512(out + (e * n + i) * 2, interleave_bf16(_mm512_loadu_ps(a + i), b));
+    }
+  }
+}
+
+// One (image, head) pair's k in bf16 (T x D, rows as they are) and v as pairs of keys (vp), from the fp32
+// rows of the projection (row stride ld).
+VITKIT_AVX512_BF16 void pack_keys_values_bf16(const float* k, const float* v, int64_t ld, int64_t T, int64_t D,
+                                              uint16_t* kb, uint16_t* vp) {
+  for (int64_t j = 0; j < T; ++j)
+    for (int64_t d = 0; d < D; d += kWidth)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(kb + j * D + d),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(k + j * ld + d)));
+  for (int64_t e = 0; 2 * e < T; ++e)
+    for (int64_t d = 0; d < D; d += kWidth) {
+      const __m512 b = 2 * e + 1 < T ? _mm512_loadu_ps(v + (2 * e + 1) * ld + d) : _mm512_setzero_ps();
+      _mm512_storeu_si512(vp + (e * D + d) * 2, interleave_bf16(_mm512_loadu_ps(v + 2 * e * ld + d), b));
+    }
+}
+
+// One block of m query rows of one pair against its packed keys and values: o (m x D, row stride ldo).
+VITKIT_AVX512_BF16 void attention_block_bf16(const float* q, int64_t ld, const uint16_t* kb, const uint16_t* vp,
+                                             int64_t T, int64_t m, int64_t D, float scale, float* o, int64_t ldo,
+                                             std::vector<float>& scratch, std::vector<uint16_t>& halves) {
+  const int64_t n = (m + kWidth - 1) / kWidth * kWidth;  // queries, padded to whole vectors
+  const int64_t key_pairs = (T + 1) / 2;
+  scratch.resize(D * n + T * n + 2 * n);
+  halves.resize(D * n + 2 * key_pairs * n);
+  float* qt = scratch.data();
+  float* st = qt + D * n;
+  float* lse = st + T * n;
+  float* inv = lse + n;
+  uint16_t* qp = halves.data();
+  uint16_t* pp = qp + D * n;
+  pack_transposed(q, ld, m, n, D, scale, qt);  // scale Q^T, fp32 (attention_kernels.h)
+  pair_rows_bf16(qt, D, n, qp);
+  for (int64_t c = 0; c < n; c += 4 * kWidth) {  // S^T: keys down, queries across
+    switch (std::min<int64_t>(4, (n - c) / kWidth)) {
+      case 4: scores_columns_bf16<4>(kb, D, T, qp + 2 * c, n, D / 2, st + c, n); break;
+      case 3: scores_columns_bf16<3>(kb, D, T, qp + 2 * c, n, D / 2, st + c, n); break;
+      case 2: scores_columns_bf16<2>(kb, D, T, qp + 2 * c, n, D / 2, st + c, n); break;
+      default: scores_columns_bf16<1>(kb, D, T, qp + 2 * c, n, D / 2, st + c, n); break;
+    }
+  }
+  for (int64_t c = 0; c < n; c += kWidth) softmax_columns(st + c, n, T, lse + c, inv + c);
+  pair_rows_bf16(st, T, n, pp);
+  values_bf16(pp, n, vp, D, key_pairs, m, inv, o, ldo);
+}
+
+// Whether the bf16 tiles serve this head width on this CPU (AVX512-BF16, heads of 16 to 128 dims in
+// multiples of 16).
+bool bf16_tiles_apply(int64_t D) {
+  static const bool bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return bf16 && tiles_apply(D);
+}
+
+// attention_pairs (attention_kernels.h) on the bf16 tiles: the (image, head) pairs [p0, p1) of the fp32 q;k;v
+// projection `qkv` (B, T, 3C), written into `out` (B, T, C) fp32, on the calling thread alone. Needs
+// bf16_tiles_apply(C / heads).
+inline void attention_pairs_bf16(const float* qkv, int64_t T, int64_t C, int64_t heads, int64_t p0, int64_t p1,
+                                 float scale, float* out) {
+  const int64_t D = C / heads, bm = tiled_block_rows(T);
+  std::vector<float> scratch;
+  std::vector<uint16_t> halves, kb(T * D), vp((T + 1) / 2 * 2 * D);
+  for (int64_t pair = p0; pair < p1; ++pair) {
+    const int64_t b = pair / heads, h = pair % heads;
+    const float* q = qkv + b * T * 3 * C + h * D;
+    pack_keys_values_bf16(q + C, q + 2 * C, 3 * C, T, D, kb.data(), vp.data());
+    for (int64_t r0 = 0; r0 < T; r0 += bm) {
+      const int64_t m = std::min(bm, T - r0);
+      attention_block_bf16(q + r0 * 3 * C, 3 * C, kb.data(), vp.data(), T, m, D, scale,
+                           out + (b * T + r0) * C + h * D, C, scratch, halves);
+    }
+  }
+}
+
+}  // namespace
+
+#else
+namespace {
+bool bf16_tiles_apply(int64_t) { return false; }
+inline void attention_pairs_bf16(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float, float*) {}
+}  // namespace
+#endif
