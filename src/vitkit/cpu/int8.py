@@ -160,10 +160,10 @@ def int8_block_attention(block: nn.Module, x: torch.Tensor, shares: int) -> str:
     kernel ("vitkit", the one `accelerate` and `optimize(fp32)` run), SDPA's fused kernel in fp32 ("sdpa")
     and, on CPUs with native bf16, vitkit's kernel in bf16 ("vitkit-bf16", where AVX512-BF16 has it) and
     SDPA's in bf16 ("sdpa-bf16"), each timed on the whole block (vitkit.cpu.autotune). The default, kept
-    unless another is clearly faster and taken with tuning off: "vitkit-bf16" where it runs (AVX512-BF16
-    doubles the products' rate: docs/speed.md), else "vitkit" where its AVX-512 register tiles apply (faster
-    than SDPA in either precision there), else SDPA in bf16 where the CPU has it natively, else SDPA in
-    fp32."""
+    unless another is clearly faster and taken with tuning off: "vitkit-bf16" where it runs (vdpbf16ps does
+    two multiply-adds a lane: the attention about 1.5x faster than in fp32, docs/speed.md), else "vitkit"
+    where its AVX-512 register tiles apply (faster than SDPA in either precision there), else SDPA in bf16
+    where the CPU has it natively, else SDPA in fp32."""
     B, T, D = x.shape
     heads = block.attn.num_heads
     bf16 = block.attention_dtype == torch.bfloat16

@@ -89,9 +89,9 @@ def fashion_mnist() -> TrainConfig:
 
         vitkit train fashion-mnist --out runs/fmnist --nproc 2
 
-    It chooses on 5,000 held-out training images and reaches 93.06 ± 0.08 % test top-1 (final weights, seeds
-    0-2) in 23-27 minutes on 2 cores of an AMD EPYC with native bf16
-    (benchmarks/results/recipe-fashion-mnist_amd-epyc_2026-12-04_seed*.json). Why it is built this way:
+    It chooses on 5,000 held-out training images and reaches 93.06 ± 0.06 % test top-1 (final weights, seeds
+    0-3) in 22-27 minutes on 2 cores of an AMD EPYC with native bf16
+    (benchmarks/results/recipe-fashion-mnist_amd-epyc_2026-12-0[45]_seed*.json). Why it is built this way:
     docs/training.md.
     """
     return TrainConfig(
