@@ -142,14 +142,30 @@ if wanted recipes && have_data; then
         echo "-- $tag: exit $? after $(( $(date +%s) - start )) s: $(tail -n 1 "$runs/$tag.log")"
         grep -h "test top-1" "$runs/$tag.log"
     }
+    student_epochs() {  # as many of 100 epochs as fit before the deadline, at the rate the untaught twin (the
+        # same model and batch) has trained so far, taken at 60 % for four runs sharing the GPU; 100 untimed
+        "$PY" - "$runs/long-b512-s0/metrics.csv" "$deadline" <<'EOF'
+import csv, math, sys, time
+try:
+    rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "train"]
+    rate = (int(rows[-1]["step"]) - int(rows[0]["step"])) / (float(rows[-1]["time"]) - float(rows[0]["time"]))
+except (OSError, IndexError, KeyError, ValueError, ZeroDivisionError):
+    print(100)
+    sys.exit()
+left = float(sys.argv[2]) - time.time() - 90  # compiling twice, the test split and its fp32 evaluation
+print(max(10, min(100, int(0.6 * rate * left / math.ceil(55_000 / 512)))))
+EOF
+    }
     # the students and their untaught twin: fashion-mnist-long's model at batch 512 (half the steps, each
     # no slower on a GPU), its lr scaled by about the square root of the batch
     wide=(--set batch_size=512 --set optim.lr=4e-3)
-    student=(--set model.dim=128 --set model.mlp_dim=256 --set epochs=100 "${wide[@]}")
     fm teacher112 fashion-mnist-teacher --set model.image_size=112 --set epochs=30 &
     teacher=$!
     fm long-b512-s0 fashion-mnist-long "${wide[@]}" &
     wait "$teacher"
+    epochs=$(student_epochs)
+    echo "-- the students train for $epochs epochs"
+    student=(--set model.dim=128 --set model.mlp_dim=256 --set "epochs=$epochs" "${wide[@]}")
     if [ -d "$runs/teacher112/best" ]; then
         for seed in 0 1 2; do
             fm "distilled-wide-s$seed" fashion-mnist-distilled --set "teacher=$runs/teacher112/best" \
