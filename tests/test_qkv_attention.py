@@ -421,6 +421,32 @@ def test_under_torch_compile_an_accelerated_model_attends_on_the_operator(amp):
 
 
 @needs_attention_operator
+def test_bf16_inference_under_torch_compile_keeps_the_fp32_operator(recwarn):
+    """Under torch.compile, bf16 inference traces the fp32 operator (which has fake kernels), not the bf16
+    tiles: one graph, no warning from dynamo, the eager model's logits to bf16 rounding."""
+    torch.manual_seed(0)
+    cfg = vitkit.get_config("ViT-Ti/16", image_size=32, patch_size=8, num_classes=10, depth=2)
+    model = vitkit.accelerate(vitkit.VisionTransformer(cfg)).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.05)
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(x)
+        got = torch.compile(model, backend=recording_backend)(x)
+    text = "".join(gm.print_readable(print_output=False) for gm in graphs)
+    assert len(graphs) == 1 and "vitkit.attention_forward(" in text and "attention_forward_bf16" not in text
+    assert not [w for w in recwarn if "dynamo" in str(w.message).lower() or "lru_cache" in str(w.message)]
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
+@needs_attention_operator
 def test_inductor_compiles_a_training_step_through_the_operator():
     """With inductor (the default backend) the fake kernels and the operator's backward work through AOT
     autograd: a compiled training step's loss and gradients equal the eager step's."""

@@ -153,12 +153,14 @@ def qkv_attention_applies(qkv: torch.Tensor, dropout: float = 0.0) -> bool:
 def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     """softmax(q k^T * scale) v of each head of the fused projection qkv (B, T, 3C) -> merged heads (B, T, C),
     differentiable in qkv. A bf16 projection is computed in bf16 on AVX512-BF16's tiles where they apply and
-    no gradient is wanted (`attention_forward_bf16`), else in fp32, and the result rounded back to bf16.
-    Check `qkv_attention_applies` first."""
+    no gradient is wanted, in eager mode (`attention_forward_bf16`), else in fp32, and the result rounded back
+    to bf16. Check `qkv_attention_applies` first."""
     if qkv.dtype == torch.bfloat16:
         with autocast_off("cpu"):
+            # eager only: under torch.compile the fp32 operator, whose fake kernels inductor has
             grad = torch.is_grad_enabled() and qkv.requires_grad
-            if not grad and bf16_tiles_apply(qkv.shape[2] // (3 * heads)):
+            eager = not torch.compiler.is_compiling()
+            if eager and not grad and bf16_tiles_apply(qkv.shape[2] // (3 * heads)):
                 return torch.ops.vitkit.attention_forward_bf16(qkv.float(), heads, scale).to(torch.bfloat16)
             return qkv_attention(qkv.float(), heads, scale).to(torch.bfloat16)
     qkv = qkv.contiguous()
