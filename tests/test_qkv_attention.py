@@ -390,15 +390,16 @@ def _graph_calls_the_operator(gm: torch.fx.GraphModule) -> bool:
     return "vitkit.attention_forward" in gm.print_readable(print_output=False)
 
 
-@needs_attention_operator
-@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
-def test_under_torch_compile_an_accelerated_model_attends_on_the_operator(amp):
-    """torch.compile traces the operator (its fake kernels give the output shapes): the captured graph calls
-    it, and the compiled model's logits and gradients equal the eager model's."""
+def two_block_accelerated_vit() -> vitkit.VisionTransformer:
+    """ViT-Ti/16's width at 32 px in 8-pixel patches, two blocks, accelerated (seed 0)."""
     torch.manual_seed(0)
     cfg = vitkit.get_config("ViT-Ti/16", image_size=32, patch_size=8, num_classes=10, depth=2)
-    eager = vitkit.accelerate(vitkit.VisionTransformer(cfg))
-    model = copy.deepcopy(eager)
+    return vitkit.accelerate(vitkit.VisionTransformer(cfg))
+
+
+def compiled_recording_graphs(model: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.fx.GraphModule]]:
+    """`model` through torch.compile (dynamo reset first) with a backend that runs each captured graph as it
+    is and records it in the returned list."""
     graphs = []
 
     def recording_backend(gm, example_inputs):
@@ -406,8 +407,18 @@ def test_under_torch_compile_an_accelerated_model_attends_on_the_operator(amp):
         return gm.forward
 
     torch._dynamo.reset()
+    return torch.compile(model, backend=recording_backend), graphs
+
+
+@needs_attention_operator
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
+def test_under_torch_compile_an_accelerated_model_attends_on_the_operator(amp):
+    """torch.compile traces the operator (its fake kernels give the output shapes): the captured graph calls
+    it, and the compiled model's logits and gradients equal the eager model's."""
+    eager = two_block_accelerated_vit()
+    model = copy.deepcopy(eager)
+    compiled, graphs = compiled_recording_graphs(model)
     x = torch.randn(3, 3, 32, 32)
-    compiled = torch.compile(model, backend=recording_backend)
     context = torch.autocast("cpu", dtype=amp) if amp else contextlib.nullcontext()
     with context:
         want, got = eager(x), compiled(x)
@@ -424,22 +435,14 @@ def test_under_torch_compile_an_accelerated_model_attends_on_the_operator(amp):
 def test_bf16_inference_under_torch_compile_keeps_the_fp32_operator(recwarn):
     """Under torch.compile, bf16 inference traces the fp32 operator (which has fake kernels), not the bf16
     tiles: one graph, no warning from dynamo, the eager model's logits to bf16 rounding."""
-    torch.manual_seed(0)
-    cfg = vitkit.get_config("ViT-Ti/16", image_size=32, patch_size=8, num_classes=10, depth=2)
-    model = vitkit.accelerate(vitkit.VisionTransformer(cfg)).eval()
+    model = two_block_accelerated_vit().eval()
     with torch.no_grad():
         model.head.weight.normal_(0, 0.05)
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
+    compiled, graphs = compiled_recording_graphs(model)
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         want = model(x)
-        got = torch.compile(model, backend=recording_backend)(x)
+        got = compiled(x)
     text = "".join(gm.print_readable(print_output=False) for gm in graphs)
     assert len(graphs) == 1 and "vitkit.attention_forward(" in text and "attention_forward_bf16" not in text
     assert not [w for w in recwarn if "dynamo" in str(w.message).lower() or "lru_cache" in str(w.message)]

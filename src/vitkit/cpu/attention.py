@@ -23,8 +23,8 @@ fp32, as the model's `explicit_attention` computes the attention in fp32 there: 
 tokens of 4 heads of 16, the fashion-mnist recipe's, the bf16 training step runs about 1.15x faster on it on
 an Intel Xeon with AMX); without gradients, on CPUs with AVX512-BF16, the operator computes in bf16 on its
 tiles there (`attention_forward_bf16`: vdpbf16ps, two multiply-adds a lane per instruction). Results
-differ from PyTorch's only by float rounding. A second derivative
-(create_graph=True) comes from PyTorch's operators (`differentiable_gradient`).
+differ from PyTorch's only by float rounding. A second derivative (create_graph=True) comes from PyTorch's
+operators (`differentiable_gradient`).
 """
 
 from __future__ import annotations
@@ -157,10 +157,7 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     to bf16. Check `qkv_attention_applies` first."""
     if qkv.dtype == torch.bfloat16:
         with autocast_off("cpu"):
-            # eager only: under torch.compile the fp32 operator, whose fake kernels inductor has
-            grad = torch.is_grad_enabled() and qkv.requires_grad
-            eager = not torch.compiler.is_compiling()
-            if eager and not grad and bf16_tiles_apply(qkv.shape[2] // (3 * heads)):
+            if on_bf16_tiles(qkv, heads):
                 return torch.ops.vitkit.attention_forward_bf16(qkv.float(), heads, scale).to(torch.bfloat16)
             return qkv_attention(qkv.float(), heads, scale).to(torch.bfloat16)
     qkv = qkv.contiguous()
@@ -168,6 +165,14 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
         keep = keeps_probabilities(qkv.shape[1], qkv.shape[2] // (3 * heads))
         return _QKVAttention.apply(qkv, heads, scale, keep)
     return torch.ops.vitkit.attention_forward(qkv, heads, scale, False, not _sgemm_only)[0]
+
+
+def on_bf16_tiles(qkv: torch.Tensor, heads: int) -> bool:
+    """Whether `qkv_attention` computes this projection output (B, T, 3C) in bf16 on the tiles: bf16, no
+    gradient wanted, in eager mode (under torch.compile the fp32 operator, whose fake kernels inductor has),
+    and `bf16_tiles_apply` to its heads. The operators must be available (`qkv_attention_applies`)."""
+    return (qkv.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and qkv.requires_grad)
+            and not torch.compiler.is_compiling() and bf16_tiles_apply(qkv.shape[-1] // (3 * heads)))
 
 
 @functools.cache
@@ -232,10 +237,9 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
     """How to attend over this projection output (B, T, 3C): the fastest of `IMPLEMENTATIONS` on this machine
     at this shape (vitkit.cpu.autotune) for fp32 tensors on the CPU; elsewhere, or with timing off, the fixed
     rule (the operator where it applies, in bf16 only where it computes in bf16, else the explicit products
-    in training on up to
-    EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Under torch.compile, the operator where
-    `compiled_operator_applies`. Forward-mode AD takes the explicit products (SDPA's CPU
-    kernel and the operator have no forward derivative)."""
+    in training on up to EXPLICIT_ATTENTION_MAX_TOKENS tokens, else SDPA). Under torch.compile, the operator
+    where `compiled_operator_applies`. Forward-mode AD takes the explicit products (SDPA's CPU kernel and the
+    operator have no forward derivative)."""
     if _forward_ad_on():
         return "explicit"
     if compiled_operator_applies(qkv, dropout):
@@ -243,8 +247,7 @@ def implementation(qkv: torch.Tensor, heads: int, dropout: float, training: bool
     operator = qkv_attention_applies(qkv, dropout)
     bf16 = qkv.dtype == torch.bfloat16
     grad = torch.is_grad_enabled() and qkv.requires_grad
-    # the operator in bf16 on its tiles (qkv_attention)
-    bf16_tiles = operator and bf16 and not grad and bf16_tiles_apply(qkv.shape[-1] // (3 * heads))
+    bf16_tiles = operator and on_bf16_tiles(qkv, heads)  # the operator in bf16 on its tiles
     # Under bf16 autocast the operator is a candidate, not the default, unless it computes in bf16: the fixed
     # rule stays PyTorch's paths.
     if operator and (not bf16 or bf16_tiles):
