@@ -32,7 +32,7 @@ def run_speed(args: argparse.Namespace) -> None:
 
     config = bench.BenchConfig(
         models=tuple(args.model), batch_sizes=tuple(args.batch), repeats=args.repeats, warmup=args.warmup,
-        threads=args.threads or None,
+        settle=args.settle, threads=args.threads or None,
         contenders=tuple(args.contender) if args.contender else bench.CONTENDERS,
     )
     start = time.time()
@@ -123,6 +123,8 @@ def main() -> None:
     s.add_argument("--contender", "-c", action="append", default=None)
     s.add_argument("--repeats", "-r", type=int, default=10)
     s.add_argument("--warmup", type=int, default=2)
+    s.add_argument("--settle", type=int, default=1,
+                   help="untimed calls of a contender before each timed one (vitkit bench --settle)")
     s.add_argument("--threads", "-t", type=int, default=0)
     s.add_argument("--json", default=None)
     s.add_argument("--markdown", default=None, help="also write the table as Markdown here")

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import random
 import statistics
+import time
 
 import pytest
 import torch
@@ -54,6 +55,37 @@ def test_interleaved_times_shuffles_rounds_and_skips_warmup():
     rounds = ["".join(order[12 + 6 * i: 18 + 6 * i]) for i in range(6)]
     assert all(sorted(r) == list("abcdef") for r in rounds)  # every round calls each once
     assert len(set(rounds)) > 1  # in a fresh order
+
+
+def test_interleaved_times_settles_each_contender_before_timing_it():
+    """With settle=2, every timed call comes right after two untimed calls of the same contender, and only
+    the timed one is measured: a contender that is slow only when another ran just before it (threads left
+    spinning) is timed at its own speed."""
+    order, last = [], [None]
+
+    def call(name):
+        def fn():
+            order.append(name)
+            if last[0] not in (None, name):
+                time.sleep(0.02)  # slow right after another contender
+            last[0] = name
+        return fn
+
+    calls = {name: call(name) for name in "abc"}
+    times = bench.interleaved_times(calls, repeats=4, warmup=1, rng=random.Random(1), settle=2)
+    assert {k: len(v) for k, v in times.items()} == dict.fromkeys("abc", 4)
+    timed = order[3:]
+    assert len(timed) == 4 * 3 * 3
+    runs = ["".join(timed[i: i + 3]) for i in range(0, len(timed), 3)]
+    assert all(r == r[0] * 3 for r in runs)  # each contender's settle calls and its timed call together
+    assert max(t for v in times.values() for t in v) < 0.01  # no timed call paid for another's
+    unsettled = bench.interleaved_times(calls, repeats=4, warmup=0, rng=random.Random(1))
+    assert max(t for v in unsettled.values() for t in v) >= 0.02
+
+
+def test_bench_config_refuses_negative_settle():
+    with pytest.raises(ValueError, match="settle=-1"):
+        bench.BenchConfig(settle=-1)
 
 
 def test_paired_ratio_survives_busy_and_quiet_phases():
@@ -146,11 +178,13 @@ def test_cli_bench_runs_and_writes_json(tmp_path, capsys):
     out = tmp_path / "r.json"
     with pytest.raises(SystemExit) as e:
         main(["bench", "-m", "ViT-Ti/16", "-b", "1", "-c", "vitkit", "-c", "timm", "-r", "1", "--warmup", "0",
-              "-t", "1", "--json", str(out)])
+              "-t", "1", "--settle", "0", "--json", str(out)])
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "ViT-Ti/16" in text and "timm" in text
-    assert {r["contender"] for r in json.loads(out.read_text())["rows"]} == {"vitkit", "timm"}
+    report = json.loads(out.read_text())
+    assert {r["contender"] for r in report["rows"]} == {"vitkit", "timm"}
+    assert report["config"]["settle"] == 0  # the record says how each call was timed
 
 
 def test_cli_bench_help_and_errors(capsys):
@@ -186,6 +220,7 @@ def test_cli_bench_quick_keeps_what_the_command_line_chooses(monkeypatch, capsys
         with pytest.raises(SystemExit) as e:
             main(["bench", *argv])
         assert e.value.code == 0, capsys.readouterr()
+    assert [c.settle for c in configs] == [1] * 4  # each timed call after one of its own by default
     got = [(c.models, c.batch_sizes, c.repeats, c.warmup) for c in configs]
     assert got == [
         (tuple(QUICK_RUN["models"]), tuple(QUICK_RUN["batch_sizes"]), QUICK_RUN["repeats"],

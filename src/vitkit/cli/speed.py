@@ -56,6 +56,10 @@ def bench(
     warmup: int | None = typer.Option(None, "--warmup", min=0, show_default=False,
                                help="Untimed calls per contender before timing. Default: 2 (1 with "
                                     "--quick)."),
+    settle: int = typer.Option(1, "--settle", min=0,
+                               help="Untimed calls of a contender just before each timed one, so that it is "
+                                    "timed on its own warm threads, not beside the spinning threads of the "
+                                    "contender before it (0: right after another contender's call)."),
     threads: int = typer.Option(0, "--threads", "-t", min=0,
                                 help="CPU threads (0: torch's default, all cores)."),
     quick: bool = typer.Option(False, "--quick", "-q",
@@ -94,7 +98,7 @@ def bench(
         for name, why in skipped.items():
             typer.echo(f"note: {name} is not timed: {why}", err=True)
     config = B.BenchConfig(models=tuple(run["models"]), batch_sizes=tuple(run["batch_sizes"]),
-                           repeats=run["repeats"], warmup=run["warmup"],
+                           repeats=run["repeats"], warmup=run["warmup"], settle=settle,
                            contenders=tuple(contenders), threads=threads or None)
 
     for name in config.models:
