@@ -83,9 +83,30 @@ def test_interleaved_times_settles_each_contender_before_timing_it():
     assert max(t for v in unsettled.values() for t in v) >= 0.02
 
 
+def test_interleaved_times_pauses_before_each_contender():
+    """A contender slow while another's threads still spin (here: for 30 ms after its call ends) is timed
+    at its own speed after a pause longer than that."""
+    ended = {"at": 0.0, "by": None}
+
+    def call(name):
+        def fn():
+            if ended["by"] not in (None, name) and time.perf_counter() - ended["at"] < 0.03:
+                time.sleep(0.02)
+            ended["at"], ended["by"] = time.perf_counter(), name
+        return fn
+
+    calls = {name: call(name) for name in "abc"}
+    busy = bench.interleaved_times(calls, repeats=3, warmup=0, rng=random.Random(2))
+    assert max(t for v in busy.values() for t in v) >= 0.02
+    quiet = bench.interleaved_times(calls, repeats=3, warmup=0, rng=random.Random(2), pause=0.04)
+    assert max(t for v in quiet.values() for t in v) < 0.01
+
+
 def test_bench_config_refuses_negative_settle():
     with pytest.raises(ValueError, match="settle=-1"):
         bench.BenchConfig(settle=-1)
+    with pytest.raises(ValueError, match="pause_s=-0.1"):
+        bench.BenchConfig(pause_s=-0.1)
 
 
 def test_paired_ratio_survives_busy_and_quiet_phases():

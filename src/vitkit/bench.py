@@ -171,6 +171,7 @@ class BenchConfig:
     repeats: int = 10
     warmup: int = 2
     settle: int = 1  # untimed calls of a contender before each timed one (interleaved_times)
+    pause_s: float = 0.1  # seconds of quiet before each contender's turn, where settle > 0
     threads: int | None = None  # None: torch's default (all cores)
     sgemm_size: int = 2048
     seed: int = 0
@@ -182,9 +183,9 @@ class BenchConfig:
                              f"{', '.join(CONTENDERS + OPTIONAL + RUNTIME_CONTENDERS)}")
         if not self.contenders:
             raise ValueError("no contenders to measure")
-        if self.repeats < 1 or self.warmup < 0 or self.settle < 0:
-            raise ValueError(f"repeats={self.repeats} must be >= 1, warmup={self.warmup} and "
-                             f"settle={self.settle} >= 0")
+        if self.repeats < 1 or self.warmup < 0 or self.settle < 0 or self.pause_s < 0:
+            raise ValueError(f"repeats={self.repeats} must be >= 1, warmup={self.warmup}, "
+                             f"settle={self.settle} and pause_s={self.pause_s} >= 0")
         if any(b < 1 for b in self.batch_sizes) or not self.batch_sizes:
             raise ValueError(f"batch sizes {self.batch_sizes} must be positive")
         if self.threads is not None and self.threads < 1:
@@ -301,14 +302,16 @@ def cells_parser(description: str) -> argparse.ArgumentParser:
 
 
 def interleaved_times(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int, rng: random.Random,
-                      progress: Callable[[], None] | None = None, settle: int = 0) -> dict[str, list[float]]:
+                      progress: Callable[[], None] | None = None, settle: int = 0,
+                      pause: float = 0.0) -> dict[str, list[float]]:
     """Time every call `repeats` times, in a fresh random order each round, after `warmup` untimed rounds.
 
-    settle: untimed calls of a contender just before each of its timed calls. A runtime's worker threads
-    keep spinning for a while after its call returns (ONNX Runtime's by default, libgomp's for PyTorch), and
-    a call timed right after another engine's shares the cores with them: on 2 cores, a ViT-S/16 batch-1
-    call of any engine measured up to 2.4x slower right after ONNX Runtime's than after its own. With
-    settle=1 each contender is timed on its own warm threads, as it runs when it serves alone."""
+    Before each timed call: a `pause` of that many seconds, then `settle` untimed calls of the same
+    contender. A runtime's worker threads keep spinning after its call returns (ONNX Runtime's for 50-100 ms
+    on 2 busy cores, libgomp's for PyTorch a few ms), and a call timed beside them shares the cores: on 2
+    cores a ViT-S/16 batch-1 call of any engine ran up to 2.4x slower right after ONNX Runtime's than after
+    its own. The pause lets them stop, the settle call wakes the contender's own threads, and the timed call
+    runs as the engine runs when it serves alone."""
     for _ in range(warmup):
         for fn in calls.values():
             fn()
@@ -317,6 +320,8 @@ def interleaved_times(calls: dict[str, Callable[[], Any]], repeats: int, warmup:
     for _ in range(repeats):
         rng.shuffle(names)
         for name in names:
+            if pause > 0:
+                time.sleep(pause)
             for _ in range(settle):
                 calls[name]()
             times[name].append(_timed(calls[name]))
@@ -349,7 +354,8 @@ def measure_cell(model: str | ViTConfig, batch: int, config: BenchConfig, rng: r
         packed = pack_weight(b.t().contiguous(), n)
         calls[SGEMM_ONEDNN] = lambda: onednn_linear(a, packed, None)
     with torch.inference_mode():
-        times = interleaved_times(calls, config.repeats, config.warmup, rng, progress, config.settle)
+        times = interleaved_times(calls, config.repeats, config.warmup, rng, progress, config.settle,
+                                  config.pause_s if config.settle else 0.0)
     flops = count_flops(cfg)
     label = _label(model)
     results = {name: Measurement(label, batch, name, times[name], flops) for name in config.contenders}

@@ -57,9 +57,10 @@ def bench(
                                help="Untimed calls per contender before timing. Default: 2 (1 with "
                                     "--quick)."),
     settle: int = typer.Option(1, "--settle", min=0,
-                               help="Untimed calls of a contender just before each timed one, so that it is "
-                                    "timed on its own warm threads, not beside the spinning threads of the "
-                                    "contender before it (0: right after another contender's call)."),
+                               help="Untimed calls of a contender just before each timed one, after 0.1 s "
+                                    "of quiet, so that it is timed on its own warm threads, not beside the "
+                                    "still-spinning threads of the contender before it (0: right after "
+                                    "another contender's call, no pause)."),
     threads: int = typer.Option(0, "--threads", "-t", min=0,
                                 help="CPU threads (0: torch's default, all cores)."),
     quick: bool = typer.Option(False, "--quick", "-q",
