@@ -14,7 +14,7 @@
 #
 # The records go to OUT_DIR (default benchmarks/results), named as benchmarks/results/README.md says:
 # infer-b1_<cpu>_<date>_run<i>.json, infer-b16_..., infer-runtimes_..., train-step_...,
-# int8-agreement_<cpu>_<date>.json. About 30 minutes a run on 2 cores. Run nothing else meanwhile: the ratios are paired within each process, but a
+# int8-agreement_<cpu>_<date>.json. About 45 minutes a run on 2 cores. Run nothing else meanwhile: the ratios are paired within each process, but a
 # machine busy with other work shifts them (docs/speed.md). The exit status is check_targets.py's: 0 when
 # every target holds in every run, 1 when one does not.
 #

@@ -82,7 +82,8 @@ def bench(
     MFU: the model's FLOP rate over the fp32 SGEMM rate of a 2048^3 torch.mm timed in the same loop.
 
     Try `vitkit bench --quick` first (about a minute). The full default run (2 models x 2 batch sizes x 7
-    contenders x 10 repeats) takes 15-30 minutes on 2 cores. On a busy machine `--threads 1` is steadier.
+    contenders x 10 repeats, each timed call after an untimed one) takes 30-60 minutes on 2 cores. On a busy
+    machine `--threads 1` is steadier.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
