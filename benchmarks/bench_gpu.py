@@ -11,7 +11,7 @@ One command, a few minutes, a table and a JSON file (a record for benchmarks/res
     .venv/bin/python benchmarks/bench_gpu.py --device cpu --tiny --no-compile   # the same code on the CPU
 
 What is measured, every contender with the same architecture and random weights, calls interleaved in a fresh
-random order each round (`vitkit.bench.interleaved_times`), each call ending in a device synchronisation;
+random order each round (`vitkit.timing.interleaved_times`), each call ending in a device synchronisation;
 img/s are medians, ratios are paired round by round (`vitkit.bench.paired_ratio`):
 
 - inference: vitkit in fp32 and through `vitkit.optimize(model, "bf16")` (bf16 weights), with and without
@@ -35,8 +35,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import build_timm, interleaved_times, machine_info, paired_ratio, write_json
+from vitkit.bench import build_timm, machine_info, write_json
 from vitkit.config import ViTConfig
+from vitkit.timing import interleaved_times, paired_ratio
 
 TINY = ViTConfig(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10,
                  name="tiny")

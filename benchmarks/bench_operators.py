@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import build_vitkit, interleaved_times, machine_info, paired_ratio, write_json
+from vitkit.bench import build_vitkit, machine_info, write_json
 from vitkit.cpu.build import DISABLE_ENV
+from vitkit.timing import interleaved_times, paired_ratio
 from vitkit.train.optim import build_optimizer
 
 

@@ -42,10 +42,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import build_timm, paired_ratio, write_json
+from vitkit.bench import build_timm, write_json
 from vitkit.config import ViTConfig
 from vitkit.cpu import autotune
 from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine, training_engine
+from vitkit.timing import paired_ratio
 from vitkit.train.one_step import compiled
 from vitkit.train.optim import build_optimizer
 from vitkit.train.settings import OptimConfig

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import vitkit
-from vitkit import bench
+from vitkit import bench, timing
 from vitkit.cli.main import main
 from vitkit.cpu import is_accelerated
 from vitkit.cpu.private import onednn_packing_available
@@ -49,7 +49,7 @@ def test_timm_anchor_is_our_function_with_our_weights():
 def test_interleaved_times_shuffles_rounds_and_skips_warmup():
     order = []
     calls = {name: (lambda name=name: order.append(name)) for name in "abcdef"}
-    times = bench.interleaved_times(calls, repeats=6, warmup=2, rng=random.Random(0))
+    times = timing.interleaved_times(calls, repeats=6, warmup=2, rng=random.Random(0))
     assert {k: len(v) for k, v in times.items()} == dict.fromkeys("abcdef", 6)
     assert len(order) == 2 * 6 + 6 * 6  # warm-up rounds are called but not timed
     rounds = ["".join(order[12 + 6 * i: 18 + 6 * i]) for i in range(6)]
@@ -72,14 +72,14 @@ def test_interleaved_times_settles_each_contender_before_timing_it():
         return fn
 
     calls = {name: call(name) for name in "abc"}
-    times = bench.interleaved_times(calls, repeats=4, warmup=1, rng=random.Random(1), settle=2)
+    times = timing.interleaved_times(calls, repeats=4, warmup=1, rng=random.Random(1), settle=2)
     assert {k: len(v) for k, v in times.items()} == dict.fromkeys("abc", 4)
     timed = order[3:]
     assert len(timed) == 4 * 3 * 3
     runs = ["".join(timed[i: i + 3]) for i in range(0, len(timed), 3)]
     assert all(r == r[0] * 3 for r in runs)  # each contender's settle calls and its timed call together
     assert max(t for v in times.values() for t in v) < 0.01  # no timed call paid for another's
-    unsettled = bench.interleaved_times(calls, repeats=4, warmup=0, rng=random.Random(1))
+    unsettled = timing.interleaved_times(calls, repeats=4, warmup=0, rng=random.Random(1))
     assert max(t for v in unsettled.values() for t in v) >= 0.02
 
 
@@ -96,9 +96,9 @@ def test_interleaved_times_pauses_before_each_contender():
         return fn
 
     calls = {name: call(name) for name in "abc"}
-    busy = bench.interleaved_times(calls, repeats=3, warmup=0, rng=random.Random(2))
+    busy = timing.interleaved_times(calls, repeats=3, warmup=0, rng=random.Random(2))
     assert max(t for v in busy.values() for t in v) >= 0.02
-    quiet = bench.interleaved_times(calls, repeats=3, warmup=0, rng=random.Random(2), pause=0.04)
+    quiet = timing.interleaved_times(calls, repeats=3, warmup=0, rng=random.Random(2), pause=0.04)
     assert max(t for v in quiet.values() for t in v) < 0.01
 
 
@@ -117,12 +117,12 @@ def test_paired_ratio_survives_busy_and_quiet_phases():
     anchor = [p for p in phase]
     ours = [p / 1.1 for p in phase]
     ours[2] = ours[0]  # one round of ours caught a quiet moment
-    assert bench.paired_ratio(ours, [anchor]) == pytest.approx(1.1)
+    assert timing.paired_ratio(ours, [anchor]) == pytest.approx(1.1)
     assert statistics.median(anchor) / statistics.median(ours) == pytest.approx(1.65)
     # Against several references, the fastest of each round counts.
-    assert bench.paired_ratio([1.0, 1.0, 1.0], [[2.0, 0.5, 2.0], [1.5, 2.0, 1.0]]) == pytest.approx(1.0)
+    assert timing.paired_ratio([1.0, 1.0, 1.0], [[2.0, 0.5, 2.0], [1.5, 2.0, 1.0]]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="same rounds"):
-        bench.paired_ratio([1.0, 2.0], [[1.0]])
+        timing.paired_ratio([1.0, 2.0], [[1.0]])
 
 
 def test_sgemm_and_measurement_arithmetic():
@@ -356,7 +356,7 @@ def test_training_benchmark_times_each_engine(capsys):
     assert set(r["images_per_s"]) == names | {"vitkit", "timm"}
     assert set(r["ratio_over_timm_by_engine"]) == names  # beside the headline: the trainer's own path
     assert r["training_engine"] == ("per shape, timed" if autotune.enabled() else training_engine())
-    assert r["ratio_vitkit_over_timm"] == bench.paired_ratio(r["seconds"]["vitkit"], [r["seconds"]["timm"]])
+    assert r["ratio_vitkit_over_timm"] == timing.paired_ratio(r["seconds"]["vitkit"], [r["seconds"]["timm"]])
     assert all(len(t) == 2 and min(t) > 0 for t in r["seconds"].values())
     plain = bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0)
     assert set(plain["images_per_s"]) == {"vitkit", "timm"} and "ratio_over_timm_by_engine" not in plain
@@ -389,7 +389,7 @@ def test_training_benchmark_times_timm_compiled_and_the_trainers_path():
     seconds = r["seconds"]
     assert all(len(t) == 2 and min(t) > 0 for t in seconds.values())
     assert r["trainer"] == "vitkit-compiled"
-    assert r["ratio_trainer_over_timm_compiled"] == bench.paired_ratio(seconds["vitkit-compiled"],
+    assert r["ratio_trainer_over_timm_compiled"] == timing.paired_ratio(seconds["vitkit-compiled"],
                                                                       [seconds["timm-compiled"]])
     eager = script.measure(cfg, batch=2, repeats=1, warmup=0, seed=0)
     assert set(eager["images_per_s"]) == {"vitkit", "timm"} and "trainer" not in eager

@@ -20,7 +20,6 @@ import math
 import platform
 import random
 import statistics
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from .config import ViTConfig, get_config
 from .counting import count_flops
 from .cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
 from .model import create_model
+from .timing import interleaved_times, paired_ratio
 
 # The anchors: the other implementations we compare against.
 ANCHORS: tuple[str, ...] = ("timm", "hf-eager", "hf-sdpa", "torchvision")
@@ -217,18 +217,6 @@ class Measurement:
         return self.flops_per_image * self.batch / self.median_s / 1e9
 
 
-def paired_ratio(seconds: list[float], references: list[list[float]]) -> float:
-    """How many times faster than the references a contender is, as the median over rounds of (the fastest
-    reference's time in that round / the contender's time in that round).
-
-    A shared machine switches between busy and quiet phases lasting seconds to minutes. Each round calls every
-    contender once, close together in time, so a ratio within a round compares like with like; a ratio of
-    medians does not when a contender's median falls in a busy phase and its rival's in a quiet one."""
-    if not references or any(len(r) != len(seconds) for r in references):
-        raise ValueError("paired_ratio needs reference times for the same rounds as the contender's")
-    return statistics.median(min(r[i] for r in references) / t for i, t in enumerate(seconds))
-
-
 @dataclass
 class Cell:
     model: str
@@ -280,12 +268,6 @@ def sgemm_gflops(seconds: float, n: int) -> float:
     return 2.0 * n**3 / seconds / 1e9
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def cells_parser(description: str) -> argparse.ArgumentParser:
     """The command line of a benchmark over cells of models and batch sizes (benchmarks/bench_int8_*.py):
     -m/--model and -b/--batch (repeatable), --threads, --repeats, --warmup and --json."""
@@ -299,35 +281,6 @@ def cells_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of each contender first")
     p.add_argument("--json", default=None, help="write the results here")
     return p
-
-
-def interleaved_times(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int, rng: random.Random,
-                      progress: Callable[[], None] | None = None, settle: int = 0,
-                      pause: float = 0.0) -> dict[str, list[float]]:
-    """Time every call `repeats` times, in a fresh random order each round, after `warmup` untimed rounds.
-
-    Before each timed call: a `pause` of that many seconds, then `settle` untimed calls of the same
-    contender. A runtime's worker threads keep spinning after its call returns (ONNX Runtime's for 50-100 ms
-    on 2 busy cores, libgomp's for PyTorch a few ms), and a call timed beside them shares the cores: on 2
-    cores a ViT-S/16 batch-1 call of any engine ran up to 2.4x slower right after ONNX Runtime's than after
-    its own. The pause lets them stop, the settle call wakes the contender's own threads, and the timed call
-    runs as the engine runs when it serves alone."""
-    for _ in range(warmup):
-        for fn in calls.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
-    for _ in range(repeats):
-        rng.shuffle(names)
-        for name in names:
-            if pause > 0:
-                time.sleep(pause)
-            for _ in range(settle):
-                calls[name]()
-            times[name].append(_timed(calls[name]))
-            if progress:
-                progress()
-    return times
 
 
 def _label(model: str | ViTConfig) -> str:
