@@ -12,7 +12,7 @@ One command, a few minutes, a table and a JSON file (a record for benchmarks/res
 
 What is measured, every contender with the same architecture and random weights, calls interleaved in a fresh
 random order each round (`vitkit.timing.interleaved_times`), each call ending in a device synchronisation;
-img/s are medians, ratios are paired round by round (`vitkit.bench.paired_ratio`):
+img/s are medians, ratios are paired round by round (`vitkit.timing.paired_ratio`):
 
 - inference: vitkit in fp32 and through `vitkit.optimize(model, "bf16")` (bf16 weights), with and without
   `compile=True`; timm's VisionTransformer (fused attention) in bf16, with and without torch.compile;

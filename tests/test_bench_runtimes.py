@@ -13,7 +13,7 @@ import torch
 
 import vitkit
 from process_helpers import in_child
-from vitkit import bench
+from vitkit import bench, timing
 from vitkit.bench_runtimes import RUNTIMES, available, build_openvino, build_ort
 from vitkit.extras import MissingExtra
 
@@ -64,7 +64,7 @@ def check_harness():
     rows = {r["contender"]: r for r in bench.run(config)["rows"]}
     times = [rows[r]["seconds"] for r in fp32]
     assert rows["vitkit-fp32-opt"]["vs_best_runtime"] == pytest.approx(
-        bench.paired_ratio(rows["vitkit-fp32-opt"]["seconds"], times))
+        timing.paired_ratio(rows["vitkit-fp32-opt"]["seconds"], times))
     assert all(rows[r]["vs_best_runtime"] is None for r in fp32)
     assert set(RUNTIMES) <= set(bench.BUILDERS) and "timm-compiled" in bench.BUILDERS
 

@@ -2,10 +2,11 @@
 
 Shared machines are noisy, so absolute times from different runs mean little. The harness therefore
 measures every contender of a cell (model x batch size) in one process, with the repetitions interleaved in
-a fresh random order each round. It reports medians of the times, and the ratios between contenders (and MFU)
-as medians of ratios taken within each round (`paired_ratio`). The fp32 SGEMM peak that model FLOP utilisation
-(MFU) is measured against is one more contender in the same loop: a big `torch.mm`, timed under the same
-conditions as the models.
+a fresh random order each round, each contender's timed call after a pause and an untimed call of its own
+(`vitkit.timing.interleaved_times`). It reports medians of the times, and the ratios between contenders (and
+MFU) as medians of ratios taken within each round (`vitkit.timing.paired_ratio`). The fp32 SGEMM peak that
+model FLOP utilisation (MFU) is measured against is one more contender in the same loop: a big `torch.mm`,
+timed under the same conditions as the models.
 
 All models have random weights and the same architecture (built from one ViTConfig), so they do the same
 FLOPs (`vitkit.count_flops`). The process's allocator is set first (`vitkit.retain_freed_memory`):
