@@ -15,7 +15,8 @@ range over the runs of one day), `speed-runs` (the same, run by run), `agreement
 `recipes` (what each training recipe reached, in how long, where, and the split it chose on), `recipe-seeds`
 (the test top-1 of runs that chose on a held-out part, mean ± sd over their seeds), `gpu` (ViT-B/16
 against timm on a GPU), `serve` (vitkit serve against LitServe and mosec) and `runtimes` (optimize's models
-against OpenVINO, ONNX Runtime and timm compiled, `vitkit bench --runtimes`).
+against OpenVINO, ONNX Runtime and timm compiled, `vitkit bench --runtimes`) and `peak` (each engine's share
+of the CPU's arithmetic peak, `benchmarks/bench_peak.py`).
 """
 
 from __future__ import annotations
@@ -318,6 +319,56 @@ def runtimes(recs: list[Record], where: str, date: str, tag: str = "") -> str:
     return "\n".join(lines)
 
 
+# The peak table's columns: (precision, contenders) and the target optimize's model has at that precision.
+PEAK_COLUMNS = (("fp32", ("vitkit-fp32-opt", "openvino-fp32", "ort-fp32")),
+                ("bf16", ("vitkit-bf16", "openvino-bf16")),
+                ("int8", ("vitkit-int8", "openvino-int8", "ort-int8")))
+SHORT = {"vitkit-fp32-opt": "vitkit", "vitkit-bf16": "vitkit", "vitkit-int8": "vitkit", "openvino-fp32": "OV",
+         "openvino-bf16": "OV", "openvino-int8": "OV", "ort-fp32": "ORT", "ort-int8": "ORT"}
+
+
+def peak_table(report: dict) -> str:
+    """A `benchmarks/bench_peak.py` record: the peaks, the products alone, and per cell each contender's whole
+    call as a share of its precision's peak (median over the records it read) beside the share optimize's
+    target needs."""
+    m, peaks = report["machine"], report["peaks"]
+    products = {p: [r["gops"] / peaks[p]["gops"] for r in rows] for p, rows in report["products"].items()}
+    caption = (
+        f"{m['cpu']} ({m.get('cpu_capability', '')}), {report['threads']} threads, measured on "
+        f"{report['date']} (`benchmarks/bench_peak.py`): peaks "
+        + ", ".join(f"{p} {v['gops']:.0f} GOP/s ({v['kind']})" for p, v in peaks.items())
+        + "; the layers `optimize` builds, alone at ViT-S/16's 197 rows: "
+        + ", ".join(f"{p} {100 * min(v):.0f}-{100 * max(v):.0f} %" for p, v in products.items())
+        + f" of the peak. Below, each whole call's rate as a share of its precision's peak (the records "
+        f"{', '.join(report['records'])}, the median over them), and the share `optimize` would need for its "
+        "target (1.05x the faster runtime at fp32, 1.1x at bf16 and int8), in bold."
+    )
+    cells: dict[tuple, list[dict]] = {}
+    for r in report["cells"]:
+        cells.setdefault((r["model"], r["batch"], r["contender"]), []).append(r)
+    columns = [(p, cs) for p, cs in PEAK_COLUMNS if p in peaks and any(k[2] in cs for k in cells)]
+    head = [h for p, cs in columns for h in [f"{p} {SHORT[c]}" for c in cs] + [f"{p} target needs"]]
+    lines = [*textwrap.wrap(caption, 110, break_on_hyphens=False), "",
+             "| cell | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    for model, batch in CELLS:
+        row = []
+        for _, contenders in columns:
+            for c in contenders:
+                found = cells.get((model, batch, c), [])
+                row.append(f"{100 * statistics.median(r['of_peak'] for r in found):.0f} %" if found else "-")
+            need = [r["target_of_peak"] for r in cells.get((model, batch, contenders[0]), [])
+                    if "target_of_peak" in r]
+            row.append(f"**{100 * statistics.median(need):.0f} %**" if need else "-")
+        if any(x != "-" for x in row):
+            lines.append(f"| {model} b{batch} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def peak(recs: list[Record], where: str, date: str) -> str:
+    """The `peak` record of one day (its last, where there are several)."""
+    return peak_table(load(sorted(pick(recs, "peak", where, date), key=lambda r: r.path.name)[-1]))
+
+
 # benchmarks/bench_serve.py's servers (vitkit serve first, then the anchors) and client counts.
 SERVERS = ("vitkit", "litserve", "mosec")
 SERVE_CONCURRENCY = (1, 4, 16, 64)
@@ -380,6 +431,7 @@ TABLES: dict[str, Callable[..., str]] = {
     "gpu": gpu,
     "serve": serve,
     "runtimes": runtimes,
+    "peak": peak,
 }
 
 

@@ -1,6 +1,6 @@
 """vitkit's compiled CPU operators: built from src/vitkit/cpu/csrc on first use, then loaded from the cache.
 
-Three libraries of operators:
+Four libraries of operators:
 - `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder block of the int8
   model as one parallel region, each thread through its own share of the tokens, with two meeting points
   between the threads per block instead of the fifteen or so of running the block operator by operator (see
@@ -9,7 +9,9 @@ Three libraries of operators:
   straight from the fused q;k;v projection and its gradient written straight into one (see
   `vitkit.cpu.attention`);
 - `torch.ops.vitkit.gemm_pack` and `gemm_linear` (csrc/gemm.cpp): an fp32 linear layer on a packed weight for
-  AVX2 CPUs, one of the engines `vitkit.optimize`'s layers time (see `vitkit.cpu.packed`).
+  AVX2 CPUs, one of the engines `vitkit.optimize`'s layers time (see `vitkit.cpu.packed`);
+- `torch.ops.vitkit.peak_ops` (csrc/peak.cpp): the CPU's arithmetic limit per instruction, measured (see
+  `vitkit.cpu.peak`).
 
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-60 s a library
@@ -181,3 +183,15 @@ def gemm_available() -> bool:
     AVX-512 (where oneDNN's AVX-512 products are at the CPU's limit already), compiled operators not turned
     off, and the library built (on the first call) and loaded."""
     return kernels_enabled() and cpu_isa() == "avx2" and "fma" in cpu_flags() and _gemm_built()
+
+
+@functools.cache
+def _peak_built() -> bool:
+    """The peak probe, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_peak", [CSRC / "peak.cpp"], "peak_ops")
+
+
+def peak_available() -> bool:
+    """Whether `torch.ops.vitkit.peak_ops` can be used here: compiled operators not turned off, and the
+    library built (on the first call) and loaded."""
+    return kernels_enabled() and _peak_built()
