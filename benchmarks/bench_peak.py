@@ -58,24 +58,28 @@ def best_seconds(fn: Callable[[], object], calls: int = 50, repeats: int = 10) -
     return best
 
 
-def product_rates(precision: str) -> list[dict]:
-    """The rate of the fastest linear layer vitkit's `optimize` builds at `precision` on each of SHAPES, alone
-    (its weight warm in the caches): oneDNN-packed fp32 or bf16 (vitkit.cpu.packed), PyTorch's dynamic int8
-    (the activations' quantisation included)."""
+def layer_call(precision: str, m: int, k: int, n: int) -> Callable[[], object]:
+    """A call of the k -> n linear layer vitkit's `optimize` builds at `precision` on m rows: oneDNN-packed
+    fp32 or bf16 (vitkit.cpu.packed), PyTorch's dynamic int8 (the activations' quantisation included)."""
     from vitkit.cpu.int8 import DynamicInt8Linear
     from vitkit.cpu.packed import PackedLinear
 
+    linear, x = nn.Linear(k, n), torch.randn(m, k)
+    if precision == "int8":
+        layer: nn.Module = DynamicInt8Linear(linear)
+    else:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        layer, x = PackedLinear(linear.to(dtype)), x.to(dtype)
+    return lambda: layer(x)
+
+
+def product_rates(precision: str) -> list[dict]:
+    """The rate of `layer_call` on each of SHAPES, alone (its weight warm in the caches)."""
     rows = []
     for m, k, n in SHAPES:
-        linear = nn.Linear(k, n)
-        x = torch.randn(m, k)
-        if precision == "int8":
-            layer: nn.Module = DynamicInt8Linear(linear)
-        else:
-            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-            layer, x = PackedLinear(linear.to(dtype)), x.to(dtype)
+        call = layer_call(precision, m, k, n)
         with torch.no_grad():
-            seconds = best_seconds(lambda layer=layer, x=x: layer(x))
+            seconds = best_seconds(call)
         rows.append({"shape": [m, k, n], "gops": 2 * m * k * n / seconds / 1e9})
     return rows
 

@@ -50,8 +50,9 @@ def best_kinds(flags: Iterable[str] | None = None, isa: str = "") -> dict[str, s
 
 
 def peak_rate(kind: str, seconds: float = 0.2, repeats: int = 3) -> float:
-    """Ops per second of probe `kind` on torch's intra-op threads: the best of `repeats` calls of about
-    `seconds` each (the best, as a limit: a slower call is one the machine interrupted)."""
+    """Ops per second of probe `kind` on torch's intra-op threads: the best of `repeats` calls of at least
+    `seconds` / 2 each (the best, as a limit: a slower call is one the machine interrupted), after shorter
+    calls that size them."""
     if kind not in PROBES:
         raise ValueError(f"unknown probe {kind!r}: one of {', '.join(PROBES)}")
     if kind not in kinds_here():
@@ -62,20 +63,16 @@ def peak_rate(kind: str, seconds: float = 0.2, repeats: int = 3) -> float:
                            "are off (VITKIT_KERNELS=0) or its build failed (the warning above says why)")
     if seconds <= 0 or repeats < 1:
         raise ValueError(f"seconds={seconds} and repeats={repeats} must be positive")
-    iterations = 10_000
-    while True:  # grow the call until it lasts a tenth of `seconds`, then size it to `seconds`
-        start = time.perf_counter()
-        torch.ops.vitkit.peak_ops(kind, iterations)
-        took = time.perf_counter() - start
-        if took >= seconds / 10:
-            break
-        iterations *= 10
-    iterations = max(1, round(iterations * seconds / took))
-    best = 0.0
-    for _ in range(repeats):
+    iterations, best, timed = 100_000, 0.0, 0
+    while timed < repeats:
         start = time.perf_counter()
         ops = torch.ops.vitkit.peak_ops(kind, iterations)
-        best = max(best, ops / (time.perf_counter() - start))
+        took = time.perf_counter() - start
+        if took >= seconds / 2:  # long enough that a thread's late start is lost in it: a timed call
+            best, timed = max(best, ops / took), timed + 1
+        # Sized to `seconds` from this call, never shrunk: a call slowed by the machine would shrink it to
+        # calls too short to time.
+        iterations = max(iterations, round(iterations * seconds / took))
     return best
 
 
