@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from vitkit.bench import machine_info, write_json
+from vitkit.bench import RUNTIME_RIVALS, machine_info, write_json
 from vitkit.cpu import peak
-from vitkit.cpu.hardware import cpu_has_native_bf16
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from render_tables import peak_table  # noqa: E402
 
-# The precision each contender of `vitkit bench` computes in; the rest (eager and compiled anchors) in fp32.
-PRECISION = {"vitkit-int8": "int8", "ort-int8": "int8", "openvino-int8": "int8",
-             "vitkit-bf16": "bf16", "openvino-bf16": "bf16"}
+# The precision each of optimize's models and its runtime rivals compute in, read off the rivals' names
+# ("ort-int8"); every other contender (the eager and compiled anchors) computes in fp32.
+PRECISION = {name: rivals[0].rsplit("-", 1)[1]
+             for ours, rivals in RUNTIME_RIVALS.items() for name in (ours, *rivals)}
 TARGETS = {"vitkit-fp32-opt": 1.05, "vitkit-int8": 1.1, "vitkit-bf16": 1.1}  # x the faster runtime
 # (rows, in, out) of ViT-S/16's layers at batch 1 (197 tokens): q;k;v, fc1, fc2
 SHAPES = ((197, 384, 1152), (197, 384, 1536), (197, 1536, 384))
@@ -134,11 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_rows(args.runtimes)
     torch.set_num_threads(args.threads)
     peaks = peak.peaks(seconds=args.seconds, repeats=5, isa=args.isa)
-    precisions = [p for p in peaks if p != "bf16" or cpu_has_native_bf16()]
     report = {
         "machine": machine_info(), "threads": args.threads, "isa": args.isa or "native",
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "peaks": peaks,
-        "products": {p: product_rates(p) for p in precisions},
+        "products": {p: product_rates(p) for p in peaks},
         "cells": of_peak(rows, peaks), "records": [p.name for p in args.runtimes],
     }
     text = peak_table(report) + "\n"

@@ -11,7 +11,7 @@ import torch
 
 from operator_helpers import needs_operator
 from vitkit.cpu import build, peak
-from vitkit.cpu.hardware import cpu_flags, cpu_has_native_bf16
+from vitkit.cpu.hardware import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_peak", ROOT / "benchmarks" / "bench_peak.py")
@@ -61,7 +61,7 @@ def test_probe_counts_its_ops():
 def test_no_product_beats_the_peak(precision, threads):
     threads(1)
     kinds = peak.best_kinds()
-    if precision not in kinds or (precision == "bf16" and not cpu_has_native_bf16()):
+    if precision not in kinds:
         pytest.skip(f"no native {precision} here")
     if "amx_tile" in cpu_flags() and precision != "fp32":
         pytest.skip("oneDNN's bf16 and int8 products run on AMX here, which the probe does not measure")

@@ -29,7 +29,6 @@ PROBES: dict[str, tuple[str, frozenset[str]]] = {
     "int8-avxvnni": ("int8", frozenset({"avx2", "avx_vnni"})),
     "int8-avx2": ("int8", frozenset({"avx2"})),
 }
-PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def kinds_here(flags: Iterable[str] | None = None, isa: str = "") -> list[str]:
