@@ -245,6 +245,7 @@ def test_int8_linear_matches_a_reference_quantisation():
     x = torch.randn(5, 64) * 3
     for reduce_range in (False, True) if cpu_has_vnni() else (True,):  # 8 bits need VNNI (next test)
         q = DynamicInt8Linear(layer, reduce_range=reduce_range)
+        q.vnni = None  # fbgemm's arithmetic (vitkit's own VNNI products: tests/test_int8_vnni.py)
         levels = 127 if reduce_range else 255
         lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
         sx = (hi - lo) / levels
@@ -284,6 +285,7 @@ def test_int8_linear_engines_compute_the_same_quantisation(tuning, monkeypatch):
     layer = nn.Linear(64, 40)
     before = torch.backends.quantized.engine
     q = DynamicInt8Linear(layer)
+    q.vnni = None  # the engines' products (vitkit's own VNNI products: tests/test_int8_vnni.py)
     assert torch.backends.quantized.engine == before
     engines = int8_module.int8_engines()
     assert tuple(q.packs) == (engines if tuning == "on" else engines[:1])

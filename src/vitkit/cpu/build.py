@@ -5,6 +5,8 @@ Four libraries of operators:
   model as one parallel region, each thread through its own share of the tokens, with two meeting points
   between the threads per block instead of the fifteen or so of running the block operator by operator (see
   `vitkit.cpu.int8`);
+  The same library has `int8_block_vnni`, that block on vitkit's own int8 products for AVX512-VNNI CPUs
+  (csrc/int8_gemm.h), with `int8_vnni_pack` and `int8_vnni_linear`;
 - `torch.ops.vitkit.attention_forward` and `attention_backward` (csrc/attention.cpp): fp32 self-attention read
   straight from the fused q;k;v projection and its gradient written straight into one (see
   `vitkit.cpu.attention`);
@@ -146,7 +148,7 @@ def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block",
                           [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "attention_bf16.h",
-                           CSRC / "vector_math.h"])
+                           CSRC / "vector_math.h", CSRC / "int8_gemm.h"])
 
 
 def int8_block_available() -> bool:
@@ -157,6 +159,14 @@ def int8_block_available() -> bool:
     if not (torch.backends.openmp.is_available() and "fbgemm" in torch.backends.quantized.supported_engines):
         return False
     return _int8_block_built()
+
+
+def int8_vnni_available() -> bool:
+    """Whether vitkit's own int8 products (`torch.ops.vitkit.int8_vnni_linear` and `int8_block_vnni`,
+    csrc/int8_gemm.h) run here: a CPU with AVX512-VNNI (and the AVX-512 subsets they use) and the int8 block's
+    library built."""
+    needed = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}
+    return needed <= cpu_flags() and int8_block_available() and bool(torch.ops.vitkit.int8_vnni_here())
 
 
 @functools.cache

@@ -1,6 +1,8 @@
 """The int8 encoder of `vitkit.optimize(model, "int8")`: dynamically quantised linear layers, and the whole
 block as one compiled operator where it can be built, its attention on the kernel timed fastest here (without
-the operator: bf16 attention matrices where the CPU has native bf16).
+the operator: bf16 attention matrices where the CPU has native bf16). On CPUs with AVX512-VNNI and no AMX
+the products are vitkit's own (csrc/int8_gemm.h: each token quantised with its own scale, 88-97 % of
+vpdpbusd's peak where fbgemm's reach 65-89 %, docs/speed.md); elsewhere fbgemm's or oneDNN's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import autotune
+from .build import int8_vnni_available
 from .hardware import cpu_flags, cpu_has_vnni
 from .linear import rows
 from .packed import Unsaved, gelu_
@@ -30,6 +33,12 @@ def int8_engines() -> tuple[str, ...]:
     if not cpu_has_vnni() or "onednn" not in torch.backends.quantized.supported_engines:
         return ("fbgemm",)
     return ("onednn", "fbgemm") if "amx_int8" in cpu_flags() else ("fbgemm", "onednn")
+
+
+def vnni_products() -> bool:
+    """Whether DynamicInt8Linear and the int8 block multiply on vitkit's own VNNI product here: where it runs
+    (`build.int8_vnni_available`) and the CPU has no AMX, whose tile products (oneDNN's) it does not use."""
+    return "amx_int8" not in cpu_flags() and int8_vnni_available()
 
 
 @contextlib.contextmanager
@@ -54,7 +63,11 @@ class DynamicInt8Linear(Unsaved):
     the int16 saturation of AVX2's and AVX-512's `vpmaddubsw`. CPUs with VNNI accumulate in int32 and need no
     guard: there we use all 8 bits, which halves the activation rounding error (and is as fast). 8-bit
     activations on a CPU without VNNI are refused: fbgemm's sums would saturate (errors of the order of the
-    outputs themselves)."""
+    outputs themselves).
+
+    Where `vnni_products()` holds (and activations are 8-bit), the layer multiplies on vitkit's own product
+    instead (`torch.ops.vitkit.int8_vnni_linear`): the same weights, each row of the input quantised with its
+    own symmetric scale; `vnni` holds its operands (packed weight, column sums, scales, bias), else None."""
 
     def __init__(self, linear: nn.Linear, reduce_range: bool | None = None):
         super().__init__()
@@ -78,6 +91,11 @@ class DynamicInt8Linear(Unsaved):
             with quantized_engine(engine):
                 self.packs[engine] = torch.ops.quantized.linear_prepack(qweight, bias)
         self.reduce_range = (not cpu_has_vnni()) if reduce_range is None else reduce_range
+        self.vnni: tuple[torch.Tensor, ...] | None = None
+        if not self.reduce_range and vnni_products():
+            packed, colsum = torch.ops.vitkit.int8_vnni_pack(qweight.int_repr())
+            no_bias = torch.empty(0)
+            self.vnni = (packed, colsum, scale.float(), no_bias if bias is None else bias.contiguous())
 
     def packed(self, n: int) -> torch.ScriptObject:
         """The packed weights whose engine multiplies `n` rows fastest here (autotune, per shape)."""
@@ -94,6 +112,10 @@ class DynamicInt8Linear(Unsaved):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
+        if self.vnni is not None:
+            if x.shape[-1] != self.in_features:
+                raise ValueError(f"{self.extra_repr()}: got inputs of {x.shape[-1]} features")
+            return torch.ops.vitkit.int8_vnni_linear(x, *self.vnni)
         return torch.ops.quantized.linear_dynamic(x, self.packed(rows(x)), reduce_range=self.reduce_range)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -102,8 +124,9 @@ class DynamicInt8Linear(Unsaved):
 
     def extra_repr(self) -> str:
         bits = 7 if self.reduce_range else 8
+        products = ", vitkit's VNNI products" if self.vnni is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, "
-                f"{bits}-bit activations")
+                f"{bits}-bit activations{products}")
 
 
 class GELUInPlace(nn.Module):
@@ -173,13 +196,25 @@ def int8_block_attention(block: nn.Module, x: torch.Tensor, shares: int) -> str:
     modes = [m for m in INT8_BLOCK_ATTENTION
              if (m != "sdpa-bf16" or bf16) and (m != "vitkit-bf16" or own_bf16)]
     # the candidates are part of the key: a choice cached before a kernel existed does not hide it
-    shape = (B, T, D, heads, shares, block.attn.qkv.reduce_range, *modes)
+    products = ("vnni",) if block_on_vnni(block) else ()
+    shape = (B, T, D, heads, shares, block.attn.qkv.reduce_range, *products, *modes)
 
     def candidates():
         sample = torch.randn(B, T, D, generator=autotune.generator())
         return {m: (lambda m=m: int8_block(block, sample, shares, attention=m)) for m in modes}
 
     return autotune.choose("int8-block-attention", shape, candidates, default)
+
+
+def block_linears(block: nn.Module) -> list[DynamicInt8Linear]:
+    """The q;k;v, projection, fc1 and fc2 layers of an int8 FusedBlock, in that order."""
+    return [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
+
+
+def block_on_vnni(block: nn.Module) -> bool:
+    """Whether the int8 block runs on vitkit's VNNI products (`torch.ops.vitkit.int8_block_vnni`): all four
+    layers carry their operands."""
+    return all(lin.vnni is not None for lin in block_linears(block))
 
 
 def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None,
@@ -189,17 +224,23 @@ def int8_block(block: nn.Module, x: torch.Tensor, shares: int | None = None,
     parallel region with two meeting points between the threads instead of one per operator. It computes what
     the operator-by-operator path computes, except that the activations' int8 scales are per thread's share of
     the tokens rather than per tensor: `shares` (default: the number of intra-op threads) sets the cut, so the
-    result depends slightly on it. `attention` names the attention's kernel (INT8_BLOCK_ATTENTION; default:
+    result depends slightly on it (not on vitkit's VNNI products, `block_on_vnni`, which quantise each token
+    on its own). `attention` names the attention's kernel (INT8_BLOCK_ATTENTION; default:
     `int8_block_attention`'s choice). What it buys: benchmarks/bench_operators.py."""
     attn, mlp = block.attn, block.mlp
     shares = torch.get_num_threads() if shares is None else shares
-    share = math.ceil(x.shape[0] * x.shape[1] / shares)  # each share's rows, for the choice of engine
-    packs = [attn.qkv.packed(share), attn.proj.packed(share), mlp.fc1.packed(share), mlp.fc2.packed(share)]
     if attention is None:
         attention = int8_block_attention(block, x, shares)
     elif attention not in INT8_BLOCK_ATTENTION:
         raise ValueError(f"attention={attention!r}: the int8 block's attention is one of "
                          f"{INT8_BLOCK_ATTENTION}")
+    if block_on_vnni(block):
+        operands = list(zip(*(lin.vnni for lin in block_linears(block)), strict=True))
+        return torch.ops.vitkit.int8_block_vnni(
+            x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
+            block.norm2.eps, *operands, attn.num_heads, attn.scale, attention, mlp.act.approximate, shares)
+    share = math.ceil(x.shape[0] * x.shape[1] / shares)  # each share's rows, for the choice of engine
+    packs = [lin.packed(share) for lin in block_linears(block)]
     return torch.ops.vitkit.int8_block(
         x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
         block.norm2.eps, *packs, attn.qkv.reduce_range, attn.num_heads, attn.scale, attention,

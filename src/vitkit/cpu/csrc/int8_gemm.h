@@ -1,0 +1,270 @@
+// vitkit's int8 product for CPUs with AVX512-VNNI: y = x W^T + b with x quantised per row and W per output
+// channel, both symmetric to 8 bits, summed in int32 by vpdpbusd and scaled back to fp32 in the tile.
+//
+// vpdpbusd multiplies unsigned bytes by signed ones, four pairs a lane: the rows are stored as q + 128 (u8) and
+// the 128 sum_k w[n][k] this adds is taken off per column in the epilogue. The weight is packed once into
+// panels of 64 output columns, each [K/4][64][4] bytes (four zmm per group of four inner steps); a tile is 6
+// rows x 64 columns in 24 zmm sums, each step four weight loads, six broadcasts of a row's four bytes and 24
+// vpdpbusd. A panel of the weight (K x 64 bytes: 24 KiB for K = 384) stays in L1/L2 while the tiles walk down
+// the rows; no blocking of K is needed, since each 256 bytes of weight feed 24 instructions. On an AMD EPYC
+// (Zen 4), one thread, ViT-S/16 and ViT-B/16 shapes at 98 and 1576 rows: 88-97 % of vpdpbusd's peak including
+// the rows' quantisation (fbgemm's dynamic int8 linear: 65-89 %); benchmarks/bench_peak.py measures it.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define VITKIT_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+namespace vitkit_i8 {
+
+constexpr int64_t NR = 64;  // columns of a panel: four zmm of 16 int32 sums
+constexpr int64_t MR = 6;   // rows of a tile: 24 sums + 4 weights + 1 broadcast of 32 zmm
+
+inline int64_t padded_k(int64_t k) { return (k + 3) / 4 * 4; }
+inline int64_t padded_n(int64_t n) { return (n + NR - 1) / NR * NR; }
+
+// w (N, K) int8 row-major -> panels of NR columns, each [K/4][NR][4] bytes; colsum[n] = sum_k w[n][k].
+inline void pack_weight(const int8_t* w, int64_t N, int64_t K, int8_t* packed, int32_t* colsum) {
+  const int64_t Kp = padded_k(K), Np = padded_n(N);
+  std::memset(packed, 0, Np * Kp);
+  for (int64_t n = 0; n < N; ++n) {
+    int32_t s = 0;
+    const int64_t panel = n / NR, c = n % NR;
+    int8_t* dst = packed + panel * NR * Kp;
+    for (int64_t k = 0; k < K; ++k) {
+      dst[(k / 4) * NR * 4 + c * 4 + k % 4] = w[n * K + k];
+      s += w[n * K + k];
+    }
+    colsum[n] = s;
+  }
+  for (int64_t n = N; n < Np; ++n) colsum[n] = 0;
+}
+
+// Rows of x (M, K) fp32 -> u8 rows of Kp = padded_k(K) bytes (stride ldq), one symmetric scale per row:
+// q = round(x / s) + 128 with s = max |x| / 127 (1 for a row of zeros); the padding holds 128, the zero.
+VITKIT_VNNI inline void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, uint8_t* q, int64_t ldq,
+                                      float* scales) {
+  const int64_t Kp = padded_k(K);
+  const __mmask16 all = 0xFFFF;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * ldx;
+    __m512 amax = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+    if (k < K) {
+      const __mmask16 t = (__mmask16)((1u << (K - k)) - 1);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(t, row + k)));
+    }
+    const float a = _mm512_reduce_max_ps(amax);
+    const float s = a > 0.f ? a / 127.f : 1.f;
+    scales[m] = s;
+    const __m512 inv = _mm512_set1_ps(1.f / s);
+    const __m512i off = _mm512_set1_epi32(128);
+    uint8_t* out = q + m * ldq;
+    for (k = 0; k < K; k += 16) {
+      const __mmask16 t = K - k >= 16 ? all : (__mmask16)((1u << (K - k)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(t, row + k);
+      const __m512i i = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)), off);
+      _mm_mask_storeu_epi8(out + k, t, _mm512_cvtusepi32_epi8(i));
+    }
+    for (k = K; k < Kp; ++k) out[k] = 128;
+  }
+}
+
+// exp(x), x clamped to [-87, 87]: Cephes' polynomial on x - n ln 2 times 2^n (vector_math.h's, in AVX-512).
+VITKIT_VNNI inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
+                                   _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+// 1 / d for d >= 1: vrcp14ps and one Newton step (relative error ~1e-8, where vdivps takes several times longer).
+VITKIT_VNNI inline __m512 reciprocal512(__m512 d) {
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+}
+
+// GELU, x Phi(x) = (x + |x| erf(|x| / sqrt 2)) / 2, erf(z) = 1 - (1 + a1 z + ... + a6 z^6)^-16 for z >= 0
+// (Abramowitz and Stegun 7.1.28: absolute error under 3e-7, far below the int8 products' rounding, in a
+// polynomial, a reciprocal and four squarings, half the work of an exp-based erf); with `tanh`, the tanh
+// approximation x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3).
+template <bool kTanh>
+VITKIT_VNNI inline __m512 gelu512(__m512 x) {
+  if constexpr (kTanh) {
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f),  // -2 sqrt(2 / pi)
+                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
+    return _mm512_mul_ps(x, reciprocal512(_mm512_add_ps(_mm512_set1_ps(1.f), exp512(u))));
+  } else {
+    const __m512 z = _mm512_abs_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f)));
+    __m512 p = _mm512_set1_ps(0.0000430638f);
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0002765672f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0001520143f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0092705272f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0422820123f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0705230784f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.f));
+    __m512 r = reciprocal512(p);
+    r = _mm512_mul_ps(r, r);
+    r = _mm512_mul_ps(r, r);
+    r = _mm512_mul_ps(r, r);
+    r = _mm512_mul_ps(r, r);  // p^-16
+    const __m512 erf_abs = _mm512_sub_ps(_mm512_set1_ps(1.f), r);
+    return _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_fmadd_ps(_mm512_abs_ps(x), erf_abs, x));
+  }
+}
+
+// Rows of x (M, D) -> LayerNorm(x) w + b, quantised as quantize_rows does (into q, stride ldq, and scales),
+// each row normalised and quantised while it is in L1; `row` is scratch for one row of D floats.
+VITKIT_VNNI inline void layer_norm_quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t D,
+                                                 const float* w, const float* b, float eps, float* row, uint8_t* q,
+                                                 int64_t ldq, float* scales) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* in = x + m * ldx;
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t k = 0; k < D; k += 16) {
+      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+      sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(t, in + k));
+    }
+    const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(D);
+    const __m512 mu = _mm512_set1_ps(mean);
+    __m512 sq = _mm512_setzero_ps();
+    for (int64_t k = 0; k < D; k += 16) {
+      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+      const __m512 d = _mm512_maskz_sub_ps(t, _mm512_maskz_loadu_ps(t, in + k), mu);
+      sq = _mm512_fmadd_ps(d, d, sq);
+    }
+    const __m512 rstd = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(D) + eps));
+    for (int64_t k = 0; k < D; k += 16) {
+      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+      const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, in + k), mu), rstd);
+      _mm512_mask_storeu_ps(row + k, t,
+                            _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(t, w + k), _mm512_maskz_loadu_ps(t, b + k)));
+    }
+    quantize_rows(row, D, 1, D, q + m * ldq, ldq, scales + m);
+  }
+}
+
+// acc += u8 x s8 in four-byte groups, in place: GCC 12 copies and spills the accumulators of the intrinsic
+// (_mm512_dpbusd_epi32) in a loop of 24 of them; the one instruction as asm keeps each in its register.
+VITKIT_VNNI inline void dot4(__m512i& acc, __m512i x, __m512i w) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+}
+
+// What a tile writes: y, y plus a residual read from `res`, or GELU(y) (exact, or its tanh approximation).
+enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
+
+// One R x NR tile (ncols <= NR of its columns stored): c[m][n] = (sum_k q[m][k] w[n][k] - 128 colsum[n]) sa[m]
+// sb[n] + bias[n] (+ res[m][n]); q holds x / sa + 128.
+template <int R, Epilogue E>
+VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int64_t kg, const int32_t* colsum,
+                             const float* sa, const float* sb, const float* bias, float* c, int64_t ldc,
+                             const float* res, int64_t ldr, int64_t ncols) {
+  __m512i c00 = _mm512_setzero_si512(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
+          c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00,
+          c40 = c00, c41 = c00, c42 = c00, c43 = c00, c50 = c00, c51 = c00, c52 = c00, c53 = c00;
+#define VK_ROWS(X) X(0, c00, c01, c02, c03) X(1, c10, c11, c12, c13) X(2, c20, c21, c22, c23) \
+                   X(3, c30, c31, c32, c33) X(4, c40, c41, c42, c43) X(5, c50, c51, c52, c53)
+  const uint8_t* ap = a;
+  for (int64_t g = 0; g < kg; ++g, ap += 4) {
+    const __m512i b0 = _mm512_loadu_si512(b + g * 256), b1 = _mm512_loadu_si512(b + g * 256 + 64);
+    const __m512i b2 = _mm512_loadu_si512(b + g * 256 + 128), b3 = _mm512_loadu_si512(b + g * 256 + 192);
+#define VK_DOT(r, x0, x1, x2, x3)                                                            \
+  if constexpr (R > r) {                                                                     \
+    int32_t word;                                                                            \
+    std::memcpy(&word, ap + r * lda, 4);                                                     \
+    const __m512i x = _mm512_set1_epi32(word);                                               \
+    dot4(x0, x, b0);                                                                         \
+    dot4(x1, x, b1);                                                                         \
+    dot4(x2, x, b2);                                                                         \
+    dot4(x3, x, b3);                                                                         \
+  }
+    VK_ROWS(VK_DOT)
+#undef VK_DOT
+  }
+  const __m512i cs0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7);
+  const __m512i cs1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
+  const __m512i cs2 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 32), 7);
+  const __m512i cs3 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 48), 7);
+  const auto mask = [ncols](int64_t n0) {
+    const int64_t left = ncols - n0;
+    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+  };
+  const __mmask16 t0 = mask(0), t1 = mask(16), t2 = mask(32), t3 = mask(48);
+  const __m512 w0 = _mm512_maskz_loadu_ps(t0, sb), w1 = _mm512_maskz_loadu_ps(t1, sb + 16);
+  const __m512 w2 = _mm512_maskz_loadu_ps(t2, sb + 32), w3 = _mm512_maskz_loadu_ps(t3, sb + 48);
+  const __m512 z = _mm512_setzero_ps();
+  const __m512 bb0 = bias ? _mm512_maskz_loadu_ps(t0, bias) : z;
+  const __m512 bb1 = bias ? _mm512_maskz_loadu_ps(t1, bias + 16) : z;
+  const __m512 bb2 = bias ? _mm512_maskz_loadu_ps(t2, bias + 32) : z;
+  const __m512 bb3 = bias ? _mm512_maskz_loadu_ps(t3, bias + 48) : z;
+#define VK_ONE(r, x, cs, w, bb, t, n0)                                                                \
+  {                                                                                                   \
+    __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(x, cs)), _mm512_mul_ps(w, s), bb); \
+    if constexpr (E == Epilogue::kResidual)                                                           \
+      y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(t, res + r * ldr + n0));                             \
+    _mm512_mask_storeu_ps(c + r * ldc + n0, t, y);                                                    \
+  }
+#define VK_OUT(r, x0, x1, x2, x3)                   \
+  if constexpr (R > r) {                            \
+    const __m512 s = _mm512_set1_ps(sa[r]);         \
+    VK_ONE(r, x0, cs0, w0, bb0, t0, 0)              \
+    VK_ONE(r, x1, cs1, w1, bb1, t1, 16)             \
+    VK_ONE(r, x2, cs2, w2, bb2, t2, 32)             \
+    VK_ONE(r, x3, cs3, w3, bb3, t3, 48)             \
+  }
+  VK_ROWS(VK_OUT)
+#undef VK_OUT
+#undef VK_ONE
+#undef VK_ROWS
+  if constexpr (E == Epilogue::kGelu || E == Epilogue::kGeluTanh) {  // over the tile just stored, in L1
+    for (int r = 0; r < R; ++r) {
+      for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
+        const __mmask16 t = mask(n0);
+        float* p = c + r * ldc + n0;
+        _mm512_mask_storeu_ps(p, t, gelu512<E == Epilogue::kGeluTanh>(_mm512_maskz_loadu_ps(t, p)));
+      }
+    }
+  }
+}
+
+// c (M, N) = the products of the quantised rows q (M rows of Kp bytes, stride lda) with the packed weight,
+// on the calling thread.
+template <Epilogue E>
+VITKIT_VNNI void gemm(const uint8_t* q, int64_t lda, int64_t M, int64_t Kp, const float* sa, const int8_t* packed,
+                      const int32_t* colsum, const float* sb, const float* bias, int64_t N, float* c, int64_t ldc,
+                      const float* res, int64_t ldr) {
+  const int64_t kg = Kp / 4;
+  for (int64_t n0 = 0; n0 < N; n0 += NR) {
+    const int8_t* panel = packed + (n0 / NR) * NR * Kp;
+    const int64_t nc = std::min(NR, N - n0);
+    const float* bn = bias ? bias + n0 : nullptr;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR)
+      tile<MR, E>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,
+                  res ? res + m * ldr + n0 : nullptr, ldr, nc);
+    const int64_t left = M - m;
+#define VK_TAIL(R)                                                                                           \
+  if (left == R)                                                                                             \
+    tile<R, E>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,         \
+               res ? res + m * ldr + n0 : nullptr, ldr, nc);
+    VK_TAIL(1) VK_TAIL(2) VK_TAIL(3) VK_TAIL(4) VK_TAIL(5)
+#undef VK_TAIL
+  }
+}
+
+}  // namespace vitkit_i8
