@@ -151,12 +151,23 @@ at::Tensor int8_vnni_linear(const at::Tensor& x_in, const at::Tensor& packed, co
   const float* xp = x.const_data_ptr<float>();
   uint8_t* qp = q.mutable_data_ptr<uint8_t>();
   float *sp = sa.mutable_data_ptr<float>(), *yp = y.mutable_data_ptr<float>();
-  const int64_t tiles = (M + vitkit_i8::MR - 1) / vitkit_i8::MR;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    const int64_t r0 = t0 * vitkit_i8::MR, r1 = std::min(M, t1 * vitkit_i8::MR);
-    vitkit_i8::quantize_rows(xp + r0 * K, K, r1 - r0, K, qp + r0 * ldq, ldq, sp + r0);
-    vnni_product<vitkit_i8::Epilogue::kStore>(w, qp, ldq, sp, r0, r1, yp, w.out);
-  });
+  const int64_t tiles = (M + vitkit_i8::MR - 1) / vitkit_i8::MR, panels = vitkit_i8::padded_n(w.out) / vitkit_i8::NR;
+  if (tiles >= at::get_num_threads()) {  // the rows shared among the threads
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      const int64_t r0 = t0 * vitkit_i8::MR, r1 = std::min(M, t1 * vitkit_i8::MR);
+      vitkit_i8::quantize_rows(xp + r0 * K, K, r1 - r0, K, qp + r0 * ldq, ldq, sp + r0);
+      vnni_product<vitkit_i8::Epilogue::kStore>(w, qp, ldq, sp, r0, r1, yp, w.out);
+    });
+  } else {  // a few rows (the last block's class tokens): the columns shared instead
+    vitkit_i8::quantize_rows(xp, K, M, K, qp, ldq, sp);
+    const int64_t Kp = vitkit_i8::padded_k(K);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      const int64_t n0 = p0 * vitkit_i8::NR, n1 = std::min(w.out, p1 * vitkit_i8::NR);
+      vitkit_i8::gemm<vitkit_i8::Epilogue::kStore>(qp, ldq, M, Kp, sp, w.packed + n0 * Kp, w.colsum + n0,
+                                                   w.scale + n0, w.bias ? w.bias + n0 : nullptr, n1 - n0, yp + n0,
+                                                   w.out, nullptr, 0);
+    });
+  }
   return y;
 }
 
@@ -231,8 +242,11 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
       },
       [&](int64_t r0, int64_t r1) {  // (2): projection and residual; (3): the MLP and residual
         std::vector<float> row(D);
-        for (int64_t b0 = r0; b0 < r1; b0 += kRows) {
-          const int64_t b1 = std::min(r1, b0 + kRows);
+        // blocks of about kRows, whole tiles but the last: no block of a few rows that streams every weight
+        const int64_t blocks = std::max<int64_t>(1, ((r1 - r0) + kRows / 2) / kRows);
+        const int64_t step = ((r1 - r0 + blocks - 1) / blocks + vitkit_i8::MR - 1) / vitkit_i8::MR * vitkit_i8::MR;
+        for (int64_t b0 = r0; b0 < r1; b0 += step) {
+          const int64_t b1 = std::min(r1, b0 + step);
           vitkit_i8::quantize_rows(mp + b0 * D, D, b1 - b0, D, qp + b0 * ldq, ldq, sp + b0);
           vnni_product<Epilogue::kResidual>(proj, qp, ldq, sp, b0, b1, outp, D, xp, D);
           vitkit_i8::layer_norm_quantize_rows(outp + b0 * D, D, b1 - b0, D, n2w, n2b, static_cast<float>(ln2_eps),
