@@ -60,7 +60,8 @@ def best_seconds(fn: Callable[[], object], calls: int = 50, repeats: int = 10) -
 
 def layer_call(precision: str, m: int, k: int, n: int) -> Callable[[], object]:
     """A call of the k -> n linear layer vitkit's `optimize` builds at `precision` on m rows: oneDNN-packed
-    fp32 or bf16 (vitkit.cpu.packed), PyTorch's dynamic int8 (the activations' quantisation included)."""
+    fp32 or bf16 (vitkit.cpu.packed), int8 on vitkit's VNNI product where it runs, else PyTorch's dynamic
+    int8 (DynamicInt8Linear; the activations' quantisation included)."""
     from vitkit.cpu.int8 import DynamicInt8Linear
     from vitkit.cpu.packed import PackedLinear
 

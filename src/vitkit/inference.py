@@ -12,11 +12,13 @@ updates the class token only).
   blocked layout, the MLP's GELU fused in). The layers that multiply one row per image keep a plain copy of
   their weight for calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's.
 - "int8": dynamic quantisation of the encoder's linear layers (`vitkit.cpu.int8`: int8 weights per output
-  channel, activations quantised per call, 8 bits where the CPU has VNNI; fbgemm's kernels, or oneDNN's where
-  they are faster), and each block as one compiled operator where it can be built
-  (`torch.ops.vitkit.int8_block`, its attention on the fastest kernel here; `VITKIT_KERNELS=0` turns it off;
-  without it, the attention matrices are bf16 on CPUs with native bf16). An image's int8
-  scales depend on the other images of its call, so its logits change slightly with the batch. The patch
+  channel, activations quantised per call, 8 bits where the CPU has VNNI). On CPUs with AVX512-VNNI and no
+  AMX the products are vitkit's own, each token quantised with its own scale; elsewhere fbgemm's, or oneDNN's
+  where they are faster, one scale per tensor. Each block runs as one compiled operator where it can be built
+  (`torch.ops.vitkit.int8_block` or `int8_block_vnni`, its attention on the fastest kernel here;
+  `VITKIT_KERNELS=0` turns it off; without it, the attention matrices are bf16 on CPUs with native bf16).
+  With one scale per tensor an image's int8 scales depend on the other images of its call, so its logits
+  change slightly with the batch; vitkit's own products scale each token on its own. The patch
   projection, the LayerNorms and the classifier stay fp32. The function changes slightly: the Fashion-MNIST
   test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
