@@ -148,22 +148,6 @@ VITKIT_AVX512_BF16 void pair_rows_bf16(const float* rows, int64_t count, int64_t
   }
 }
 
-// exp(x) for x <= 0 to about 4e-5 relative, far inside bf16's rounding (2^-9) that the softmax's terms get
-// next: exp_nonpositive (vector_math.h) with the polynomial on x - n ln 2 cut to degree 4.
-VITKIT_INLINE vfloat exp_nonpositive_bf16(vfloat x) {
-  x = x < -87.0f ? splat(-87.0f) : x;
-  const vfloat magic = splat(12582912.0f);
-  const vfloat t = x * 1.44269504088896341f + magic;
-  const vfloat n = t - magic;
-  const vint exponent = (vint)t - (vint)magic;
-  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vfloat y = splat(4.1665795894e-2f);
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  return y * (vfloat)((exponent + 127) << 23);
-}
-
 // softmax_columns (attention_kernels.h) for the n queries of st (T keys down, row stride n), written straight
 // as pair_rows_bf16 would pair its rows: pp[(e * n + i) * 2 + t] = exp(st[(2 e + t) n + i] - max_i) in bf16
 // (a zero key after an odd T), and inv[i] = 1 / the fp32 sum of the terms. One pass fewer over the scores
@@ -179,8 +163,8 @@ VITKIT_AVX512_BF16 void softmax_pairs_bf16(const float* st, int64_t n, int64_t T
     }
     vfloat sum = {};
     for (int64_t e = 0; 2 * e < T; ++e) {
-      const vfloat a = exp_nonpositive_bf16(load(col + 2 * e * n) - mx);
-      const vfloat b = 2 * e + 1 < T ? exp_nonpositive_bf16(load(col + (2 * e + 1) * n) - mx) : vfloat{};
+      const vfloat a = exp_nonpositive<true>(load(col + 2 * e * n) - mx);
+      const vfloat b = 2 * e + 1 < T ? exp_nonpositive<true>(load(col + (2 * e + 1) * n) - mx) : vfloat{};
       sum += a + b;
       __m512 av, bv;
       std::memcpy(&av, &a, sizeof av);
