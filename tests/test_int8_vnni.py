@@ -118,6 +118,37 @@ def test_the_block_on_vnni_products_computes_eq_2_and_3(gelu, batch, threads):
 
 
 @needs_vnni
+@pytest.mark.parametrize("shares", [1, 2])
+def test_odd_widths_and_several_mlp_blocks_a_share(shares, threads):
+    """A width and hidden width off the vectors' 16 and the panels' 64 (68 and 136: LayerNorm's and the
+    quantisation's tails, padded inner steps), and 153 rows, so that each share's MLP runs in several
+    blocks of rows."""
+    threads(2)
+    torch.manual_seed(shares)
+    q = optimize(tiny_model(dim=68, num_heads=4, mlp_dim=136), "int8")
+    x = torch.randn(9, 17, 68)
+    for block in q.blocks:
+        assert block_on_vnni(block)
+        with torch.inference_mode():
+            out = int8_block(block, x, shares, attention="vitkit")
+            ref = reference_block(block, x)
+        close_but_for_a_rounding(out, ref, atol=2e-2)
+
+
+@needs_vnni
+def test_a_nan_in_a_row_comes_out_as_nan_in_that_row():
+    """As in fp32: a NaN is not lost in the row's scale (vmaxps would drop it); the other rows keep
+    theirs."""
+    layer = DynamicInt8Linear(torch.nn.Linear(40, 70))
+    x = torch.randn(8, 40)
+    x[3, 17] = float("nan")
+    with torch.inference_mode():
+        out = layer(x)
+    assert out[3].isnan().all()
+    assert torch.isfinite(torch.cat([out[:3], out[4:]])).all()
+
+
+@needs_vnni
 @pytest.mark.parametrize("attention", ["vitkit", "sdpa", "sdpa-bf16", "vitkit-bf16"])
 def test_the_cut_into_shares_leaves_the_numbers_as_they_are(attention, threads):
     """Each token is quantised on its own: one share, two or three, one thread or two, the same bits."""
@@ -158,6 +189,8 @@ def test_the_operators_refuse_what_does_not_fit():
         layer(torch.randn(2, 31))  # 31 and 32 pad alike: the layer itself checks
     with pytest.raises(RuntimeError, match="the bias has 5 values for 48 outputs"):
         torch.ops.vitkit.int8_vnni_linear(torch.randn(2, 32), packed, colsum, scale, torch.randn(5))
+    with pytest.raises(RuntimeError, match=r"sums \(48, int32\) and scales \(47, fp32\) must be as many"):
+        torch.ops.vitkit.int8_vnni_linear(torch.randn(2, 32), packed, colsum, scale[:47], bias[:47])
     with pytest.raises(RuntimeError, match="expected an int8 weight"):
         torch.ops.vitkit.int8_vnni_pack(torch.randn(4, 4))
     block = optimize(tiny_model(), "int8").blocks[0]

@@ -55,7 +55,8 @@ def quantized_engine(engine: str) -> Iterator[None]:
 
 class DynamicInt8Linear(Unsaved):
     """nn.Linear with int8 weights (symmetric, one scale per output channel) and activations quantised
-    per call (asymmetric uint8, one scale per tensor), through `quantized::linear_dynamic` of fbgemm or
+    per call (asymmetric uint8, one scale per tensor; per row on vitkit's own products, below), through
+    `quantized::linear_dynamic` of fbgemm or
     oneDNN: the weights are packed for each engine of `int8_engines()`, and each call's row count takes the
     faster on this machine (vitkit.cpu.autotune; with tuning off, the first engine).
 
@@ -95,7 +96,7 @@ class DynamicInt8Linear(Unsaved):
         if not self.reduce_range and vnni_products():
             packed, colsum = torch.ops.vitkit.int8_vnni_pack(qweight.int_repr())
             no_bias = torch.empty(0)
-            self.vnni = (packed, colsum, scale.float(), no_bias if bias is None else bias.contiguous())
+            self.vnni = (packed, colsum, scale.float(), no_bias if bias is None else bias.clone())
 
     def packed(self, n: int) -> torch.ScriptObject:
         """The packed weights whose engine multiplies `n` rows fastest here (autotune, per shape)."""

@@ -86,15 +86,16 @@ bool vnni_here() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-// A linear layer's int8 weight (N, K) -> [its panels (padded_n(N), padded_k(K)) int8, its column sums
-// (padded_n(N)) int32] for int8_gemm.h.
+// A linear layer's int8 weight (N, K) -> [its panels (padded_n(N), padded_k(K)) int8, its column sums (N)
+// int32] for int8_gemm.h.
 std::vector<at::Tensor> int8_vnni_pack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar,
-              "int8_vnni_pack: expected an int8 weight (out, in), got ", weight.sizes(), " ", weight.dtype());
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar && weight.device().is_cpu(),
+              "int8_vnni_pack: expected an int8 weight (out, in) on the CPU, got ", weight.sizes(), " ",
+              weight.dtype(), " on ", weight.device());
   const at::Tensor w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1);
   at::Tensor packed = at::empty({vitkit_i8::padded_n(N), vitkit_i8::padded_k(K)}, w.options());
-  at::Tensor colsum = at::empty({vitkit_i8::padded_n(N)}, w.options().dtype(at::kInt));
+  at::Tensor colsum = at::empty({N}, w.options().dtype(at::kInt));
   vitkit_i8::pack_weight(w.const_data_ptr<int8_t>(), N, K, packed.mutable_data_ptr<int8_t>(),
                          colsum.mutable_data_ptr<int32_t>());
   return {packed, colsum};
@@ -116,9 +117,10 @@ VnniWeight vnni_weight(const at::Tensor& packed, const at::Tensor& colsum, const
                   packed.size(0) == vitkit_i8::padded_n(out) && packed.size(1) == vitkit_i8::padded_k(in),
               "int8 VNNI product: the packed weight ", packed.sizes(), " does not match ", out, " outputs x ", in,
               " inputs (int8_vnni_pack)");
-  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.numel() == vitkit_i8::padded_n(out) &&
-                  scale.scalar_type() == at::kFloat && scale.is_contiguous(),
-              "int8 VNNI product: column sums (int32) and scales (fp32) do not match ", out, " outputs");
+  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.is_contiguous() && colsum.numel() == out &&
+                  scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 1,
+              "int8 VNNI product: the column sums (", colsum.numel(), ", int32) and scales (", out,
+              ", fp32) must be as many, contiguous (int8_vnni_pack)");
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == out && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
               "int8 VNNI product: the bias has ", bias.numel(), " values for ", out, " outputs");
   return {packed.const_data_ptr<int8_t>(), colsum.const_data_ptr<int32_t>(), scale.const_data_ptr<float>(),
@@ -242,11 +244,14 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
       },
       [&](int64_t r0, int64_t r1) {  // (2): projection and residual; (3): the MLP and residual
         std::vector<float> row(D);
-        // blocks of about kRows, whole tiles but the last: no block of a few rows that streams every weight
+        // blocks of about kRows, the share's tiles dealt out evenly: no last block of a row or two that would
+        // stream every weight for nothing
+        const int64_t tiles = (r1 - r0 + vitkit_i8::MR - 1) / vitkit_i8::MR;
         const int64_t blocks = std::max<int64_t>(1, ((r1 - r0) + kRows / 2) / kRows);
-        const int64_t step = ((r1 - r0 + blocks - 1) / blocks + vitkit_i8::MR - 1) / vitkit_i8::MR * vitkit_i8::MR;
-        for (int64_t b0 = r0; b0 < r1; b0 += step) {
-          const int64_t b1 = std::min(r1, b0 + step);
+        for (int64_t i = 0; i < blocks; ++i) {
+          const int64_t b0 = r0 + vitkit_i8::MR * (tiles * i / blocks);
+          const int64_t b1 = std::min(r1, r0 + vitkit_i8::MR * (tiles * (i + 1) / blocks));
+          if (b1 <= b0) continue;
           vitkit_i8::quantize_rows(mp + b0 * D, D, b1 - b0, D, qp + b0 * ldq, ldq, sp + b0);
           vnni_product<Epilogue::kResidual>(proj, qp, ldq, sp, b0, b1, outp, D, xp, D);
           vitkit_i8::layer_norm_quantize_rows(outp + b0 * D, D, b1 - b0, D, n2w, n2b, static_cast<float>(ln2_eps),

@@ -28,7 +28,8 @@ constexpr int64_t MR = 6;   // rows of a tile: 24 sums + 4 weights + 1 broadcast
 inline int64_t padded_k(int64_t k) { return (k + 3) / 4 * 4; }
 inline int64_t padded_n(int64_t n) { return (n + NR - 1) / NR * NR; }
 
-// w (N, K) int8 row-major -> panels of NR columns, each [K/4][NR][4] bytes; colsum[n] = sum_k w[n][k].
+// w (N, K) int8 row-major -> panels of NR columns, each [K/4][NR][4] bytes (zeros past N and K); colsum[n] =
+// sum_k w[n][k] for the N columns.
 inline void pack_weight(const int8_t* w, int64_t N, int64_t K, int8_t* packed, int32_t* colsum) {
   const int64_t Kp = padded_k(K), Np = padded_n(N);
   std::memset(packed, 0, Np * Kp);
@@ -42,7 +43,6 @@ inline void pack_weight(const int8_t* w, int64_t N, int64_t K, int8_t* packed, i
     }
     colsum[n] = s;
   }
-  for (int64_t n = N; n < Np; ++n) colsum[n] = 0;
 }
 
 // Rows of x (M, K) fp32 -> u8 rows of Kp = padded_k(K) bytes (stride ldq), one symmetric scale per row:
@@ -54,25 +54,28 @@ VITKIT_VNNI inline void quantize_rows(const float* x, int64_t ldx, int64_t M, in
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + m * ldx;
     __m512 amax = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
-    if (k < K) {
-      const __mmask16 t = (__mmask16)((1u << (K - k)) - 1);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(t, row + k)));
+    __mmask16 nan = 0;  // vmaxps drops a NaN: they are looked for on their own
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 t = K - k >= 16 ? all : (__mmask16)((1u << (K - k)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(t, row + k);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     }
     const float a = _mm512_reduce_max_ps(amax);
-    const float s = a > 0.f ? a / 127.f : 1.f;
+    // a row with a NaN gets a NaN scale, which its outputs carry, as the fp32 product's would
+    const float s = nan ? std::nanf("") : a > 0.f ? a / 127.f : 1.f;
     scales[m] = s;
     const __m512 inv = _mm512_set1_ps(1.f / s);
     const __m512i off = _mm512_set1_epi32(128);
     uint8_t* out = q + m * ldq;
-    for (k = 0; k < K; k += 16) {
+    for (int64_t k = 0; k < K; k += 16) {
       const __mmask16 t = K - k >= 16 ? all : (__mmask16)((1u << (K - k)) - 1);
       const __m512 v = _mm512_maskz_loadu_ps(t, row + k);
-      const __m512i i = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)), off);
+      const __m512i i = _mm512_add_epi32(
+          _mm512_cvt_roundps_epi32(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), off);
       _mm_mask_storeu_epi8(out + k, t, _mm512_cvtusepi32_epi8(i));
     }
-    for (k = K; k < Kp; ++k) out[k] = 128;
+    for (int64_t k = K; k < Kp; ++k) out[k] = 128;
   }
 }
 
@@ -93,7 +96,7 @@ VITKIT_VNNI inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
-// 1 / d for d >= 1: vrcp14ps and one Newton step (relative error ~1e-8, where vdivps takes several times longer).
+// 1 / d for d >= 1: vrcp14ps and one Newton step (about 1e-7 relative, where vdivps takes several times longer).
 VITKIT_VNNI inline __m512 reciprocal512(__m512 d) {
   const __m512 r = _mm512_rcp14_ps(d);
   return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
@@ -110,7 +113,9 @@ VITKIT_VNNI inline __m512 gelu512(__m512 x) {
                                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
     return _mm512_mul_ps(x, reciprocal512(_mm512_add_ps(_mm512_set1_ps(1.f), exp512(u))));
   } else {
-    const __m512 z = _mm512_abs_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f)));
+    // |x| / sqrt 2, clamped at 10 (erf is 1 in fp32 well before): the polynomial stays finite
+    const __m512 z = _mm512_min_ps(_mm512_abs_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f))),
+                                   _mm512_set1_ps(10.f));
     __m512 p = _mm512_set1_ps(0.0000430638f);
     p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0002765672f));
     p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0001520143f));
@@ -196,15 +201,15 @@ VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int
     VK_ROWS(VK_DOT)
 #undef VK_DOT
   }
-  const __m512i cs0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7);
-  const __m512i cs1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
-  const __m512i cs2 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 32), 7);
-  const __m512i cs3 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 48), 7);
   const auto mask = [ncols](int64_t n0) {
     const int64_t left = ncols - n0;
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
   };
   const __mmask16 t0 = mask(0), t1 = mask(16), t2 = mask(32), t3 = mask(48);
+  const __m512i cs0 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(t0, colsum), 7);
+  const __m512i cs1 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(t1, colsum + 16), 7);
+  const __m512i cs2 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(t2, colsum + 32), 7);
+  const __m512i cs3 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(t3, colsum + 48), 7);
   const __m512 w0 = _mm512_maskz_loadu_ps(t0, sb), w1 = _mm512_maskz_loadu_ps(t1, sb + 16);
   const __m512 w2 = _mm512_maskz_loadu_ps(t2, sb + 32), w3 = _mm512_maskz_loadu_ps(t3, sb + 48);
   const __m512 z = _mm512_setzero_ps();
