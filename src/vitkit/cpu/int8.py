@@ -1,8 +1,8 @@
 """The int8 encoder of `vitkit.optimize(model, "int8")`: dynamically quantised linear layers, and the whole
 block as one compiled operator where it can be built, its attention on the kernel timed fastest here (without
 the operator: bf16 attention matrices where the CPU has native bf16). On CPUs with AVX512-VNNI and no AMX
-the products are vitkit's own (csrc/int8_gemm.h: each token quantised with its own scale, 88-97 % of
-vpdpbusd's peak where fbgemm's reach 65-89 %, docs/speed.md); elsewhere fbgemm's or oneDNN's.
+the products are vitkit's own (csrc/int8_gemm.h: each token quantised with its own scale, 84-86 % of
+vpdpbusd's peak where fbgemm's and oneDNN's reach 67-73 %, docs/speed.md); elsewhere fbgemm's or oneDNN's.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
 // rows x 64 columns in 24 zmm sums, each step four weight loads, six broadcasts of a row's four bytes and 24
 // vpdpbusd. A panel of the weight (K x 64 bytes: 24 KiB for K = 384) stays in L1/L2 while the tiles walk down
 // the rows; no blocking of K is needed, since each 256 bytes of weight feed 24 instructions. On an AMD EPYC
-// (Zen 4), one thread, ViT-S/16 and ViT-B/16 shapes at 98 and 1576 rows: 88-97 % of vpdpbusd's peak including
-// the rows' quantisation (fbgemm's dynamic int8 linear: 65-89 %); benchmarks/bench_peak.py measures it.
+// (Zen 4), 2 threads, ViT-S/16's layers at 197 rows: 84-86 % of vpdpbusd's peak including the rows'
+// quantisation (PyTorch's dynamic int8 linear, fbgemm or oneDNN: 67-73 %); benchmarks/bench_peak.py.
 #pragma once
 
 #include <immintrin.h>
