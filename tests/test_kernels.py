@@ -17,6 +17,7 @@ from vitkit.cpu.hardware import cpu_flags, cpu_has_native_bf16
 from vitkit.cpu.int8 import (
     bf16_attention,
     bf16_tiles_apply,
+    block_linears,
     int8_block,
     int8_block_attention,
     register_tiles_apply,
@@ -54,7 +55,7 @@ def int8_blocks(model, attention: str):
     blocks = [b for b in q.blocks if int8_block_eligible(b)]
     for b in blocks:
         b.attention_dtype = torch.bfloat16 if attention.endswith("bf16") else None
-        for lin in (b.attn.qkv, b.attn.proj, b.mlp.fc1, b.mlp.fc2):
+        for lin in block_linears(b):
             lin.vnni = None
     return blocks
 
@@ -147,7 +148,7 @@ def test_the_int8_model_stays_close_to_fp32_with_the_operator(threads):
     assert 0 < rel < 0.05 and rel < 1.5 * rel_by_operator, (rel, rel_by_operator)
     for b in q.blocks:  # and on fbgemm's or oneDNN's products
         b.int8_kernel = True
-        for lin in (b.attn.qkv, b.attn.proj, b.mlp.fc1, b.mlp.fc2):
+        for lin in block_linears(b):
             lin.vnni = None
     with torch.inference_mode():
         rel_engines = ((q(x) - ref).norm() / ref.norm()).item()
