@@ -247,12 +247,37 @@ def test_the_bf16_tiles_compute_attention_to_bf16_rounding(shape, threads):
 
 
 @needs_int8_operator
+@pytest.mark.parametrize("shape", [(2, 197, 6, 64), (3, 50, 4, 16), (1, 17, 2, 128), (2, 1, 3, 32),
+                                   (1, 96, 2, 80)])
+def test_the_bf16_tiles_read_and_write_bf16_as_the_casts_would(shape, threads):
+    """A bf16 projection (a bf16 model's) is read and its output written in bf16, k in place: the same bits
+    as the fp32 call on the projection cast to fp32 with its output cast back, which the bf16 model computed
+    before, two copies of the projection's size fewer."""
+    needs_bf16_tiles("vitkit-bf16")
+    assert build.attention_available(), "the attention operator did not build (see the warning)"
+    threads(2)
+    B, T, H, Dh = shape
+    qkv = torch.randn(B, T, 3 * H * Dh).bfloat16()
+    with torch.inference_mode():
+        out = torch.ops.vitkit.attention_forward_bf16(qkv, H, Dh ** -0.5)
+        through_fp32 = torch.ops.vitkit.attention_forward_bf16(qkv.float(), H, Dh ** -0.5).bfloat16()
+    assert out.dtype == torch.bfloat16 and out.shape == (B, T, H * Dh)
+    assert torch.equal(out, through_fp32)
+    strided = torch.randn(B, T, 2 * 3 * H * Dh).bfloat16()[..., ::2]  # not contiguous: copied first
+    with torch.inference_mode():
+        assert torch.equal(torch.ops.vitkit.attention_forward_bf16(strided, H, 0.3),
+                           torch.ops.vitkit.attention_forward_bf16(strided.float(), H, 0.3).bfloat16())
+
+
+@needs_int8_operator
 def test_the_bf16_tiles_refuse_what_they_do_not_compute():
     needs_bf16_tiles("vitkit-bf16")
     assert not bf16_tiles_apply(8) and not bf16_tiles_apply(24) and not bf16_tiles_apply(144)
     assert build.attention_available(), "the attention operator did not build (see the warning)"
     with pytest.raises(RuntimeError, match="heads of 16 to 128 dims"):
         torch.ops.vitkit.attention_forward_bf16(torch.randn(1, 5, 3 * 16), 2, 0.3)
+    with pytest.raises(RuntimeError, match="expected fp32 or bf16"):
+        torch.ops.vitkit.attention_forward_bf16(torch.randn(1, 5, 3 * 32).half(), 2, 0.3)
     block = int8_blocks(tiny_model(num_heads=8), "vitkit-bf16")[0]  # heads of 8 dims
     with pytest.raises(RuntimeError, match="vitkit-bf16 attention needs"):
         int8_block(block, torch.randn(1, 17, 64), attention="vitkit-bf16")

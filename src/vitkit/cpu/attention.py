@@ -22,7 +22,8 @@ CPU, and in a model cast to bf16 (`optimize(model, "bf16")`), the operator may t
 fp32, as the model's `explicit_attention` computes the attention in fp32 there: the timing decides (with 26
 tokens of 4 heads of 16, the fashion-mnist recipe's, the bf16 training step runs about 1.15x faster on it on
 an Intel Xeon with AMX); without gradients, on CPUs with AVX512-BF16, the operator computes in bf16 on its
-tiles there (`attention_forward_bf16`: vdpbf16ps, two multiply-adds a lane per instruction). Results
+tiles there (`attention_forward_bf16`: vdpbf16ps, two multiply-adds a lane per instruction; the projection
+read and the output written in bf16, no casts). Results
 differ from PyTorch's only by float rounding. A second derivative (create_graph=True) comes from PyTorch's
 operators (`differentiable_gradient`).
 """
@@ -157,8 +158,8 @@ def qkv_attention(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
     to bf16. Check `qkv_attention_applies` first."""
     if qkv.dtype == torch.bfloat16:
         with autocast_off("cpu"):
-            if on_bf16_tiles(qkv, heads):
-                return torch.ops.vitkit.attention_forward_bf16(qkv.float(), heads, scale).to(torch.bfloat16)
+            if on_bf16_tiles(qkv, heads):  # bf16 in and out, no casts: the same bits as through fp32
+                return torch.ops.vitkit.attention_forward_bf16(qkv, heads, scale)
             return qkv_attention(qkv.float(), heads, scale).to(torch.bfloat16)
     qkv = qkv.contiguous()
     if torch.is_grad_enabled() and qkv.requires_grad:

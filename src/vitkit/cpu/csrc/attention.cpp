@@ -108,21 +108,29 @@ at::Tensor attention_backward(const at::Tensor& grad_out_in, const at::Tensor& q
   return grad_qkv;
 }
 
-// softmax(q k^T scale) v of every head on the bf16 tiles (attention_bf16.h), from the fp32 projection (B, T,
-// 3D) to the merged heads (B, T, D) fp32, one task per (image, head) pair: inference only (no log-sum-exp).
+// softmax(q k^T scale) v of every head on the bf16 tiles (attention_bf16.h), from the projection (B, T, 3D) to
+// the merged heads (B, T, D), fp32 to fp32 or bf16 to bf16 (a bf16 model's, read and written as it is: the
+// same bits as the fp32 call on the projection cast to fp32, its output cast back), one task per (image, head)
+// pair: inference only (no log-sum-exp).
 at::Tensor attention_forward_bf16(const at::Tensor& qkv_in, int64_t heads, double scale) {
-  TORCH_CHECK(heads > 0 && qkv_in.dim() == 3 && qkv_in.scalar_type() == at::kFloat && qkv_in.device().is_cpu() &&
-                  qkv_in.size(2) % (3 * heads) == 0,
-              "attention_forward_bf16: expected fp32 (B, T, 3D) on the CPU with D divisible by ", heads, ", got ",
-              qkv_in.sizes(), " ", qkv_in.dtype());
+  const bool bf16 = qkv_in.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(heads > 0 && qkv_in.dim() == 3 && (qkv_in.scalar_type() == at::kFloat || bf16) &&
+                  qkv_in.device().is_cpu() && qkv_in.size(2) % (3 * heads) == 0,
+              "attention_forward_bf16: expected fp32 or bf16 (B, T, 3D) on the CPU with D divisible by ", heads,
+              ", got ", qkv_in.sizes(), " ", qkv_in.dtype());
   const at::Tensor qkv = qkv_in.contiguous();
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
   TORCH_CHECK(bf16_tiles_apply(D / heads), "attention_forward_bf16: needs AVX512-BF16 and heads of 16 to 128 ",
               "dims in multiples of 16, got ", D / heads);
   at::Tensor out = at::empty({B, T, D}, qkv.options());
+  const float alpha = static_cast<float>(scale);
   at::parallel_for(0, B * heads, 1, [&](int64_t p0, int64_t p1) {
-    attention_pairs_bf16(qkv.const_data_ptr<float>(), T, D, heads, p0, p1, static_cast<float>(scale),
-                         out.mutable_data_ptr<float>());
+    if (bf16)
+      attention_pairs_bf16(reinterpret_cast<const uint16_t*>(qkv.const_data_ptr<at::BFloat16>()), T, D, heads,
+                           p0, p1, alpha, reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()));
+    else
+      attention_pairs_bf16(qkv.const_data_ptr<float>(), T, D, heads, p0, p1, alpha,
+                           out.mutable_data_ptr<float>());
   });
   return out;
 }

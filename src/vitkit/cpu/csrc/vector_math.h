@@ -31,9 +31,7 @@ VITKIT_INLINE vfloat splat(float s) { return vfloat{} + s; }
 
 // exp(x) for x <= 0, to about 2 ulp: Cephes' degree-6 polynomial on x - n ln 2, n = round(x / ln 2)
 // (rounded by adding and subtracting 1.5 * 2^23), times 2^n built in the exponent bits. exp(-87) ~ 1.6e-38 is
-// the floor; it is 0 next to a softmax row's largest term, which is 1. kBf16: the polynomial cut to degree 4
-// (about 4e-5 relative), for terms that are rounded to bf16 (2^-9) next.
-template <bool kBf16 = false>
+// the floor; it is 0 next to a softmax row's largest term, which is 1.
 VITKIT_INLINE vfloat exp_nonpositive(vfloat x) {
   x = x < -87.0f ? splat(-87.0f) : x;
   const vfloat magic = splat(12582912.0f);
@@ -41,15 +39,10 @@ VITKIT_INLINE vfloat exp_nonpositive(vfloat x) {
   const vfloat n = t - magic;
   const vint exponent = (vint)t - (vint)magic;
   const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vfloat y;
-  if constexpr (kBf16) {
-    y = splat(4.1665795894e-2f);
-  } else {
-    y = splat(1.9875691500e-4f);
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-  }
+  vfloat y = splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
