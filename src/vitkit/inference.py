@@ -23,10 +23,11 @@ updates the class token only).
   test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
   CPUs with native bf16 (AVX512-BF16, AMX), where the blocks are FusedBlocks and every linear layer a bf16
-  PackedLinear (GELU and the residual adds fused in, as in fp32) and the attention runs on the fastest of
-  SDPA's bf16 kernel and vitkit's fp32 operator on the projection cast to fp32. On other CPUs it is refused
-  with a ValueError: they emulate bf16 at about a third of the fp32 speed. Logits differ from fp32 by about
-  1e-2: a different function, like int8.
+  PackedLinear (GELU and the residual adds fused in, as in fp32), the LayerNorms run on vitkit's bf16 kernel
+  with AVX512-BF16 (`vitkit.cpu.bf16_norm`), and the attention on the fastest of SDPA's bf16 kernel and
+  vitkit's operator (in bf16 on AVX512-BF16's tiles, else in fp32 on the projection cast to fp32). On other
+  CPUs it is refused with a ValueError: they emulate bf16 at about a third of the fp32 speed. Logits differ
+  from fp32 by about 1e-2: a different function, like int8.
 
 `compile=False` (the default) never compiles, so the command line can call `optimize(model)` for free;
 `compile=True` applies torch.compile (inductor; with freezing on the CPU), once per batch size it is called
@@ -47,6 +48,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from .cpu.bf16_norm import bf16_layer_norms
 from .cpu.convert import fuse_blocks, pack_linears, quantize_linears_int8
 from .cpu.hardware import cpu_has_native_bf16
 from .cpu.private import onednn_packing_available
@@ -164,8 +166,8 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
             pack_linears(out)  # what stays fp32: the patch projection, the classifier
     elif precision == "bf16" and pack:
         # the blocks fused while fp32 (FusedBlock derives its few-query layers from the fp32 weights), then
-        # every linear layer packed in bf16
-        pack_linears(_cast_bf16(fuse_blocks(out)))
+        # every linear layer packed in bf16, the LayerNorms on vitkit's bf16 kernel where it runs
+        bf16_layer_norms(pack_linears(_cast_bf16(fuse_blocks(out))))
     elif precision == "bf16":
         _cast_bf16(out)
     if do_compile:

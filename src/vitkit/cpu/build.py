@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from ..extras import available, install_hint
-from .hardware import cpu_flags, cpu_isa
+from .hardware import cpu_flags, cpu_has_native_bf16, cpu_isa
 from .private import extension_library_exists
 
 CSRC = Path(__file__).with_name("csrc")
@@ -179,6 +179,20 @@ def attention_available() -> bool:
     """Whether `torch.ops.vitkit.attention_forward` / `attention_backward` can be used here: compiled
     operators not turned off, and the library built (on the first call) and loaded."""
     return kernels_enabled() and _attention_built()
+
+
+@functools.cache
+def _layer_norm_bf16_built() -> bool:
+    """The bf16 LayerNorm operator, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_layer_norm_bf16", [CSRC / "layer_norm_bf16.cpp"], "layer_norm_bf16")
+
+
+def layer_norm_bf16_available() -> bool:
+    """Whether `torch.ops.vitkit.layer_norm_bf16` can be used here: compiled operators not turned off, a CPU
+    with native bf16 (nothing is built elsewhere), the library built (on the first call) and loaded, and
+    AVX512-BF16 (its own check)."""
+    return (kernels_enabled() and cpu_has_native_bf16() and _layer_norm_bf16_built()
+            and bool(torch.ops.vitkit.layer_norm_bf16_here()))
 
 
 @functools.cache
