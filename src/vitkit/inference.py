@@ -49,7 +49,7 @@ import torch
 import torch.nn as nn
 
 from .cpu.bf16_norm import bf16_layer_norms
-from .cpu.convert import fuse_blocks, pack_linears, quantize_linears_int8
+from .cpu.convert import fp32_block_operators, fuse_blocks, pack_linears, quantize_linears_int8
 from .cpu.hardware import cpu_has_native_bf16
 from .cpu.private import onednn_packing_available
 from .folder_format import OPTIMIZED
@@ -159,7 +159,7 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     out = with_class_token_shortcut(copy.deepcopy(model).eval())
     out.requires_grad_(False)
     if precision == "fp32" and pack:
-        pack_linears(fuse_blocks(out))
+        fp32_block_operators(pack_linears(fuse_blocks(out)))
     elif precision == "int8":
         quantize_linears_int8(fuse_blocks(out))
         if onednn_packing_available():

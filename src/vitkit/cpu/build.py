@@ -1,6 +1,6 @@
 """vitkit's compiled CPU operators: built from src/vitkit/cpu/csrc on first use, then loaded from the cache.
 
-Four libraries of operators:
+The libraries of operators:
 - `torch.ops.vitkit.int8_block` (csrc/int8_block.cpp, csrc/block_region.h): a whole encoder block of the int8
   model as one parallel region, each thread through its own share of the tokens, with two meeting points
   between the threads per block instead of the fifteen or so of running the block operator by operator (see
@@ -12,6 +12,9 @@ Four libraries of operators:
   `vitkit.cpu.attention`);
 - `torch.ops.vitkit.gemm_pack` and `gemm_linear` (csrc/gemm.cpp): an fp32 linear layer on a packed weight for
   AVX2 CPUs, one of the engines `vitkit.optimize`'s layers time (see `vitkit.cpu.packed`);
+- `torch.ops.vitkit.fp32_block` (csrc/fp32_block.cpp, csrc/fp32_gemm.h): a whole encoder block of the fp32
+  model as one parallel region on vitkit's own AVX-512 products, with `fp32_block_pack` (see
+  `vitkit.cpu.fp32_block`);
 - `torch.ops.vitkit.peak_ops` (csrc/peak.cpp): the CPU's arithmetic limit per instruction, measured (see
   `vitkit.cpu.peak`).
 
@@ -148,7 +151,7 @@ def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block",
                           [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "attention_bf16.h",
-                           CSRC / "vector_math.h", CSRC / "int8_gemm.h"])
+                           CSRC / "vector_math.h", CSRC / "int8_gemm.h", CSRC / "avx512_math.h"])
 
 
 def int8_block_available() -> bool:
@@ -166,6 +169,22 @@ def int8_vnni_available() -> bool:
     csrc/int8_gemm.h) run here: the int8 block's library built, and a CPU with AVX512-VNNI and the AVX-512
     subsets they use (the library's own check, `int8_vnni_here`)."""
     return int8_block_available() and bool(torch.ops.vitkit.int8_vnni_here())
+
+
+@functools.cache
+def _fp32_block_built() -> bool:
+    """The fp32 block operator, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_fp32_block", [CSRC / "fp32_block.cpp"], "fp32_block",
+                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "vector_math.h",
+                           CSRC / "fp32_gemm.h", CSRC / "avx512_math.h"])
+
+
+def fp32_block_available() -> bool:
+    """Whether `torch.ops.vitkit.fp32_block` can be used here: a CPU build of torch with OpenMP, compiled
+    operators not turned off, an AVX-512 CPU (nothing is built elsewhere), and the library built (on the first
+    call) and loaded."""
+    return (kernels_enabled() and torch.backends.openmp.is_available() and cpu_isa() == "avx512"
+            and _fp32_block_built() and bool(torch.ops.vitkit.fp32_block_here()))
 
 
 @functools.cache

@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 from ..model import Block, PatchEmbed, VisionTransformer
-from .build import int8_block_available
+from .build import fp32_block_available, int8_block_available
+from .fp32_block import fp32_block_eligible, fp32_block_operands
 from .fused_block import FusedBlock
 from .hardware import cpu_has_native_bf16
 from .int8 import DynamicInt8Linear, GELUInPlace
@@ -51,6 +52,17 @@ def fuse_blocks(model: nn.Module) -> nn.Module:
             blocks[i] = FusedBlock(block, few_queries=shortcut and i == len(blocks) - 1)
         if type(model.patch_embed) is PatchEmbed:
             model.patch_embed = LinearPatchEmbed(model.patch_embed)
+    return model
+
+
+def fp32_block_operators(model: nn.Module) -> nn.Module:
+    """Ready, in place, every FusedBlock of `model` that the fp32 block operator computes
+    (`vitkit.cpu.fp32_block`: packed fp32 layers, widths in panels of 64) for it, where it runs here (AVX-512,
+    `fp32_block_available`); returns `model`."""
+    blocks = [m for m in model.modules() if isinstance(m, FusedBlock) and fp32_block_eligible(m)]
+    if blocks and fp32_block_available():
+        for block in blocks:
+            block.fp32_operands = fp32_block_operands(block)
     return model
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ..model import Block, merge_heads, split_heads
 from .attention import attend, implementation
+from .fp32_block import fp32_block, fp32_block_chosen
 from .int8 import bf16_attention, int8_block
 
 
@@ -56,7 +57,9 @@ class FusedBlock(Block):
       through the key and value projections (`attend_through_projections`) instead of projecting every
       token's key and value: the whole q;k;v product of that block but a sliver;
     - `attention_dtype=torch.bfloat16` computes the attention matrices in bf16 (`bf16_attention`; the int8
-      model on CPUs with native bf16), else the fused fp32 kernel.
+      model on CPUs with native bf16), else the fused fp32 kernel;
+    - the int8 model's blocks run as one operator (`int8_kernel`, vitkit.cpu.int8), and so may the fp32
+      model's on AVX-512 CPUs (`fp32_operands`, vitkit.cpu.fp32_block), where that is faster.
 
     With return_attention, or in training mode, it runs as Block."""
 
@@ -68,6 +71,8 @@ class FusedBlock(Block):
         self.attention_dtype: torch.dtype | None = None
         # the whole block through torch.ops.vitkit.int8_block (quantize_linears_int8)
         self.int8_kernel = False
+        # the fp32 block operator's weights and biases (vitkit.cpu.convert.fp32_block_operators), else None
+        self.fp32_operands: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.query = None
         if few_queries:
             qkv, heads = block.attn.qkv, block.attn.num_heads
@@ -98,6 +103,13 @@ class FusedBlock(Block):
             return super().forward(x, return_attention, queries, stream)
         if self.int8_kernel and queries is None:
             return int8_block(self, x), None
+        if self.fp32_operands is not None and queries is None and fp32_block_chosen(self, x):
+            return fp32_block(self, x), None
+        return self.forward_layers(x, queries), None
+
+    def forward_layers(self, x: torch.Tensor, queries: int | None = None) -> torch.Tensor:
+        """The block's output for inference, layer by layer (the class docstring's fusions): eq. 2 and 3 for
+        every token of x, or for its first `queries` tokens."""
         heads, h = self.attn.num_heads, self.norm1(x)
         if queries is not None and self.query is not None and queries * heads < h.shape[1]:
             (q,) = split_heads(self.query(h[:, :queries]), heads, parts=1)  # (B, H, queries, Dh)
@@ -115,4 +127,4 @@ class FusedBlock(Block):
                 y = merge_heads(F.scaled_dot_product_attention(q[:, :, :queries], k, v))
         x = x if queries is None else x[:, :queries]
         x = residual_add(self.attn.proj, y, x)  # (2)
-        return residual_add(self.mlp.fc2, self.mlp.act(self.mlp.fc1(self.norm2(x))), x), None  # (3)
+        return residual_add(self.mlp.fc2, self.mlp.act(self.mlp.fc1(self.norm2(x))), x)  # (3)

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "avx512_math.h"
+
 #define VITKIT_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 
 namespace vitkit_i8 {
@@ -76,60 +78,6 @@ VITKIT_VNNI inline void quantize_rows(const float* x, int64_t ldx, int64_t M, in
       _mm_mask_storeu_epi8(out + k, t, _mm512_cvtusepi32_epi8(i));
     }
     for (int64_t k = K; k < Kp; ++k) out[k] = 128;
-  }
-}
-
-// exp(x), x clamped to [-87, 87]: Cephes' polynomial on x - n ln 2 times 2^n (vector_math.h's, in AVX-512).
-VITKIT_VNNI inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(87.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
-                                   _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(y, n);
-}
-
-// 1 / d for d >= 1: vrcp14ps and one Newton step (about 1e-7 relative, where vdivps takes several times longer).
-VITKIT_VNNI inline __m512 reciprocal512(__m512 d) {
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
-}
-
-// GELU, x Phi(x) = (x + |x| erf(|x| / sqrt 2)) / 2, erf(z) = 1 - (1 + a1 z + ... + a6 z^6)^-16 for z >= 0
-// (Abramowitz and Stegun 7.1.28: absolute error under 3e-7, far below the int8 products' rounding, in a
-// polynomial, a reciprocal and four squarings, half the work of an exp-based erf); with `tanh`, the tanh
-// approximation x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3).
-template <bool kTanh>
-VITKIT_VNNI inline __m512 gelu512(__m512 x) {
-  if constexpr (kTanh) {
-    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f),  // -2 sqrt(2 / pi)
-                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
-    return _mm512_mul_ps(x, reciprocal512(_mm512_add_ps(_mm512_set1_ps(1.f), exp512(u))));
-  } else {
-    // |x| / sqrt 2, clamped at 10 (erf is 1 in fp32 well before): the polynomial stays finite
-    const __m512 z = _mm512_min_ps(_mm512_abs_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f))),
-                                   _mm512_set1_ps(10.f));
-    __m512 p = _mm512_set1_ps(0.0000430638f);
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0002765672f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0001520143f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0092705272f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0422820123f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.0705230784f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.f));
-    __m512 r = reciprocal512(p);
-    r = _mm512_mul_ps(r, r);
-    r = _mm512_mul_ps(r, r);
-    r = _mm512_mul_ps(r, r);
-    r = _mm512_mul_ps(r, r);  // p^-16
-    const __m512 erf_abs = _mm512_sub_ps(_mm512_set1_ps(1.f), r);
-    return _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_fmadd_ps(_mm512_abs_ps(x), erf_abs, x));
   }
 }
 
@@ -241,7 +189,7 @@ VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int
       for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
         const __mmask16 t = mask(n0);
         float* p = c + r * ldc + n0;
-        _mm512_mask_storeu_ps(p, t, gelu512<E == Epilogue::kGeluTanh>(_mm512_maskz_loadu_ps(t, p)));
+        _mm512_mask_storeu_ps(p, t, vitkit_avx512::gelu512<E == Epilogue::kGeluTanh>(_mm512_maskz_loadu_ps(t, p)));
       }
     }
   }

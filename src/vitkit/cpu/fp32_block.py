@@ -1,0 +1,78 @@
+"""The fp32 encoder block of `vitkit.optimize(model)` as one compiled operator on AVX-512 CPUs.
+
+`torch.ops.vitkit.fp32_block` (csrc/fp32_block.cpp) computes eq. 2 and 3 for every token in one parallel
+region, on vitkit's own AVX-512 products (csrc/fp32_gemm.h: the weights packed once into panels of 64
+columns, the bias, the residual adds and GELU applied in the product's tile) and the attention's register
+tiles: two meeting points of the threads a block where the block run layer by layer has some fifteen, and no
+pass over memory between the layers. Each output is computed by one thread in one order, so the result does
+not depend on the number of threads. `vitkit.cpu.convert.fp32_block_operators` readies a model's FusedBlocks
+for it (a copy of each weight in the operator's layout, beside the PackedLinear's); each call's shape takes
+the operator or the layers, whichever is faster here (vitkit.cpu.autotune; with tuning off, the operator).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from . import autotune
+from .layer_norm import FastLayerNorm
+from .packed import PackedLinear
+
+# The operator's panels: every layer's output width must be a multiple of this.
+PANEL = 64
+
+
+def block_layers(block: nn.Module) -> list[nn.Module]:
+    """The q;k;v, projection, fc1 and fc2 layers of a FusedBlock, in that order."""
+    return [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
+
+
+def fp32_block_eligible(block: nn.Module) -> bool:
+    """Whether the operator computes this FusedBlock: fp32 PackedLinear layers whose widths are multiples of
+    PANEL, GELU fused into fc1 (and the MLP's own activation the identity), no other activation, affine
+    LayerNorms over the width."""
+    layers = block_layers(block)
+    if not all(type(lin) is PackedLinear and lin.dtype == torch.float32 for lin in layers):
+        return False
+    qkv, proj, fc1, fc2 = layers
+    return (fc1.activation == "gelu" and fc1.approximate in ("none", "tanh")
+            and qkv.activation == proj.activation == fc2.activation == "none"
+            and isinstance(block.mlp.act, nn.Identity)
+            and all(lin.out_features % PANEL == 0 for lin in layers)
+            and all(type(n) in (nn.LayerNorm, FastLayerNorm) and n.elementwise_affine and n.bias is not None
+                    and len(n.normalized_shape) == 1 for n in (block.norm1, block.norm2)))
+
+
+def fp32_block_operands(block: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The operator's weights (each packed by `fp32_block_pack`) and biases (empty where none) of an eligible
+    block's four layers."""
+    layers = block_layers(block)
+    packed = [torch.ops.vitkit.fp32_block_pack(lin.plain_weight) for lin in layers]
+    biases = [torch.empty(0) if lin.bias is None else lin.bias for lin in layers]
+    return packed, biases
+
+
+def fp32_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> torch.Tensor:
+    """Eq. 2 and 3 for every token of `x` (B, T, D) of a FusedBlock readied for the operator (its
+    `fp32_operands`, vitkit.cpu.convert.fp32_block_operators), through
+    the operator; `shares` (default: the number of intra-op threads) cuts the work, not the result."""
+    packed, biases = block.fp32_operands
+    shares = torch.get_num_threads() if shares is None else shares
+    return torch.ops.vitkit.fp32_block(
+        x, block.norm1.weight, block.norm1.bias, block.norm1.eps, block.norm2.weight, block.norm2.bias,
+        block.norm2.eps, packed, biases, block.attn.num_heads, block.attn.scale, block.mlp.fc1.approximate,
+        shares)
+
+
+def fp32_block_chosen(block: nn.Module, x: torch.Tensor) -> bool:
+    """Whether the operator computes this call (else the block's layers one by one): the faster here for
+    tokens of this shape (vitkit.cpu.autotune), the operator by default."""
+    B, T, D = x.shape
+    shape = (B, T, D, block.attn.num_heads, block.mlp.fc1.out_features, block.mlp.fc1.approximate)
+
+    def candidates():
+        sample = torch.randn(B, T, D, generator=autotune.generator())
+        return {"operator": lambda: fp32_block(block, sample), "layers": lambda: block.forward_layers(sample)}
+
+    return autotune.choose("fp32-block", shape, candidates, "operator") == "operator"

@@ -1,0 +1,159 @@
+"""The fp32 block operator for AVX-512 CPUs (csrc/fp32_block.cpp, csrc/fp32_gemm.h): the block against eq. 2
+and 3 in float64, the same bits whatever the cut into shares, the fp32 model on it, where it gives way, and
+its refusals."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from operator_helpers import needs_operator, operators_called
+from test_optimize import tiny_model
+from vitkit.cpu import autotune, build
+from vitkit.cpu import fused_block as fused_block_module
+from vitkit.cpu.convert import fp32_block_operators, fuse_blocks, pack_linears
+from vitkit.cpu.fp32_block import block_layers, fp32_block, fp32_block_eligible
+from vitkit.cpu.fused_block import FusedBlock
+from vitkit.cpu.hardware import cpu_isa
+from vitkit.cpu.private import onednn_packing_available
+from vitkit.inference import optimize
+from vitkit.model import merge_heads, split_heads
+
+
+def fp32_block_built() -> bool:
+    """The operator, built: an AVX-512 CPU where oneDNN packs weights (else skipped) and the library."""
+    if cpu_isa() != "avx512":
+        pytest.skip("the fp32 block operator needs an AVX-512 CPU")
+    if not onednn_packing_available():
+        pytest.skip("this PyTorch cannot pack oneDNN weights: no PackedLinear to build the blocks from")
+    return build.fp32_block_available()
+
+
+needs_fp32_block = needs_operator(fp32_block_built, "fp32 block")
+
+
+def reference(block, x: torch.Tensor) -> torch.Tensor:
+    """Eq. 2 and 3 in float64 from the block's own weights."""
+    x = x.double()
+    qkv, proj, fc1, fc2 = ((lin.plain_weight.double(), lin.bias.double()) for lin in block_layers(block))
+    n1, n2 = block.norm1, block.norm2
+    h = F.layer_norm(x, n1.normalized_shape, n1.weight.double(), n1.bias.double(), n1.eps)
+    q, k, v = split_heads(F.linear(h, *qkv), block.attn.num_heads)
+    y = merge_heads(torch.softmax(q @ k.transpose(-1, -2) * block.attn.scale, -1) @ v)
+    x = x + F.linear(y, *proj)
+    h = F.layer_norm(x, n2.normalized_shape, n2.weight.double(), n2.bias.double(), n2.eps)
+    return x + F.linear(F.gelu(F.linear(h, *fc1), approximate=block.mlp.fc1.approximate), *fc2)
+
+
+def blocks_of(gelu: str, **overrides) -> list[FusedBlock]:
+    model = tiny_model(**overrides)
+    for block in model.blocks:
+        block.mlp.act = nn.GELU(approximate=gelu)
+    fast = fp32_block_operators(pack_linears(fuse_blocks(model)))
+    blocks = list(fast.blocks)
+    assert all(b.fp32_operands is not None for b in blocks)
+    return blocks
+
+
+@needs_fp32_block
+@pytest.mark.parametrize("gelu", ["none", "tanh"])
+@pytest.mark.parametrize("batch,dim,heads,mlp", [(2, 64, 4, 128), (1, 192, 3, 768), (3, 128, 8, 256)])
+def test_the_block_computes_eq_2_and_3(gelu, batch, dim, heads, mlp, threads):
+    """Odd token counts (17 patches and a class token), heads of 16 to 64, exact and tanh GELU: within float
+    rounding of the float64 block."""
+    threads(2)
+    block = blocks_of(gelu, dim=dim, num_heads=heads, mlp_dim=mlp)[0]
+    x = torch.randn(batch, 17, dim)
+    with torch.inference_mode():
+        out = fp32_block(block, x)
+    want = reference(block, x)
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-5 * want.abs().max().item())
+
+
+@needs_fp32_block
+@pytest.mark.parametrize("tokens", [1, 5, 50, 197])
+def test_the_cut_into_shares_leaves_the_numbers_as_they_are(tokens, threads):
+    """Every output is computed by one thread in one order: 1, 2 and 3 shares, on 1 or 2 threads, give the
+    same bits (row counts around the 6-row tile and the MLP's 48-row blocks)."""
+    threads(2)
+    block = blocks_of("none")[0]
+    x = torch.randn(2, tokens, 64)
+    with torch.inference_mode():
+        outs = [fp32_block(block, x, shares) for shares in (1, 2, 3)]
+        threads(1)
+        outs.append(fp32_block(block, x, 2))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@needs_fp32_block
+def test_the_fp32_model_runs_its_blocks_on_the_operator(monkeypatch, threads):
+    """optimize(model) on an AVX-512 CPU: every block readied, the operator called for the blocks that
+    compute every token (the class-token shortcut's last block keeps its layers), the logits within 1e-5 of
+    the model's; with the operator timed slower, the layers, the same logits to float rounding."""
+    threads(2)
+    model = tiny_model()
+    fast = optimize(model)
+    assert all(b.fp32_operands is not None for b in fast.blocks)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        called = operators_called(lambda: fast(x), "vitkit::fp32_block")
+        out, ref = fast(x), model(x)
+    assert called == {"vitkit::fp32_block"}
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5 * ref.abs().max().item())
+    monkeypatch.setattr(fused_block_module, "fp32_block_chosen", lambda block, x: False)
+    with torch.inference_mode():
+        assert operators_called(lambda: fast(x), "vitkit::fp32_block") == set()
+        torch.testing.assert_close(fast(x), out, rtol=0, atol=1e-6 * ref.abs().max().item())
+
+
+@needs_fp32_block
+def test_the_choice_is_timed_per_shape_and_the_operator_by_default(monkeypatch, tmp_path):
+    block = blocks_of("none")[0]
+    x = torch.randn(1, 17, 64)
+    monkeypatch.setenv(autotune.ENV, "0")
+    autotune.forget()
+    assert fused_block_module.fp32_block_chosen(block, x)
+    timed = {}
+    monkeypatch.setenv(autotune.ENV, "1")
+    monkeypatch.setattr(autotune, "time_candidates", lambda calls: timed.update(calls) or
+                        {"operator": 2.0, "layers": 1.0})
+    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path))
+    autotune.forget()
+    assert not fused_block_module.fp32_block_chosen(block, x) and set(timed) == {"operator", "layers"}
+    autotune.forget()
+
+
+@needs_fp32_block
+def test_blocks_the_operator_does_not_compute_keep_their_layers():
+    """Widths not in panels of 64, a bf16 model: not eligible; a block readied runs its layers when asked
+    for attention maps or a few queries."""
+    assert not any(fp32_block_eligible(b) for b in pack_linears(fuse_blocks(tiny_model(dim=48, num_heads=3))
+                                                                 ).blocks)
+    model = fp32_block_operators(pack_linears(fuse_blocks(tiny_model(mlp_dim=96))))
+    assert all(b.fp32_operands is None for b in model.blocks)  # fc1's 96 outputs: not panels of 64
+    fast = optimize(tiny_model())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        assert operators_called(lambda: fast.forward_features(x, return_attention=True),
+                                "vitkit::fp32_block") == set()
+
+
+@needs_fp32_block
+def test_the_operators_refuse_what_does_not_fit():
+    with pytest.raises(RuntimeError, match="out a multiple of 64"):
+        torch.ops.vitkit.fp32_block_pack(torch.randn(96, 32))
+    block = blocks_of("none")[0]
+    packed, biases = block.fp32_operands
+    x, n = torch.randn(1, 5, 64), block.norm1
+    args = (n.weight, n.bias, n.eps, n.weight, n.bias, n.eps)
+    with pytest.raises(RuntimeError, match="four of each"):
+        torch.ops.vitkit.fp32_block(x, *args, packed[:3], biases, 4, 0.25, "none", 2)
+    with pytest.raises(RuntimeError, match="not a packed weight of 64 inputs"):
+        torch.ops.vitkit.fp32_block(x, *args, [packed[3], *packed[1:]], biases, 4, 0.25, "none", 2)
+    with pytest.raises(RuntimeError, match="gelu_approximate"):
+        torch.ops.vitkit.fp32_block(x, *args, packed, biases, 4, 0.25, "sigmoid", 2)
+    with pytest.raises(RuntimeError, match="bias has 3 values"):
+        torch.ops.vitkit.fp32_block(x, *args, packed, [torch.randn(3), *biases[1:]], 4, 0.25, "none", 2)
+    with pytest.raises(RuntimeError, match="expected fp32 tokens"):
+        torch.ops.vitkit.fp32_block(x.double(), *args, packed, biases, 4, 0.25, "none", 2)
