@@ -35,7 +35,8 @@ needs_fp32_block = needs_operator(fp32_block_built, "fp32 block")
 def reference(block, x: torch.Tensor) -> torch.Tensor:
     """Eq. 2 and 3 in float64 from the block's own weights."""
     x = x.double()
-    qkv, proj, fc1, fc2 = ((lin.plain_weight.double(), lin.bias.double()) for lin in block_layers(block))
+    qkv, proj, fc1, fc2 = ((lin.plain_weight.double(), None if lin.bias is None else lin.bias.double())
+                           for lin in block_layers(block))
     n1, n2 = block.norm1, block.norm2
     h = F.layer_norm(x, n1.normalized_shape, n1.weight.double(), n1.bias.double(), n1.eps)
     q, k, v = split_heads(F.linear(h, *qkv), block.attn.num_heads)
@@ -57,12 +58,15 @@ def blocks_of(gelu: str, **overrides) -> list[FusedBlock]:
 
 @needs_fp32_block
 @pytest.mark.parametrize("gelu", ["none", "tanh"])
-@pytest.mark.parametrize("batch,dim,heads,mlp", [(2, 64, 4, 128), (1, 192, 3, 768), (3, 128, 8, 256)])
-def test_the_block_computes_eq_2_and_3(gelu, batch, dim, heads, mlp, threads):
-    """Odd token counts (17 patches and a class token), heads of 16 to 64, exact and tanh GELU: within float
-    rounding of the float64 block."""
+@pytest.mark.parametrize("batch,dim,heads,mlp,qkv_bias", [(2, 64, 4, 128, True), (1, 192, 3, 768, True),
+                                                          (3, 128, 8, 256, False), (2, 64, 8, 128, True)])
+def test_the_block_computes_eq_2_and_3(gelu, batch, dim, heads, mlp, qkv_bias, threads):
+    """Odd token counts (17 patches and a class token), heads of 16 to 64 (the attention's register tiles)
+    and of 8 (its sgemm path, inside the region), exact and tanh GELU, a q;k;v layer without bias: within
+    float rounding of the float64 block."""
     threads(2)
-    block = blocks_of(gelu, dim=dim, num_heads=heads, mlp_dim=mlp)[0]
+    block = blocks_of(gelu, dim=dim, num_heads=heads, mlp_dim=mlp, qkv_bias=qkv_bias)[0]
+    assert (block.attn.qkv.bias is None) == (not qkv_bias)
     x = torch.randn(batch, 17, dim)
     with torch.inference_mode():
         out = fp32_block(block, x)
@@ -91,6 +95,7 @@ def test_the_fp32_model_runs_its_blocks_on_the_operator(monkeypatch, threads):
     """optimize(model) on an AVX-512 CPU: every block readied, the operator called for the blocks that
     compute every token (the class-token shortcut's last block keeps its layers), the logits within 1e-5 of
     the model's; with the operator timed slower, the layers, the same logits to float rounding."""
+    monkeypatch.setenv(autotune.ENV, "0")  # the operator by default: no timing run among the calls counted
     threads(2)
     model = tiny_model()
     fast = optimize(model)
@@ -126,8 +131,8 @@ def test_the_choice_is_timed_per_shape_and_the_operator_by_default(monkeypatch, 
 
 @needs_fp32_block
 def test_blocks_the_operator_does_not_compute_keep_their_layers():
-    """Widths not in panels of 64, a bf16 model: not eligible; a block readied runs its layers when asked
-    for attention maps or a few queries."""
+    """Widths not in panels of 64: not eligible; a block readied runs its layers when asked for attention
+    maps, or with a hook on a layer the operator would skip."""
     assert not any(fp32_block_eligible(b) for b in pack_linears(fuse_blocks(tiny_model(dim=48, num_heads=3))
                                                                  ).blocks)
     model = fp32_block_operators(pack_linears(fuse_blocks(tiny_model(mlp_dim=96))))
@@ -137,6 +142,13 @@ def test_blocks_the_operator_does_not_compute_keep_their_layers():
     with torch.inference_mode():
         assert operators_called(lambda: fast.forward_features(x, return_attention=True),
                                 "vitkit::fp32_block") == set()
+    seen = []  # a hook on a layer the operator would skip: the block runs its layers, and the hook fires
+    handle = fast.blocks[0].mlp.fc1.register_forward_hook(lambda *args: seen.append(1))
+    with torch.inference_mode():
+        assert not fused_block_module.fp32_block_chosen(fast.blocks[0], torch.randn(2, 17, 64))
+        fast(x)
+    handle.remove()
+    assert seen == [1]
 
 
 @needs_fp32_block

@@ -251,8 +251,8 @@ def test_the_bf16_tiles_compute_attention_to_bf16_rounding(shape, threads):
                                    (1, 96, 2, 80)])
 def test_the_bf16_tiles_read_and_write_bf16_as_the_casts_would(shape, threads):
     """A bf16 projection (a bf16 model's) is read and its output written in bf16, k in place: the same bits
-    as the fp32 call on the projection cast to fp32 with its output cast back, which the bf16 model computed
-    before, two copies of the projection's size fewer."""
+    as the fp32 call on the projection cast to fp32 with its output cast back, with two copies of the
+    projection's size fewer."""
     needs_bf16_tiles("vitkit-bf16")
     assert build.attention_available(), "the attention operator did not build (see the warning)"
     threads(2)
@@ -267,6 +267,25 @@ def test_the_bf16_tiles_read_and_write_bf16_as_the_casts_would(shape, threads):
     with torch.inference_mode():
         assert torch.equal(torch.ops.vitkit.attention_forward_bf16(strided, H, 0.3),
                            torch.ops.vitkit.attention_forward_bf16(strided.float(), H, 0.3).bfloat16())
+
+
+@needs_int8_operator
+def test_the_bf16_tiles_give_minus_infinite_scores_no_weight():
+    """A score of -inf (a product that overflowed) gets weight 0, as in softmax, not a NaN row."""
+    needs_bf16_tiles("vitkit-bf16")
+    assert build.attention_available(), "the attention operator did not build (see the warning)"
+    H, Dh, T = 2, 16, 20
+    qkv = torch.randn(1, T, 3 * H * Dh)
+    parts = qkv.view(1, T, 3, H, Dh)  # (image, token, q|k|v, head, dim)
+    parts[:, :, 0, :, 0] = 1e30  # every query's first dim
+    parts[:, 3, 1, :, 0] = -1e30  # key 3's: q . k = -inf in fp32, the other scores finite
+    with torch.inference_mode():
+        out = torch.ops.vitkit.attention_forward_bf16(qkv, H, 1.0)
+    assert torch.isfinite(out).all()
+    keep = [j for j in range(T) if j != 3]
+    v = parts[:, keep, 2]  # the other keys' values: the output is a mix of them
+    lo, hi = v.amin(1).reshape(1, 1, H * Dh), v.amax(1).reshape(1, 1, H * Dh)
+    assert ((out >= lo - 0.05) & (out <= hi + 0.05)).all()
 
 
 @needs_int8_operator

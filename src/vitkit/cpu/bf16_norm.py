@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .build import layer_norm_bf16_available
 from .layer_norm import FastLayerNorm
@@ -23,12 +24,14 @@ class Bf16LayerNorm(nn.LayerNorm):
 
     def _on_kernel(self, x: torch.Tensor) -> bool:
         return (eager_bf16_on_cpu(x) and not torch.is_autocast_enabled("cpu")
-                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
                 and self.weight is not None and self.bias is not None
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
                 and len(self.normalized_shape) == 1 and not hooked(self))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting() or not self._on_kernel(x):
+        if torch.jit.is_scripting():  # TorchScript compiles this branch alone: LayerNorm's operator
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        if not self._on_kernel(x):
             return super().forward(x)
         return torch.ops.vitkit.layer_norm_bf16(x, self.weight, self.bias, self.eps)
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 from . import autotune
 from .layer_norm import FastLayerNorm
 from .packed import PackedLinear
+from .private import eager_fp32_on_cpu, hooked
 
 # The operator's panels: every layer's output width must be a multiple of this.
 PANEL = 64
@@ -66,8 +67,12 @@ def fp32_block(block: nn.Module, x: torch.Tensor, shares: int | None = None) -> 
 
 
 def fp32_block_chosen(block: nn.Module, x: torch.Tensor) -> bool:
-    """Whether the operator computes this call (else the block's layers one by one): the faster here for
-    tokens of this shape (vitkit.cpu.autotune), the operator by default."""
+    """Whether the operator computes this call (else the block's layers one by one): fp32 tokens in eager
+    mode on the CPU (not compiling, tracing or under a torch.func transform: the operator has no fake kernel
+    or vmap rule), no hook on the modules it would skip, and the faster here for tokens of this shape
+    (vitkit.cpu.autotune), the operator by default."""
+    if not eager_fp32_on_cpu(x) or hooked(block.norm1, block.norm2, *block_layers(block)):
+        return False
     B, T, D = x.shape
     shape = (B, T, D, block.attn.num_heads, block.mlp.fc1.out_features, block.mlp.fc1.approximate)
 

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "attention_kernels.h"
@@ -53,6 +54,8 @@ Layer layer(const at::Tensor& packed, const at::Tensor& bias, int64_t in, const 
                   packed.size(1) == in && packed.size(2) == vitkit_f32::NR,
               "fp32_block: the ", name, " weight ", packed.sizes(), " is not a packed weight of ", in,
               " inputs (fp32_block_pack)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.const_data_ptr()) % 64 == 0, "fp32_block: the ", name,
+              " weight is not 64-byte aligned (fp32_block_pack's are)");
   const int64_t out = packed.size(0) * vitkit_f32::NR;
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == out && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
               "fp32_block: the ", name, " bias has ", bias.numel(), " values for ", out, " outputs");

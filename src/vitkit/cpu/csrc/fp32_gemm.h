@@ -35,10 +35,11 @@ inline void pack_weight(const float* w, int64_t N, int64_t K, float* packed) {
 // What a tile writes: y, y plus a residual read from `res`, or GELU(y) (exact, or its tanh approximation).
 enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
 
-// One R x NR tile: c[m][n] = bias[n] + sum_k a[m][k] w[n][k], then the epilogue.
+// One R x NR tile: c[m][n] = bias[n] + sum_k a[m][k] w[n][k], then the epilogue; res may be c itself (each
+// value is read before its own store). The panel b is 64-byte aligned.
 template <int R, Epilogue E>
 VITKIT_F32 inline void tile(const float* __restrict a, int64_t lda, const float* __restrict b, int64_t K,
-                            const float* bias, float* __restrict c, int64_t ldc, const float* res, int64_t ldr) {
+                            const float* bias, float* c, int64_t ldc, const float* res, int64_t ldr) {
   __m512 acc[MR][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
