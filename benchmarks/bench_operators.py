@@ -9,13 +9,18 @@ fresh random order; the ratio is paired (the median over rounds of the time with
   batch 1 and 16; "without" is the same model with VITKIT_KERNELS=0 for the call (SDPA or the explicit
   products instead);
 - the int8 block operator (`torch.ops.vitkit.int8_block`, vitkit.cpu.int8): `vitkit.optimize(model, "int8")`
-  inference of ViT-S/16 and ViT-B/16 at batch 1 and 16, against the same int8 model run operator by operator.
+  inference of ViT-S/16 and ViT-B/16 at batch 1 and 16, against the same int8 model run operator by operator;
+- the fp32 block operator (`torch.ops.vitkit.fp32_block`, vitkit.cpu.fp32_block; AVX-512 CPUs):
+  `vitkit.optimize(model, "fp32")` inference of ViT-S/16 and ViT-B/16 at batch 1 and 16, against the same
+  model's blocks run layer by layer.
 
 An operator stays in vitkit where it buys at least 5 % of one of these figures on one of the CPU kinds vitkit
 runs on (docs/speed.md). Run:
 
     .venv/bin/python benchmarks/bench_operators.py --threads 2 \
         --json benchmarks/results/operators_CPU_DATE.json
+
+(`--operator fp32_block` measures one operator's cells alone.)
 """
 
 from __future__ import annotations
@@ -85,6 +90,34 @@ def inference_call(cfg, batch: int, precision: str, off: bool) -> Callable[[], N
     return call
 
 
+@contextlib.contextmanager
+def layer_by_layer(off: bool):
+    """Within the block every FusedBlock runs its layers (`off`) or the fp32 block operator, whatever the
+    timing chose."""
+    from vitkit.cpu import fused_block
+
+    chosen = fused_block.fp32_block_chosen
+    fused_block.fp32_block_chosen = lambda block, x: not off
+    try:
+        yield
+    finally:
+        fused_block.fp32_block_chosen = chosen
+
+
+def fp32_block_call(cfg, batch: int, off: bool) -> Callable[[], None]:
+    torch.manual_seed(0)
+    fast = build_vitkit(cfg, "fp32")
+    if not any(getattr(b, "fp32_operands", None) is not None for b in fast.blocks):
+        raise SystemExit("the fp32 block operator does not run here (it needs an AVX-512 CPU)")
+    x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
+
+    def call() -> None:
+        with layer_by_layer(off), torch.inference_mode():
+            fast(x)
+
+    return call
+
+
 def paired(calls: dict[str, Callable[[], None]], repeats: int, warmup: int, rng: random.Random):
     """The median ms of "with" and "without", and the paired ratio without/with (vitkit.bench's method)."""
     times = interleaved_times(calls, repeats, warmup, rng)
@@ -110,6 +143,10 @@ def cells(quick: bool):
         for b in (1, 16):
             out.append(("int8_block", f"optimize(int8) {cfg.name} b{b}",
                         lambda off, c=cfg, b=b: inference_call(c, b, "int8", off)))
+    for cfg in (vit_s,) if quick else (vit_s, vit_b):
+        for b in (1, 16):
+            out.append(("fp32_block", f"optimize(fp32) {cfg.name} b{b}",
+                        lambda off, c=cfg, b=b: fp32_block_call(c, b, off)))
     return out
 
 
@@ -118,7 +155,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--repeats", type=int, default=10, help="interleaved rounds per cell")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of each contender first")
-    p.add_argument("--quick", action="store_true", help="ViT-S/16 only for int8, 4 rounds")
+    p.add_argument("--quick", action="store_true", help="ViT-S/16 only for int8 and the fp32 block, 4 rounds")
+    p.add_argument("--operator", default=None, choices=("attention", "int8_block", "fp32_block"),
+                   help="measure this operator's cells only")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
     if args.threads:
@@ -128,6 +167,8 @@ def main() -> None:
     rng = random.Random(0)
     rows = []
     for operator, label, build in cells(args.quick):
+        if args.operator and operator != args.operator:
+            continue
         ms, ratio = paired({"with": build(False), "without": build(True)}, repeats, args.warmup, rng)
         rows.append({"operator": operator, "cell": label, "ms_with": ms["with"], "ms_without": ms["without"],
                      "speedup": ratio})

@@ -364,9 +364,14 @@ def peak_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def peak(recs: list[Record], where: str, date: str) -> str:
-    """The `peak` record of one day (its last, where there are several)."""
-    return peak_table(load(sorted(pick(recs, "peak", where, date), key=lambda r: r.path.name)[-1]))
+def peak(recs: list[Record], where: str, date: str, tag: str | None = None) -> str:
+    """The `peak` record of one day: peak_WHERE_DATE_TAG.json where a tag is given, else the day's last."""
+    found = sorted(pick(recs, "peak", where, date), key=lambda r: r.path.name)
+    if tag is not None:
+        found = [r for r in found if r.tag == tag]
+        if not found:
+            raise TableError(f"no record peak_{where}_{date}_{tag}.json in {RESULTS}")
+    return peak_table(load(found[-1]))
 
 
 # benchmarks/bench_serve.py's servers (vitkit serve first, then the anchors) and client counts.
