@@ -1,8 +1,12 @@
-// AVX-512 elementwise functions for the products' epilogues (int8_gemm.h, fp32_gemm.h): exp, a reciprocal,
-// GELU. Compiled for AVX-512F, inlined into callers compiled for it or for more (VNNI).
+// AVX-512 functions shared by vitkit's products and blocks (int8_gemm.h, fp32_gemm.h, fp32_block.cpp): exp, a
+// reciprocal and GELU for the products' epilogues, LayerNorm over rows. Compiled for AVX-512F, inlined into
+// callers compiled for it or for more (VNNI).
 #pragma once
 
 #include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
 
 #define VITKIT_AVX512F __attribute__((target("avx512f")))
 
@@ -59,6 +63,35 @@ VITKIT_AVX512F inline __m512 gelu512(__m512 x) {
     r = _mm512_mul_ps(r, r);  // p^-16
     const __m512 erf_abs = _mm512_sub_ps(_mm512_set1_ps(1.f), r);
     return _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_fmadd_ps(_mm512_abs_ps(x), erf_abs, x));
+  }
+}
+
+// Rows of x (M, D, stride ldx) -> LayerNorm(x) w + b (stride ldy): mean and variance in two passes over the
+// row (in L1).
+VITKIT_AVX512F inline void layer_norm_rows(const float* x, int64_t ldx, int64_t M, int64_t D, const float* w,
+                                       const float* b, float eps, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* in = x + m * ldx;
+    float* out = y + m * ldy;
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t k = 0; k < D; k += 16) {
+      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+      sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(t, in + k));
+    }
+    const __m512 mu = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / static_cast<float>(D));
+    __m512 sq = _mm512_setzero_ps();
+    for (int64_t k = 0; k < D; k += 16) {
+      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+      const __m512 d = _mm512_maskz_sub_ps(t, _mm512_maskz_loadu_ps(t, in + k), mu);
+      sq = _mm512_fmadd_ps(d, d, sq);
+    }
+    const __m512 rstd = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(D) + eps));
+    for (int64_t k = 0; k < D; k += 16) {
+      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
+      const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, in + k), mu), rstd);
+      _mm512_mask_storeu_ps(out + k, t,
+                            _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(t, w + k), _mm512_maskz_loadu_ps(t, b + k)));
+    }
   }
 }
 

@@ -113,7 +113,7 @@ at::Tensor fp32_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
   vitkit::run_block(
       shares, rows, B * heads,
       [&](int64_t r0, int64_t r1) {  // LN1 and the q;k;v product
-        vitkit_f32::layer_norm_rows(xp + r0 * D, D, r1 - r0, D, n1w, n1b, static_cast<float>(ln1_eps), np + r0 * D,
+        vitkit_avx512::layer_norm_rows(xp + r0 * D, D, r1 - r0, D, n1w, n1b, static_cast<float>(ln1_eps), np + r0 * D,
                                     D);
         product<Epilogue::kStore>(qkv, np, D, r0, r1, qkvp, 3 * D);
       },
@@ -126,7 +126,7 @@ at::Tensor fp32_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
           const int64_t b0 = r0 + MR * (tiles * i / blocks), b1 = std::min(r1, r0 + MR * (tiles * (i + 1) / blocks));
           if (b1 <= b0) continue;
           product<Epilogue::kResidual>(proj, mp, D, b0, b1, outp, D, xp, D);
-          vitkit_f32::layer_norm_rows(outp + b0 * D, D, b1 - b0, D, n2w, n2b, static_cast<float>(ln2_eps),
+          vitkit_avx512::layer_norm_rows(outp + b0 * D, D, b1 - b0, D, n2w, n2b, static_cast<float>(ln2_eps),
                                       np + b0 * D, D);
           if (tanh) {
             product<Epilogue::kGeluTanh>(fc1, np, D, b0, b1, hp, hidden);

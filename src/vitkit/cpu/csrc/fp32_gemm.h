@@ -92,33 +92,4 @@ VITKIT_F32 void gemm(const float* x, int64_t lda, int64_t M, int64_t K, const fl
   }
 }
 
-// Rows of x (M, D, stride ldx) -> LayerNorm(x) w + b (stride ldy): mean and variance in two passes over the
-// row (in L1).
-VITKIT_F32 inline void layer_norm_rows(const float* x, int64_t ldx, int64_t M, int64_t D, const float* w,
-                                       const float* b, float eps, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* in = x + m * ldx;
-    float* out = y + m * ldy;
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t k = 0; k < D; k += 16) {
-      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
-      sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(t, in + k));
-    }
-    const __m512 mu = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / static_cast<float>(D));
-    __m512 sq = _mm512_setzero_ps();
-    for (int64_t k = 0; k < D; k += 16) {
-      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
-      const __m512 d = _mm512_maskz_sub_ps(t, _mm512_maskz_loadu_ps(t, in + k), mu);
-      sq = _mm512_fmadd_ps(d, d, sq);
-    }
-    const __m512 rstd = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(D) + eps));
-    for (int64_t k = 0; k < D; k += 16) {
-      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
-      const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, in + k), mu), rstd);
-      _mm512_mask_storeu_ps(out + k, t,
-                            _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(t, w + k), _mm512_maskz_loadu_ps(t, b + k)));
-    }
-  }
-}
-
 }  // namespace vitkit_f32

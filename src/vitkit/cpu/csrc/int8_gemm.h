@@ -87,27 +87,7 @@ VITKIT_VNNI inline void layer_norm_quantize_rows(const float* x, int64_t ldx, in
                                                  const float* w, const float* b, float eps, float* row, uint8_t* q,
                                                  int64_t ldq, float* scales) {
   for (int64_t m = 0; m < M; ++m) {
-    const float* in = x + m * ldx;
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t k = 0; k < D; k += 16) {
-      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
-      sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(t, in + k));
-    }
-    const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(D);
-    const __m512 mu = _mm512_set1_ps(mean);
-    __m512 sq = _mm512_setzero_ps();
-    for (int64_t k = 0; k < D; k += 16) {
-      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
-      const __m512 d = _mm512_maskz_sub_ps(t, _mm512_maskz_loadu_ps(t, in + k), mu);
-      sq = _mm512_fmadd_ps(d, d, sq);
-    }
-    const __m512 rstd = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(D) + eps));
-    for (int64_t k = 0; k < D; k += 16) {
-      const __mmask16 t = D - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - k)) - 1);
-      const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, in + k), mu), rstd);
-      _mm512_mask_storeu_ps(row + k, t,
-                            _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(t, w + k), _mm512_maskz_loadu_ps(t, b + k)));
-    }
+    vitkit_avx512::layer_norm_rows(x + m * ldx, ldx, 1, D, w, b, eps, row, D);
     quantize_rows(row, D, 1, D, q + m * ldq, ldq, scales + m);
   }
 }
