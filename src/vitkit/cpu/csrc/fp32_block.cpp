@@ -67,8 +67,8 @@ Layer layer(const at::Tensor& packed, const at::Tensor& bias, int64_t in, const 
 template <vitkit_f32::Epilogue E>
 void product(const Layer& w, const float* x, int64_t ldx, int64_t r0, int64_t r1, float* c, int64_t ldc,
              const float* res = nullptr, int64_t ldr = 0) {
-  vitkit_f32::gemm<E>(x + r0 * ldx, ldx, r1 - r0, w.in, w.packed, w.bias, 0, w.out / vitkit_f32::NR, c + r0 * ldc,
-                      ldc, res ? res + r0 * ldr : nullptr, ldr);
+  vitkit_f32::gemm<E>(x + r0 * ldx, ldx, r1 - r0, w.in, w.packed, w.bias, w.out, c + r0 * ldc, ldc,
+                      res ? res + r0 * ldr : nullptr, ldr);
 }
 
 at::Tensor fp32_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, const at::Tensor& ln1_bias,
@@ -108,33 +108,27 @@ at::Tensor fp32_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
   const bool tanh = gelu_approximate == "tanh";
   using vitkit_f32::Epilogue;
   constexpr int64_t kRows = 48;  // the MLP's rows a block: 48 x hidden fp32 (288 KiB for ViT-S/16) in L2
-  const int64_t MR = vitkit_f32::MR;
 
   vitkit::run_block(
       shares, rows, B * heads,
       [&](int64_t r0, int64_t r1) {  // LN1 and the q;k;v product
-        vitkit_avx512::layer_norm_rows(xp + r0 * D, D, r1 - r0, D, n1w, n1b, static_cast<float>(ln1_eps), np + r0 * D,
-                                    D);
+        vitkit_avx512::layer_norm_rows(xp + r0 * D, D, r1 - r0, D, n1w, n1b, static_cast<float>(ln1_eps),
+                                       np + r0 * D, D);
         product<Epilogue::kStore>(qkv, np, D, r0, r1, qkvp, 3 * D);
       },
       [&](int64_t p0, int64_t p1) { attention_pairs(qkvp, T, D, heads, p0, p1, static_cast<float>(scale), mp); },
       [&](int64_t r0, int64_t r1) {  // (2): projection and residual; (3): the MLP and residual
-        // blocks of about kRows, the share's tiles dealt out evenly (no last block of a row or two)
-        const int64_t tiles = (r1 - r0 + MR - 1) / MR;
-        const int64_t blocks = std::max<int64_t>(1, ((r1 - r0) + kRows / 2) / kRows);
-        for (int64_t i = 0; i < blocks; ++i) {
-          const int64_t b0 = r0 + MR * (tiles * i / blocks), b1 = std::min(r1, r0 + MR * (tiles * (i + 1) / blocks));
-          if (b1 <= b0) continue;
+        vitkit::row_blocks(r0, r1, vitkit_f32::MR, kRows, [&](int64_t b0, int64_t b1) {
           product<Epilogue::kResidual>(proj, mp, D, b0, b1, outp, D, xp, D);
           vitkit_avx512::layer_norm_rows(outp + b0 * D, D, b1 - b0, D, n2w, n2b, static_cast<float>(ln2_eps),
-                                      np + b0 * D, D);
+                                         np + b0 * D, D);
           if (tanh) {
             product<Epilogue::kGeluTanh>(fc1, np, D, b0, b1, hp, hidden);
           } else {
             product<Epilogue::kGelu>(fc1, np, D, b0, b1, hp, hidden);
           }
           product<Epilogue::kResidual>(fc2, hp, hidden, b0, b1, outp, D, outp, D);
-        }
+        });
       });
   return out;
 }

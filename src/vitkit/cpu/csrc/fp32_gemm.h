@@ -13,11 +13,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "avx512_math.h"
+#include "block_region.h"
 
 #define VITKIT_F32 __attribute__((target("avx512f")))
 
@@ -64,18 +63,15 @@ VITKIT_F32 inline void tile(const float* __restrict a, int64_t lda, const float*
     }
 }
 
-// c (M, N) = x (M, K) W^T + b with the epilogue, on the calling thread, for panels [p0, p1) of the packed
-// weight (columns 64 p0 .. 64 p1); x, c and res with row strides lda, ldc, ldr.
+// c (M, N) = x (M, K) W^T + b with the epilogue, on the calling thread; x, c and res with row strides lda, ldc,
+// ldr.
 template <Epilogue E>
 VITKIT_F32 void gemm(const float* x, int64_t lda, int64_t M, int64_t K, const float* packed, const float* bias,
-                     int64_t p0, int64_t p1, float* c, int64_t ldc, const float* res = nullptr, int64_t ldr = 0) {
+                     int64_t N, float* c, int64_t ldc, const float* res = nullptr, int64_t ldr = 0) {
   const int64_t target = std::clamp<int64_t>(288 * 1024 / (4 * K) / MR * MR, 4 * MR, 16 * MR);
-  const int64_t tiles = (M + MR - 1) / MR, blocks = std::max<int64_t>(1, (M + target / 2) / target);
-  for (int64_t i = 0; i < blocks; ++i) {  // blocks of rows cut evenly in tiles: no block of a row or two
-    const int64_t m0 = MR * (tiles * i / blocks), m1 = std::min(M, MR * (tiles * (i + 1) / blocks));
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* panel = packed + p * K * NR;
-      const int64_t n = p * NR;
+  vitkit::row_blocks(0, M, MR, target, [&](int64_t m0, int64_t m1) {
+    for (int64_t n = 0; n < N; n += NR) {
+      const float* panel = packed + n * K;
       const float* bn = bias ? bias + n : nullptr;
       for (int64_t m = m0; m < m1; m += MR) {
         const float* rm = res ? res + m * ldr + n : nullptr;
@@ -89,7 +85,7 @@ VITKIT_F32 void gemm(const float* x, int64_t lda, int64_t M, int64_t K, const fl
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace vitkit_f32

@@ -244,14 +244,7 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
       },
       [&](int64_t r0, int64_t r1) {  // (2): projection and residual; (3): the MLP and residual
         std::vector<float> row(D);
-        // blocks of about kRows, the share's tiles dealt out evenly: no last block of a row or two that would
-        // stream every weight for nothing
-        const int64_t tiles = (r1 - r0 + vitkit_i8::MR - 1) / vitkit_i8::MR;
-        const int64_t blocks = std::max<int64_t>(1, ((r1 - r0) + kRows / 2) / kRows);
-        for (int64_t i = 0; i < blocks; ++i) {
-          const int64_t b0 = r0 + vitkit_i8::MR * (tiles * i / blocks);
-          const int64_t b1 = std::min(r1, r0 + vitkit_i8::MR * (tiles * (i + 1) / blocks));
-          if (b1 <= b0) continue;
+        vitkit::row_blocks(r0, r1, vitkit_i8::MR, kRows, [&](int64_t b0, int64_t b1) {
           vitkit_i8::quantize_rows(mp + b0 * D, D, b1 - b0, D, qp + b0 * ldq, ldq, sp + b0);
           vnni_product<Epilogue::kResidual>(proj, qp, ldq, sp, b0, b1, outp, D, xp, D);
           vitkit_i8::layer_norm_quantize_rows(outp + b0 * D, D, b1 - b0, D, n2w, n2b, static_cast<float>(ln2_eps),
@@ -263,7 +256,7 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
           }
           vitkit_i8::quantize_rows(hp + b0 * hidden, hidden, b1 - b0, hidden, qp + b0 * ldq, ldq, sp + b0);
           vnni_product<Epilogue::kResidual>(fc2, qp, ldq, sp, b0, b1, outp, D, outp, D);
-        }
+        });
       });
   return out;
 }
