@@ -12,9 +12,10 @@ from test_optimize import tiny_model
 from vitkit.cpu import autotune, build
 from vitkit.cpu import fused_block as fused_block_module
 from vitkit.cpu.convert import fp32_block_operators, fuse_blocks, pack_linears
-from vitkit.cpu.fp32_block import block_layers, fp32_block, fp32_block_eligible
+from vitkit.cpu.fp32_block import fp32_block, fp32_block_eligible
 from vitkit.cpu.fused_block import FusedBlock
 from vitkit.cpu.hardware import cpu_isa
+from vitkit.cpu.int8 import block_linears
 from vitkit.cpu.private import onednn_packing_available
 from vitkit.inference import optimize
 from vitkit.model import merge_heads, split_heads
@@ -36,7 +37,7 @@ def reference(block, x: torch.Tensor) -> torch.Tensor:
     """Eq. 2 and 3 in float64 from the block's own weights."""
     x = x.double()
     qkv, proj, fc1, fc2 = ((lin.plain_weight.double(), None if lin.bias is None else lin.bias.double())
-                           for lin in block_layers(block))
+                           for lin in block_linears(block))
     n1, n2 = block.norm1, block.norm2
     h = F.layer_norm(x, n1.normalized_shape, n1.weight.double(), n1.bias.double(), n1.eps)
     q, k, v = split_heads(F.linear(h, *qkv), block.attn.num_heads)

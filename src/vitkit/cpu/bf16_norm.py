@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .build import layer_norm_bf16_available
-from .layer_norm import FastLayerNorm
+from .layer_norm import affine_layer_norm
 from .private import eager_bf16_on_cpu, hooked
 
 
@@ -42,7 +42,6 @@ def bf16_layer_norms(model: nn.Module) -> nn.Module:
     if not layer_norm_bf16_available():
         return model
     for module in model.modules():
-        if (type(module) in (nn.LayerNorm, FastLayerNorm) and module.elementwise_affine
-                and module.bias is not None and len(module.normalized_shape) == 1):
+        if affine_layer_norm(module):
             module.__class__ = Bf16LayerNorm
     return model

@@ -13,7 +13,7 @@ from .fp32_block import fp32_block_eligible, fp32_block_operands
 from .fused_block import FusedBlock
 from .hardware import cpu_has_native_bf16
 from .int8 import DynamicInt8Linear, GELUInPlace
-from .layer_norm import FastLayerNorm
+from .layer_norm import affine_layer_norm
 from .packed import LinearPatchEmbed, PackedLinear
 
 
@@ -79,8 +79,7 @@ def int8_block_eligible(block: nn.Module) -> bool:
     return (all(isinstance(lin, DynamicInt8Linear) for lin in linears)
             and len({lin.reduce_range for lin in linears}) == 1
             and isinstance(getattr(mlp, "act", None), GELUInPlace)
-            and all(type(n) in (nn.LayerNorm, FastLayerNorm) and n.elementwise_affine and n.bias is not None
-                    and len(n.normalized_shape) == 1 for n in norms))
+            and all(affine_layer_norm(n) for n in norms))
 
 
 def quantize_linears_int8(model: nn.Module) -> nn.Module:

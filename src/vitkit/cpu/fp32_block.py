@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 
 from . import autotune
-from .layer_norm import FastLayerNorm
+from .int8 import block_linears
+from .layer_norm import affine_layer_norm
 from .packed import PackedLinear
 from .private import eager_fp32_on_cpu, hooked
 
@@ -24,16 +25,11 @@ from .private import eager_fp32_on_cpu, hooked
 PANEL = 64
 
 
-def block_layers(block: nn.Module) -> list[nn.Module]:
-    """The q;k;v, projection, fc1 and fc2 layers of a FusedBlock, in that order."""
-    return [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
-
-
 def fp32_block_eligible(block: nn.Module) -> bool:
     """Whether the operator computes this FusedBlock: fp32 PackedLinear layers whose widths are multiples of
     PANEL, GELU fused into fc1 (and the MLP's own activation the identity), no other activation, affine
     LayerNorms over the width."""
-    layers = block_layers(block)
+    layers = block_linears(block)
     if not all(type(lin) is PackedLinear and lin.dtype == torch.float32 for lin in layers):
         return False
     qkv, proj, fc1, fc2 = layers
@@ -41,14 +37,13 @@ def fp32_block_eligible(block: nn.Module) -> bool:
             and qkv.activation == proj.activation == fc2.activation == "none"
             and isinstance(block.mlp.act, nn.Identity)
             and all(lin.out_features % PANEL == 0 for lin in layers)
-            and all(type(n) in (nn.LayerNorm, FastLayerNorm) and n.elementwise_affine and n.bias is not None
-                    and len(n.normalized_shape) == 1 for n in (block.norm1, block.norm2)))
+            and affine_layer_norm(block.norm1) and affine_layer_norm(block.norm2))
 
 
 def fp32_block_operands(block: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The operator's weights (each packed by `fp32_block_pack`) and biases (empty where none) of an eligible
     block's four layers."""
-    layers = block_layers(block)
+    layers = block_linears(block)
     packed = [torch.ops.vitkit.fp32_block_pack(lin.plain_weight) for lin in layers]
     biases = [torch.empty(0) if lin.bias is None else lin.bias for lin in layers]
     return packed, biases
@@ -71,7 +66,7 @@ def fp32_block_chosen(block: nn.Module, x: torch.Tensor) -> bool:
     mode on the CPU (not compiling, tracing or under a torch.func transform: the operator has no fake kernel
     or vmap rule), no hook on the modules it would skip, and the faster here for tokens of this shape
     (vitkit.cpu.autotune), the operator by default."""
-    if not eager_fp32_on_cpu(x) or hooked(block.norm1, block.norm2, *block_layers(block)):
+    if not eager_fp32_on_cpu(x) or hooked(block.norm1, block.norm2, *block_linears(block)):
         return False
     B, T, D = x.shape
     shape = (B, T, D, block.attn.num_heads, block.mlp.fc1.out_features, block.mlp.fc1.approximate)

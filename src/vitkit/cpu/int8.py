@@ -207,8 +207,8 @@ def int8_block_attention(block: nn.Module, x: torch.Tensor, shares: int) -> str:
     return autotune.choose("int8-block-attention", shape, candidates, default)
 
 
-def block_linears(block: nn.Module) -> list[DynamicInt8Linear]:
-    """The q;k;v, projection, fc1 and fc2 layers of an int8 FusedBlock, in that order."""
+def block_linears(block: nn.Module) -> list[nn.Module]:
+    """The q;k;v, projection, fc1 and fc2 layers of a FusedBlock (int8 or fp32), in that order."""
     return [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
 
 

@@ -53,6 +53,13 @@ def recoverable(weight: torch.Tensor, bias: torch.Tensor) -> bool:
         return bool((weight.abs() >= GAIN_FLOOR * bias.abs().clamp_min(1.0)).all())
 
 
+def affine_layer_norm(module: nn.Module) -> bool:
+    """Whether `module` is a LayerNorm (PyTorch's or FastLayerNorm, not a subclass of someone else's) over the
+    last dimension with a gain and a bias: what vitkit's fused LayerNorm kernels compute."""
+    return (type(module) in (nn.LayerNorm, FastLayerNorm) and module.elementwise_affine
+            and module.bias is not None and len(module.normalized_shape) == 1)
+
+
 class FastLayerNorm(nn.LayerNorm):
     """nn.LayerNorm that keeps its output rather than its input for the backward pass (see the module
     docstring); a drop-in: the same parameters and names."""
