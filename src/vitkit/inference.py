@@ -28,7 +28,9 @@ updates the class token only).
   CPUs with native bf16 (AVX512-BF16, AMX), where the blocks are FusedBlocks and every linear layer a bf16
   PackedLinear (GELU and the residual adds fused in, as in fp32), the LayerNorms run on vitkit's bf16 kernel
   with AVX512-BF16 (`vitkit.cpu.bf16_norm`), and the attention on the fastest of SDPA's bf16 kernel and
-  vitkit's operator (in bf16 on AVX512-BF16's tiles, else in fp32 on the projection cast to fp32). On other
+  vitkit's operator (in bf16 on AVX512-BF16's tiles, else in fp32 on the projection cast to fp32). With
+  AVX512-BF16 each block but the class-token shortcut's last runs as one compiled operator where that is timed
+  faster (`vitkit.cpu.bf16_block`: vitkit's own bf16 products on a further copy of the weights). On other
   CPUs it is refused with a ValueError: they emulate bf16 at about a third of the fp32 speed. Logits differ
   from fp32 by about 1e-2: a different function, like int8.
 
@@ -52,7 +54,13 @@ import torch
 import torch.nn as nn
 
 from .cpu.bf16_norm import bf16_layer_norms
-from .cpu.convert import fp32_block_operators, fuse_blocks, pack_linears, quantize_linears_int8
+from .cpu.convert import (
+    bf16_block_operators,
+    fp32_block_operators,
+    fuse_blocks,
+    pack_linears,
+    quantize_linears_int8,
+)
 from .cpu.hardware import cpu_has_native_bf16
 from .cpu.private import onednn_packing_available
 from .folder_format import OPTIMIZED
@@ -169,8 +177,9 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
             pack_linears(out)  # what stays fp32: the patch projection, the classifier
     elif precision == "bf16" and pack:
         # the blocks fused while fp32 (FusedBlock derives its few-query layers from the fp32 weights), then
-        # every linear layer packed in bf16, the LayerNorms on vitkit's bf16 kernel where it runs
-        bf16_layer_norms(pack_linears(_cast_bf16(fuse_blocks(out))))
+        # every linear layer packed in bf16, the blocks readied for the bf16 block operator, the LayerNorms on
+        # vitkit's bf16 kernel where it runs
+        bf16_layer_norms(bf16_block_operators(pack_linears(_cast_bf16(fuse_blocks(out)))))
     elif precision == "bf16":
         _cast_bf16(out)
     if do_compile:

@@ -15,6 +15,8 @@ The libraries of operators:
 - `torch.ops.vitkit.fp32_block` (csrc/fp32_block.cpp, csrc/fp32_gemm.h): a whole encoder block of the fp32
   model as one parallel region on vitkit's own AVX-512 products, with `fp32_block_pack` (see
   `vitkit.cpu.fp32_block`);
+- `torch.ops.vitkit.bf16_block` (csrc/bf16_block.cpp, csrc/bf16_gemm.h): the same for the bf16 model on CPUs
+  with AVX512-BF16, with `bf16_block_pack` (see `vitkit.cpu.bf16_block`);
 - `torch.ops.vitkit.peak_ops` (csrc/peak.cpp): the CPU's arithmetic limit per instruction, measured (see
   `vitkit.cpu.peak`).
 
@@ -188,6 +190,24 @@ def fp32_block_available() -> bool:
 
 
 @functools.cache
+def _bf16_block_built() -> bool:
+    """The bf16 block operator, built and loaded once per process (so a failure warns once)."""
+    return build_operator("vitkit_bf16_block", [CSRC / "bf16_block.cpp"], "bf16_block",
+                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "attention_bf16.h",
+                           CSRC / "vector_math.h", CSRC / "bf16_gemm.h", CSRC / "avx512_math.h",
+                           CSRC / "layer_norm_bf16.h"])
+
+
+def bf16_block_available() -> bool:
+    """Whether `torch.ops.vitkit.bf16_block` can be used here: a CPU build of torch with OpenMP, compiled
+    operators not turned off, a CPU with AVX512-BF16 (nothing is built elsewhere), and the library built (on
+    the first call) and loaded."""
+    return (kernels_enabled() and torch.backends.openmp.is_available() and cpu_isa() == "avx512"
+            and "avx512_bf16" in cpu_flags() and _bf16_block_built()
+            and bool(torch.ops.vitkit.bf16_block_here()))
+
+
+@functools.cache
 def _attention_built() -> bool:
     """The attention operators, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_forward_bf16",
@@ -203,7 +223,8 @@ def attention_available() -> bool:
 @functools.cache
 def _layer_norm_bf16_built() -> bool:
     """The bf16 LayerNorm operator, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_layer_norm_bf16", [CSRC / "layer_norm_bf16.cpp"], "layer_norm_bf16")
+    return build_operator("vitkit_layer_norm_bf16", [CSRC / "layer_norm_bf16.cpp"], "layer_norm_bf16",
+                          [CSRC / "layer_norm_bf16.h"])
 
 
 def layer_norm_bf16_available() -> bool:

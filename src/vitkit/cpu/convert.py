@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 from ..model import Block, PatchEmbed, VisionTransformer
-from .build import fp32_block_available, int8_block_available
+from .bf16_block import bf16_block_eligible, bf16_block_operands
+from .build import bf16_block_available, fp32_block_available, int8_block_available
 from .fp32_block import fp32_block_eligible, fp32_block_operands
 from .fused_block import FusedBlock
 from .hardware import cpu_has_native_bf16
@@ -63,6 +64,17 @@ def fp32_block_operators(model: nn.Module) -> nn.Module:
     if blocks and fp32_block_available():
         for block in blocks:
             block.fp32_operands = fp32_block_operands(block)
+    return model
+
+
+def bf16_block_operators(model: nn.Module) -> nn.Module:
+    """Ready, in place, every FusedBlock of `model` that the bf16 block operator computes
+    (`vitkit.cpu.bf16_block`: packed bf16 layers, widths in panels of 64, heads of 16 to 128 dims) for it,
+    where it runs here (AVX512-BF16, `bf16_block_available`); returns `model`."""
+    blocks = [m for m in model.modules() if isinstance(m, FusedBlock) and bf16_block_eligible(m)]
+    if blocks and bf16_block_available():
+        for block in blocks:
+            block.bf16_operands = bf16_block_operands(block)
     return model
 
 

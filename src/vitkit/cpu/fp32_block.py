@@ -12,6 +12,8 @@ the operator or the layers, whichever is faster here (vitkit.cpu.autotune; with 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 
@@ -25,12 +27,12 @@ from .private import eager_fp32_on_cpu, hooked
 PANEL = 64
 
 
-def fp32_block_eligible(block: nn.Module) -> bool:
-    """Whether the operator computes this FusedBlock: fp32 PackedLinear layers whose widths are multiples of
-    PANEL, GELU fused into fc1 (and the MLP's own activation the identity), no other activation, affine
-    LayerNorms over the width."""
+def operator_eligible(block: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether a block operator (this one, or vitkit.cpu.bf16_block's) computes this FusedBlock: PackedLinear
+    layers of `dtype` whose widths are multiples of PANEL, GELU fused into fc1 (and the MLP's own activation
+    the identity), no other activation, affine LayerNorms over the width."""
     layers = block_linears(block)
-    if not all(type(lin) is PackedLinear and lin.dtype == torch.float32 for lin in layers):
+    if not all(type(lin) is PackedLinear and lin.dtype == dtype for lin in layers):
         return False
     qkv, proj, fc1, fc2 = layers
     return (fc1.activation == "gelu" and fc1.approximate in ("none", "tanh")
@@ -38,6 +40,11 @@ def fp32_block_eligible(block: nn.Module) -> bool:
             and isinstance(block.mlp.act, nn.Identity)
             and all(lin.out_features % PANEL == 0 for lin in layers)
             and affine_layer_norm(block.norm1) and affine_layer_norm(block.norm2))
+
+
+def fp32_block_eligible(block: nn.Module) -> bool:
+    """Whether the operator computes this FusedBlock (`operator_eligible` in fp32)."""
+    return operator_eligible(block, torch.float32)
 
 
 def fp32_block_operands(block: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -66,13 +73,23 @@ def fp32_block_chosen(block: nn.Module, x: torch.Tensor) -> bool:
     mode on the CPU (not compiling, tracing or under a torch.func transform: the operator has no fake kernel
     or vmap rule), no hook on the modules it would skip, and the faster here for tokens of this shape
     (vitkit.cpu.autotune), the operator by default."""
-    if not eager_fp32_on_cpu(x) or hooked(block.norm1, block.norm2, *block_linears(block)):
+    if not eager_fp32_on_cpu(x):
+        return False
+    return operator_chosen(block, x, "fp32-block", fp32_block)
+
+
+def operator_chosen(block: nn.Module, x: torch.Tensor, name: str,
+                    operator: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> bool:
+    """Whether `operator` computes this call of `block` rather than its layers: no hook on the modules it
+    would skip, and the faster here for tokens of the shape and dtype of `x` (vitkit.cpu.autotune, under
+    `name`), the operator by default."""
+    if hooked(block.norm1, block.norm2, *block_linears(block)):
         return False
     B, T, D = x.shape
     shape = (B, T, D, block.attn.num_heads, block.mlp.fc1.out_features, block.mlp.fc1.approximate)
 
     def candidates():
-        sample = torch.randn(B, T, D, generator=autotune.generator())
-        return {"operator": lambda: fp32_block(block, sample), "layers": lambda: block.forward_layers(sample)}
+        sample = torch.randn(B, T, D, generator=autotune.generator()).to(x.dtype)
+        return {"operator": lambda: operator(block, sample), "layers": lambda: block.forward_layers(sample)}
 
-    return autotune.choose("fp32-block", shape, candidates, "operator") == "operator"
+    return autotune.choose(name, shape, candidates, "operator") == "operator"

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ..model import Block, merge_heads, split_heads
 from .attention import attend, implementation
+from .bf16_block import Operands, bf16_block, bf16_block_chosen
 from .fp32_block import fp32_block, fp32_block_chosen
 from .int8 import bf16_attention, int8_block
 
@@ -59,7 +60,8 @@ class FusedBlock(Block):
     - `attention_dtype=torch.bfloat16` computes the attention matrices in bf16 (`bf16_attention`; the int8
       model on CPUs with native bf16), else the fused fp32 kernel;
     - the int8 model's blocks run as one operator (`int8_kernel`, vitkit.cpu.int8), and so may the fp32
-      model's on AVX-512 CPUs (`fp32_operands`, vitkit.cpu.fp32_block), where that is faster.
+      model's on AVX-512 CPUs (`fp32_operands`, vitkit.cpu.fp32_block) and the bf16 model's on CPUs with
+      AVX512-BF16 (`bf16_operands`, vitkit.cpu.bf16_block), where that is faster.
 
     With return_attention, or in training mode, it runs as Block."""
 
@@ -73,6 +75,9 @@ class FusedBlock(Block):
         self.int8_kernel = False
         # the fp32 block operator's weights and biases (vitkit.cpu.convert.fp32_block_operators), else None
         self.fp32_operands: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        # the bf16 block operator's weights, biases and LayerNorm parameters
+        # (vitkit.cpu.convert.bf16_block_operators), else None
+        self.bf16_operands: Operands | None = None
         self.query = None
         if few_queries:
             qkv, heads = block.attn.qkv, block.attn.num_heads
@@ -105,6 +110,8 @@ class FusedBlock(Block):
             return int8_block(self, x), None
         if self.fp32_operands is not None and queries is None and fp32_block_chosen(self, x):
             return fp32_block(self, x), None
+        if self.bf16_operands is not None and queries is None and bf16_block_chosen(self, x):
+            return bf16_block(self, x), None
         return self.forward_layers(x, queries), None
 
     def forward_layers(self, x: torch.Tensor, queries: int | None = None) -> torch.Tensor:
