@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
+import vitkit.cpu.convert as convert_module
 import vitkit.cpu.int8 as int8_module
 from operator_helpers import operators_called
 from vitkit import inference
@@ -224,11 +225,17 @@ def test_int8_agrees_with_fp32_on_a_trained_model(one_thread):
     assert agreement >= 0.99, f"int8 top-1 agreement {agreement:.4f} < 0.99"
 
 
-def test_int8_quantises_the_encoder_only():
+@pytest.mark.parametrize("own_products", [True, False])
+def test_int8_quantises_the_encoder_and_with_per_row_scales_the_patch_projection(own_products, monkeypatch):
+    """The encoder's layers always; the patch projection where vitkit's own products (one scale a patch) run;
+    the classifier never."""
+    own_products = own_products and int8_module.vnni_products()
+    monkeypatch.setattr(convert_module, "vnni_products", lambda: own_products)
     model = tiny_model()
     q = optimize(model, "int8")
     # qkv, proj, fc1, fc2, and the last block's query projection of the class token alone
-    assert sum(isinstance(m, DynamicInt8Linear) for m in q.modules()) == 4 * len(q.blocks) + 1
+    assert sum(isinstance(m, DynamicInt8Linear) for m in q.modules()) == 4 * len(q.blocks) + 1 + own_products
+    assert isinstance(q.patch_embed.proj, DynamicInt8Linear) == own_products
     assert not isinstance(q.head, DynamicInt8Linear)  # the classifier stays fp32
     x = torch.randn(64, 3, 32, 32)
     with torch.inference_mode():

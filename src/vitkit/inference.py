@@ -21,9 +21,10 @@ updates the class token only).
   (`torch.ops.vitkit.int8_block` or `int8_block_vnni`, its attention on the fastest kernel here;
   `VITKIT_KERNELS=0` turns it off; without it, the attention matrices are bf16 on CPUs with native bf16).
   With one scale per tensor an image's int8 scales depend on the other images of its call, so its logits
-  change slightly with the batch; vitkit's own products scale each token on its own. The patch
-  projection, the LayerNorms and the classifier stay fp32. The function changes slightly: the Fashion-MNIST
-  test set keeps >= 99 % of its fp32 top-1 predictions (benchmarks/bench_inference.py).
+  change slightly with the batch; vitkit's own products scale each token on its own, and there the patch
+  projection is int8 too (each patch with its own scale). The LayerNorms and the classifier stay fp32. The
+  function changes slightly: the Fashion-MNIST test set keeps >= 99 % of its fp32 top-1 predictions
+  (benchmarks/bench_inference.py).
 - "bf16": the weights in bfloat16, inputs cast on the way in and logits cast back to fp32; for GPUs, and for
   CPUs with native bf16 (AVX512-BF16, AMX), where the blocks are FusedBlocks and every linear layer a bf16
   PackedLinear (GELU and the residual adds fused in, as in fp32), the LayerNorms run on vitkit's bf16 kernel
@@ -174,7 +175,7 @@ def optimize(model: nn.Module, precision: Precision = "fp32", compile: CompileMo
     elif precision == "int8":
         quantize_linears_int8(fuse_blocks(out))
         if onednn_packing_available():
-            pack_linears(out)  # what stays fp32: the patch projection, the classifier
+            pack_linears(out)  # what stays fp32: the classifier (and the patch projection, but on VNNI)
     elif precision == "bf16" and pack:
         # the blocks fused while fp32 (FusedBlock derives its few-query layers from the fp32 weights), then
         # every linear layer packed in bf16, the blocks readied for the bf16 block operator, the LayerNorms on

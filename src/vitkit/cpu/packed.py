@@ -33,10 +33,10 @@ NOT_SAVED = ("a model from vitkit.optimize has no state dict and cannot be pickl
 
 class Unsaved(nn.Module):
     """A layer of optimize's output whose weights live in an opaque packed form, outside its parameters: a
-    state dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED); and `.to()`,
-    `.double()`, `.half()`, `.cuda()` would convert the model around them, which then fails at its first call,
-    so a conversion to anything but the layer's dtype (`dtype`, fp32 unless set) on the CPU raises
-    TypeError at once."""
+    state dict or a pickle of it would silently lack them, so both raise TypeError(NOT_SAVED), and a deep copy
+    raises TypeError too; `.to()`, `.double()`, `.half()`, `.cuda()` would convert the model around them,
+    which then fails at its first call, so a conversion to anything but the layer's dtype (`dtype`, fp32
+    unless set) on the CPU raises TypeError at once."""
 
     dtype: torch.dtype = torch.float32
 
@@ -45,6 +45,10 @@ class Unsaved(nn.Module):
 
     def __getstate__(self):
         raise TypeError(NOT_SAVED)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("a model from vitkit.optimize cannot be copied (its packed or int8 weights are "
+                        "opaque): call vitkit.optimize again on the original model")
 
     def _apply(self, fn, recurse=True):
         probe = fn(torch.zeros(1, dtype=self.dtype))  # what the conversion makes of a CPU tensor of ours
@@ -139,10 +143,6 @@ class PackedLinear(Unsaved):
         if engine == "gemm":
             return self._gemm(x, residual)
         return onednn_linear_add(x, residual, self.packed_weight, self.bias)
-
-    def __deepcopy__(self, memo):
-        raise TypeError("a model from vitkit.optimize cannot be copied (its oneDNN-packed weights are "
-                        "opaque): call vitkit.optimize again on the original model")
 
     def extra_repr(self) -> str:
         act = f", activation=gelu({self.approximate})" if self.activation == "gelu" else ""
