@@ -54,16 +54,19 @@ def reference_linear(layer: DynamicInt8Linear, x: torch.Tensor) -> torch.Tensor:
     return ((q.double() @ w.T) * s.double() * sb + bias).float()
 
 
-def reference_block(block, x: torch.Tensor) -> torch.Tensor:
+def reference_block(block, x: torch.Tensor, attention: str = "vitkit") -> torch.Tensor:
     """Eq. 2 and 3 with every product as reference_linear computes it, the attention on vitkit's fp32
-    kernel."""
+    kernel, or with "vitkit-bf16" on its bf16 tiles from the projection rounded to bf16."""
     assert build.attention_available(), "the attention operator did not build (see the warning)"
     B, T, D = x.shape
     rows = x.reshape(B * T, D)
     qkv = reference_linear(block.attn.qkv, F.layer_norm(rows, (D,), block.norm1.weight, block.norm1.bias,
-                                                         block.norm1.eps))
-    y = torch.ops.vitkit.attention_forward(qkv.view(B, T, 3 * D), block.attn.num_heads, block.attn.scale,
-                                           False)[0].reshape(B * T, D)
+                                                         block.norm1.eps)).view(B, T, 3 * D)
+    heads, scale = block.attn.num_heads, block.attn.scale
+    if attention == "vitkit-bf16":
+        y = torch.ops.vitkit.attention_forward_bf16(qkv.bfloat16().float(), heads, scale).reshape(B * T, D)
+    else:
+        y = torch.ops.vitkit.attention_forward(qkv, heads, scale, False)[0].reshape(B * T, D)
     x2 = reference_linear(block.attn.proj, y) + rows
     h = reference_linear(block.mlp.fc1, F.layer_norm(x2, (D,), block.norm2.weight, block.norm2.bias,
                                                       block.norm2.eps))
@@ -102,9 +105,13 @@ def test_one_layer_computes_the_per_row_quantisation(rows, shape, threads):
 
 
 @needs_vnni
+@pytest.mark.parametrize("attention", ["vitkit", "vitkit-bf16"])
 @pytest.mark.parametrize("gelu", ["exact", "tanh"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_the_block_on_vnni_products_computes_eq_2_and_3(gelu, batch, threads):
+def test_the_block_on_vnni_products_computes_eq_2_and_3(attention, gelu, batch, threads):
+    """With the attention in fp32, and in bf16 on the q;k;v projection the product writes in bf16."""
+    if attention == "vitkit-bf16" and not bf16_tiles_apply(16):
+        pytest.skip("vitkit's bf16 attention tiles need AVX512-BF16")
     threads(2)
     torch.manual_seed(batch)
     q = optimize(tiny_model(gelu=gelu), "int8")
@@ -112,9 +119,26 @@ def test_the_block_on_vnni_products_computes_eq_2_and_3(gelu, batch, threads):
     for block in q.blocks:
         assert block.int8_kernel and block_on_vnni(block)
         with torch.inference_mode():
-            out = int8_block(block, x, attention="vitkit")
-            ref = reference_block(block, x)
+            out = int8_block(block, x, attention=attention)
+            ref = reference_block(block, x, attention)
         close_but_for_a_rounding(out, ref, atol=2e-2)
+
+
+@needs_vnni
+@pytest.mark.parametrize("attention", ["vitkit", "vitkit-bf16"])
+def test_a_nan_in_an_image_stays_in_that_image(attention):
+    """A NaN token makes its image's outputs NaN through the attention (its projection's NaN kept when rounded
+    to bf16), and leaves the other images as they are."""
+    if attention == "vitkit-bf16" and not bf16_tiles_apply(16):
+        pytest.skip("vitkit's bf16 attention tiles need AVX512-BF16")
+    block = optimize(tiny_model(), "int8").blocks[0]
+    x = torch.randn(3, 17, 64)
+    with torch.inference_mode():
+        clean = int8_block(block, x, attention=attention)
+        x[1, 5, 7] = float("nan")
+        out = int8_block(block, x, attention=attention)
+    assert out[1].isnan().all()
+    assert torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2])
 
 
 @needs_vnni

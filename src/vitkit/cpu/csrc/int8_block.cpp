@@ -10,7 +10,7 @@
 // int8_block_vnni is the same block on vitkit's own int8 products (int8_gemm.h, CPUs with AVX512-VNNI): each
 // row quantised on its own (one symmetric scale per token, so the result does not depend on the cut), the bias
 // and the residual added in the product's tile, the projection's output written straight where the next step
-// reads it. int8_vnni_pack and int8_vnni_linear pack a weight for it and run one such product.
+// reads it (the q;k;v projection in bf16 for the "vitkit-bf16" attention, which reads it in place). int8_vnni_pack and int8_vnni_linear pack a weight for it and run one such product.
 
 #include <ATen/Parallel.h>
 #include <ATen/native/quantized/PackedParams.h>
@@ -129,10 +129,10 @@ VnniWeight vnni_weight(const at::Tensor& packed, const at::Tensor& colsum, const
 
 // The products of rows [r0, r1), already quantised into q (stride ldq) with scales sa (both indexed by row
 // number), through layer w into c (stride ldc), with epilogue E (a residual from res, stride ldr).
-template <vitkit_i8::Epilogue E>
+template <vitkit_i8::Epilogue E, typename Out = float>
 void vnni_product(const VnniWeight& w, const uint8_t* q, int64_t ldq, const float* sa, int64_t r0, int64_t r1,
-                  float* c, int64_t ldc, const float* res = nullptr, int64_t ldr = 0) {
-  vitkit_i8::gemm<E>(q + r0 * ldq, ldq, r1 - r0, vitkit_i8::padded_k(w.in), sa + r0, w.packed, w.colsum, w.scale,
+                  Out* c, int64_t ldc, const float* res = nullptr, int64_t ldr = 0) {
+  vitkit_i8::gemm<E, Out>(q + r0 * ldq, ldq, r1 - r0, vitkit_i8::padded_k(w.in), sa + r0, w.packed, w.colsum, w.scale,
                      w.bias, w.out, c + r0 * ldc, ldc, res ? res + r0 * ldr : nullptr, ldr);
 }
 
@@ -202,9 +202,12 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == D,
                 "int8_block_vnni: the LayerNorms' weights and biases must be ", D, " contiguous fp32 values");
   const bool bf16_heads = attention == "sdpa-bf16", tanh = gelu_approximate == "tanh";
+  // vitkit's bf16 tiles read the projection in bf16, written so by the product (half the bytes, k read in
+  // place); SDPA's bf16 kernel reads a copy
+  const bool own_bf16 = attention == "vitkit-bf16";
   const at::Tensor tokens = x.view({rows, D});
   at::Tensor out = at::empty_like(x);
-  const at::Tensor qkv_rows = at::empty({rows, 3 * D}, x.options());
+  const at::Tensor qkv_rows = at::empty({rows, 3 * D}, x.options().dtype(own_bf16 ? at::kBFloat16 : at::kFloat));
   const at::Tensor qkv_bf16 = bf16_heads ? at::empty({rows, 3 * D}, x.options().dtype(at::kBFloat16)) : at::Tensor();
   const at::Tensor merged = at::empty({B, T, heads, D / heads}, x.options());
   const at::Tensor hidden_rows = at::empty({rows, hidden}, x.options());
@@ -213,7 +216,9 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
   const at::Tensor sa = at::empty({rows}, x.options());
   uint8_t* qp = q.mutable_data_ptr<uint8_t>();
   float* sp = sa.mutable_data_ptr<float>();
-  float *outp = out.mutable_data_ptr<float>(), *qkvp = qkv_rows.mutable_data_ptr<float>();
+  float* outp = out.mutable_data_ptr<float>();
+  float* qkvp = own_bf16 ? nullptr : qkv_rows.mutable_data_ptr<float>();
+  uint16_t* qkvb = own_bf16 ? reinterpret_cast<uint16_t*>(qkv_rows.mutable_data_ptr<at::BFloat16>()) : nullptr;
   float *mp = merged.mutable_data_ptr<float>(), *hp = hidden_rows.mutable_data_ptr<float>();
   const float* xp = tokens.const_data_ptr<float>();
   const float *n1w = ln1_weight.const_data_ptr<float>(), *n1b = ln1_bias.const_data_ptr<float>();
@@ -229,14 +234,19 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
         std::vector<float> row(D);
         vitkit_i8::layer_norm_quantize_rows(xp + r0 * D, D, r1 - r0, D, n1w, n1b, static_cast<float>(ln1_eps),
                                             row.data(), qp + r0 * ldq, ldq, sp + r0);
-        vnni_product<Epilogue::kStore>(qkv, qp, ldq, sp, r0, r1, qkvp, 3 * D);
+        if (own_bf16) {
+          vnni_product<Epilogue::kStore>(qkv, qp, ldq, sp, r0, r1, qkvb, 3 * D);
+        } else {
+          vnni_product<Epilogue::kStore>(qkv, qp, ldq, sp, r0, r1, qkvp, 3 * D);
+        }
         if (bf16_heads) qkv_bf16.slice(0, r0, r1).copy_(qkv_rows.slice(0, r0, r1));
       },
       [&](int64_t p0, int64_t p1) {
         if (attention == "vitkit") {
           attention_pairs(qkvp, T, D, heads, p0, p1, static_cast<float>(scale), mp);
-        } else if (attention == "vitkit-bf16") {
-          attention_pairs_bf16(qkvp, T, D, heads, p0, p1, static_cast<float>(scale), mp);
+        } else if (own_bf16) {
+          attention_pairs_bf16(static_cast<const uint16_t*>(qkvb), T, D, heads, p0, p1, static_cast<float>(scale),
+                               mp);
         } else {
           vitkit::attend_pairs((bf16_heads ? qkv_bf16 : qkv_rows).view({B, T, 3, heads, D / heads}), p0, p1, scale,
                                merged);

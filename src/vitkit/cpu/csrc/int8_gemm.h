@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "avx512_math.h"
 
@@ -101,11 +102,22 @@ VITKIT_VNNI inline void dot4(__m512i& acc, __m512i x, __m512i w) {
 // What a tile writes: y, y plus a residual read from `res`, or GELU(y) (exact, or its tanh approximation).
 enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
 
+// The masked lanes of 16 floats at p, as they are, or rounded to bf16 (to nearest even, NaN kept a quiet NaN; in
+// integer arithmetic, for CPUs with VNNI and without AVX512-BF16's conversion).
+VITKIT_VNNI inline void store(float* p, __mmask16 t, __m512 y) { _mm512_mask_storeu_ps(p, t, y); }
+VITKIT_VNNI inline void store(uint16_t* p, __mmask16 t, __m512 y) {
+  const __m512i u = _mm512_castps_si512(y);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(p, t, _mm512_cvtepi32_epi16(h));
+}
+
 // One R x NR tile (ncols <= NR of its columns stored): c[m][n] = (sum_k q[m][k] w[n][k] - 128 colsum[n]) sa[m]
-// sb[n] + bias[n] (+ res[m][n]); q holds x / sa + 128.
-template <int R, Epilogue E>
+// sb[n] + bias[n] (+ res[m][n]), fp32 or rounded to bf16 (Out = uint16_t); q holds x / sa + 128.
+template <int R, Epilogue E, typename Out>
 VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int64_t kg, const int32_t* colsum,
-                             const float* sa, const float* sb, const float* bias, float* c, int64_t ldc,
+                             const float* sa, const float* sb, const float* bias, Out* c, int64_t ldc,
                              const float* res, int64_t ldr, int64_t ncols) {
   __m512i c00 = _mm512_setzero_si512(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
           c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00,
@@ -150,7 +162,7 @@ VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int
     __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(x, cs)), _mm512_mul_ps(w, s), bb); \
     if constexpr (E == Epilogue::kResidual)                                                           \
       y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(t, res + r * ldr + n0));                             \
-    _mm512_mask_storeu_ps(c + r * ldc + n0, t, y);                                                    \
+    store(c + r * ldc + n0, t, y);                                                                    \
   }
 #define VK_OUT(r, x0, x1, x2, x3)                   \
   if constexpr (R > r) {                            \
@@ -165,6 +177,7 @@ VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int
 #undef VK_ONE
 #undef VK_ROWS
   if constexpr (E == Epilogue::kGelu || E == Epilogue::kGeluTanh) {  // over the tile just stored, in L1
+    static_assert(std::is_same_v<Out, float>, "GELU's tiles are fp32");
     for (int r = 0; r < R; ++r) {
       for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
         const __mmask16 t = mask(n0);
@@ -176,10 +189,10 @@ VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int
 }
 
 // c (M, N) = the products of the quantised rows q (M rows of Kp bytes, stride lda) with the packed weight,
-// on the calling thread.
-template <Epilogue E>
+// on the calling thread; c fp32, or bf16 (Out = uint16_t).
+template <Epilogue E, typename Out = float>
 VITKIT_VNNI void gemm(const uint8_t* q, int64_t lda, int64_t M, int64_t Kp, const float* sa, const int8_t* packed,
-                      const int32_t* colsum, const float* sb, const float* bias, int64_t N, float* c, int64_t ldc,
+                      const int32_t* colsum, const float* sb, const float* bias, int64_t N, Out* c, int64_t ldc,
                       const float* res, int64_t ldr) {
   const int64_t kg = Kp / 4;
   for (int64_t n0 = 0; n0 < N; n0 += NR) {
@@ -188,12 +201,12 @@ VITKIT_VNNI void gemm(const uint8_t* q, int64_t lda, int64_t M, int64_t Kp, cons
     const float* bn = bias ? bias + n0 : nullptr;
     int64_t m = 0;
     for (; m + MR <= M; m += MR)
-      tile<MR, E>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,
+      tile<MR, E, Out>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,
                   res ? res + m * ldr + n0 : nullptr, ldr, nc);
     const int64_t left = M - m;
 #define VK_TAIL(R)                                                                                           \
   if (left == R)                                                                                             \
-    tile<R, E>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,         \
+    tile<R, E, Out>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,         \
                res ? res + m * ldr + n0 : nullptr, ldr, nc);
     VK_TAIL(1) VK_TAIL(2) VK_TAIL(3) VK_TAIL(4) VK_TAIL(5)
 #undef VK_TAIL
