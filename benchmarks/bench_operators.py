@@ -12,7 +12,9 @@ fresh random order; the ratio is paired (the median over rounds of the time with
   inference of ViT-S/16 and ViT-B/16 at batch 1 and 16, against the same int8 model run operator by operator;
 - the fp32 block operator (`torch.ops.vitkit.fp32_block`, vitkit.cpu.fp32_block; AVX-512 CPUs):
   `vitkit.optimize(model, "fp32")` inference of ViT-S/16 and ViT-B/16 at batch 1 and 16, against the same
-  model's blocks run layer by layer.
+  model's blocks run layer by layer;
+- the bf16 block operator (`torch.ops.vitkit.bf16_block`, vitkit.cpu.bf16_block; CPUs with AVX512-BF16): the
+  same with `vitkit.optimize(model, "bf16")`.
 
 An operator stays in vitkit where it buys at least 5 % of one of these figures on one of the CPU kinds vitkit
 runs on (docs/speed.md). Run:
@@ -20,7 +22,8 @@ runs on (docs/speed.md). Run:
     .venv/bin/python benchmarks/bench_operators.py --threads 2 \
         --json benchmarks/results/operators_CPU_DATE.json
 
-(`--operator fp32_block` measures one operator's cells alone.)
+(`--operator fp32_block` measures one operator's cells alone; the bf16 block's cells need a CPU with native
+bf16.)
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 import vitkit
 from vitkit.bench import build_vitkit, machine_info, write_json
 from vitkit.cpu.build import DISABLE_ENV
+from vitkit.cpu.hardware import cpu_has_native_bf16
 from vitkit.timing import interleaved_times, paired_ratio
 from vitkit.train.optim import build_optimizer
 
@@ -90,29 +94,36 @@ def inference_call(cfg, batch: int, precision: str, off: bool) -> Callable[[], N
     return call
 
 
+# the block operators: precision, the FusedBlock's operands, the CPU they need
+BLOCK_OPERATORS = {"fp32_block": ("fp32", "fp32_operands", "an AVX-512 CPU"),
+                   "bf16_block": ("bf16", "bf16_operands", "a CPU with AVX512-BF16")}
+
+
 @contextlib.contextmanager
-def layer_by_layer(off: bool):
-    """Within the block every FusedBlock runs its layers (`off`) or the fp32 block operator, whatever the
-    timing chose."""
+def layer_by_layer(operator: str, off: bool):
+    """Within the block every FusedBlock runs its layers (`off`) or the block operator (fp32_block or
+    bf16_block), whatever the timing chose."""
     from vitkit.cpu import fused_block
 
-    chosen = fused_block.fp32_block_chosen
-    fused_block.fp32_block_chosen = lambda block, x: not off
+    name = f"{operator}_chosen"
+    chosen = getattr(fused_block, name)
+    setattr(fused_block, name, lambda block, x: not off)
     try:
         yield
     finally:
-        fused_block.fp32_block_chosen = chosen
+        setattr(fused_block, name, chosen)
 
 
-def fp32_block_call(cfg, batch: int, off: bool) -> Callable[[], None]:
+def block_operator_call(operator: str, cfg, batch: int, off: bool) -> Callable[[], None]:
+    precision, operands, cpu = BLOCK_OPERATORS[operator]
     torch.manual_seed(0)
-    fast = build_vitkit(cfg, "fp32")
-    if not any(getattr(b, "fp32_operands", None) is not None for b in fast.blocks):
-        raise SystemExit("the fp32 block operator does not run here (it needs an AVX-512 CPU)")
+    fast = build_vitkit(cfg, precision)
+    if not any(getattr(b, operands, None) is not None for b in fast.blocks):
+        raise SystemExit(f"the {operator} operator does not run here (it needs {cpu})")
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
 
     def call() -> None:
-        with layer_by_layer(off), torch.inference_mode():
+        with layer_by_layer(operator, off), torch.inference_mode():
             fast(x)
 
     return call
@@ -143,10 +154,13 @@ def cells(quick: bool):
         for b in (1, 16):
             out.append(("int8_block", f"optimize(int8) {cfg.name} b{b}",
                         lambda off, c=cfg, b=b: inference_call(c, b, "int8", off)))
-    for cfg in (vit_s,) if quick else (vit_s, vit_b):
-        for b in (1, 16):
-            out.append(("fp32_block", f"optimize(fp32) {cfg.name} b{b}",
-                        lambda off, c=cfg, b=b: fp32_block_call(c, b, off)))
+    for operator, (precision, _, _) in BLOCK_OPERATORS.items():
+        if precision == "bf16" and not cpu_has_native_bf16():
+            continue
+        for cfg in (vit_s,) if quick else (vit_s, vit_b):
+            for b in (1, 16):
+                out.append((operator, f"optimize({precision}) {cfg.name} b{b}",
+                            lambda off, o=operator, c=cfg, b=b: block_operator_call(o, c, b, off)))
     return out
 
 
@@ -155,8 +169,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--repeats", type=int, default=10, help="interleaved rounds per cell")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of each contender first")
-    p.add_argument("--quick", action="store_true", help="ViT-S/16 only for int8 and the fp32 block, 4 rounds")
-    p.add_argument("--operator", default=None, choices=("attention", "int8_block", "fp32_block"),
+    p.add_argument("--quick", action="store_true",
+                   help="ViT-S/16 only for int8 and the block operators, 4 rounds")
+    p.add_argument("--operator", default=None, choices=("attention", "int8_block", *BLOCK_OPERATORS),
                    help="measure this operator's cells only")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
