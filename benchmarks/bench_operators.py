@@ -181,9 +181,11 @@ def main() -> None:
     repeats = 4 if args.quick else args.repeats
     rng = random.Random(0)
     rows = []
-    for operator, label, build in cells(args.quick):
-        if args.operator and operator != args.operator:
-            continue
+    todo = [cell for cell in cells(args.quick) if not args.operator or cell[0] == args.operator]
+    if not todo:
+        raise SystemExit(f"the {args.operator} operator does not run here (it needs "
+                         f"{BLOCK_OPERATORS[args.operator][2]})")
+    for operator, label, build in todo:
         ms, ratio = paired({"with": build(False), "without": build(True)}, repeats, args.warmup, rng)
         rows.append({"operator": operator, "cell": label, "ms_with": ms["with"], "ms_without": ms["without"],
                      "speedup": ratio})

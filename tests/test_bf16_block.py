@@ -11,7 +11,7 @@ from test_fp32_block import reference
 from test_optimize import tiny_model
 from vitkit.cpu import autotune, build
 from vitkit.cpu import fused_block as fused_block_module
-from vitkit.cpu.bf16_block import bf16_block, bf16_block_eligible
+from vitkit.cpu.bf16_block import bf16_block
 from vitkit.cpu.hardware import cpu_flags, cpu_isa
 from vitkit.cpu.private import onednn_packing_available
 from vitkit.inference import optimize
@@ -124,13 +124,14 @@ def test_blocks_the_operator_does_not_compute_keep_their_layers():
     assert all(b.bf16_operands is None for b in optimize(tiny_model(num_heads=8), "bf16").blocks)
     assert all(b.bf16_operands is None for b in optimize(tiny_model(mlp_dim=96), "bf16").blocks)
     fast = optimize(tiny_model(), "bf16")
-    assert all(bf16_block_eligible(b) is False for b in fast.blocks)  # its LayerNorms are vitkit's now
     x = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
         assert operators_called(lambda: fast.forward_features(x, return_attention=True),
                                 "vitkit::bf16_block") == set()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert not fused_block_module.bf16_block_chosen(fast.blocks[0], torch.randn(2, 17, 64).bfloat16())
+    tokens = torch.randn(2, 17, 64).bfloat16().requires_grad_()
+    assert not fused_block_module.bf16_block_chosen(fast.blocks[0], tokens)  # gradients wanted
     seen = []  # a hook on a layer the operator would skip: the block runs its layers, and the hook fires
     handle = fast.blocks[0].mlp.fc1.register_forward_hook(lambda *args: seen.append(1))
     with torch.inference_mode():
@@ -138,6 +139,22 @@ def test_blocks_the_operator_does_not_compute_keep_their_layers():
         fast(x)
     handle.remove()
     assert seen == [1]
+
+
+@needs_bf16_block
+def test_the_model_under_autocast_and_strided_tokens(threads):
+    """A bf16 model called under CPU autocast runs as without it; tokens that are not contiguous give what
+    their contiguous copy gives."""
+    threads(2)
+    fast = optimize(tiny_model(), "bf16")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        want = fast(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.testing.assert_close(fast(x), want, rtol=0, atol=0)
+        tokens = torch.randn(2, 64, 17).bfloat16().transpose(1, 2)
+        block = fast.blocks[0]
+        assert torch.equal(bf16_block(block, tokens), bf16_block(block, tokens.contiguous()))
 
 
 @needs_bf16_block
@@ -162,6 +179,10 @@ def test_the_operators_refuse_what_does_not_fit():
         torch.ops.vitkit.bf16_block(x, *args, packed, biases, 8, 0.25, "none", 2)
     with pytest.raises(RuntimeError, match="expected bf16 tokens"):
         torch.ops.vitkit.bf16_block(x.float(), *args, packed, biases, 4, 0.25, "none", 2)
+    shifted = torch.empty(packed[0].numel() + 32, dtype=torch.bfloat16)[1:1 + packed[0].numel()]
+    with pytest.raises(RuntimeError, match="not 64-byte aligned"):
+        torch.ops.vitkit.bf16_block(x, *args, [shifted.view(packed[0].shape), *packed[1:]], biases, 4, 0.25,
+                                    "none", 2)
     with pytest.raises(RuntimeError, match="LayerNorms' weights"):
         torch.ops.vitkit.bf16_block(x, *(a.bfloat16() if isinstance(a, torch.Tensor) else a for a in args),
                                     packed, biases, 4, 0.25, "none", 2)

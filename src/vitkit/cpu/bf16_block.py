@@ -4,8 +4,8 @@
 eq. 2 and 3 for every token in one parallel region, on vitkit's own bf16 products (csrc/bf16_gemm.h: the
 weights packed once into panels of 64 columns in pairs for vdpbf16ps, sums in fp32, the bias, the residual
 adds and GELU applied in the product's tile), the bf16 LayerNorm kernel and the attention's bf16 tiles. It
-rounds to bf16 wherever the layers do (each product's and LayerNorm's output), so it computes what the bf16
-layers compute up to the order of the fp32 sums; the result does not depend on the number of threads.
+rounds to bf16 where the layers' fused products and LayerNorms do, so it computes what the bf16 layers compute
+up to the order of the fp32 sums; the result does not depend on the number of threads.
 `vitkit.cpu.convert.bf16_block_operators` readies a model's FusedBlocks for it (a copy of each weight in the
 operator's layout, beside the PackedLinear's); each call's shape takes the operator or the layers, whichever
 is faster here (vitkit.cpu.autotune; with tuning off, the operator).
@@ -38,7 +38,8 @@ Operands = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
 
 def bf16_block_operands(block: nn.Module) -> Operands:
     """The operator's weights (each packed by `bf16_block_pack`), biases (fp32, empty where none) of an
-    eligible block's four layers, and its LayerNorms' gains and biases in fp32 (exact: bf16 widens)."""
+    eligible block's four layers, and its LayerNorms' gains and biases in fp32 (exact: bf16 widens): copies,
+    as the packed layers' weights are, made once for optimize's output, which is not meant to be edited."""
     layers = block_linears(block)
     packed = [torch.ops.vitkit.bf16_block_pack(lin.plain_weight) for lin in layers]
     biases = [torch.empty(0) if lin.bias is None else lin.bias.float() for lin in layers]

@@ -82,7 +82,10 @@ def operator_chosen(block: nn.Module, x: torch.Tensor, name: str,
                     operator: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> bool:
     """Whether `operator` computes this call of `block` rather than its layers: no hook on the modules it
     would skip, and the faster here for tokens of the shape and dtype of `x` (vitkit.cpu.autotune, under
-    `name`), the operator by default."""
+    `name`), the operator by default. Never where gradients are wanted for `x`: the operator has no
+    backward."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return False
     if hooked(block.norm1, block.norm2, *block_linears(block)):
         return False
     B, T, D = x.shape

@@ -100,10 +100,10 @@ class FusedBlock(Block):
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None,
                 stream: torch.Tensor | None = None):
         if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # The packed and int8 layers compute in fp32 only: as an fp32 model's own kernels would, the block
-            # ignores autocast (which would hand them bf16 attention outputs).
+            # The packed and int8 layers compute in their own dtype (fp32, or a bf16 model's bf16): as a
+            # model's own kernels would, the block ignores autocast (which would hand them other dtypes).
             with torch.autocast("cpu", enabled=False):
-                return self.forward(x.float(), return_attention, queries, stream)
+                return self.forward(x.to(self.layers_dtype()), return_attention, queries, stream)
         if return_attention or self.training:
             return super().forward(x, return_attention, queries, stream)
         if self.int8_kernel and queries is None:
@@ -113,6 +113,11 @@ class FusedBlock(Block):
         if self.bf16_operands is not None and queries is None and bf16_block_chosen(self, x):
             return bf16_block(self, x), None
         return self.forward_layers(x, queries), None
+
+    def layers_dtype(self) -> torch.dtype:
+        """The dtype the block's layers compute in: a packed layer's own (bf16 in a bf16 model), else fp32."""
+        qkv = self.attn.qkv
+        return qkv.dtype if isinstance(getattr(qkv, "dtype", None), torch.dtype) else qkv.weight.dtype
 
     def forward_layers(self, x: torch.Tensor, queries: int | None = None) -> torch.Tensor:
         """The block's output for inference, layer by layer (the class docstring's fusions): eq. 2 and 3 for

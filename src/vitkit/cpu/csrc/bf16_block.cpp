@@ -5,9 +5,10 @@
 // (layer_norm_bf16.h, the kernel of the bf16 model's LayerNorms) and the q;k;v product, the (image, head) pairs
 // through the attention (attention_bf16.h, reading the bf16 projection in place), and its rows again through
 // the projection with the residual added in the tile, LayerNorm 2, fc1 with GELU in the tile and fc2 with the
-// residual, in blocks of ~48 rows so that the hidden activations stay in L2. Every value the layers would
-// round to bf16 is rounded here too (each product's output with its bias, residual and GELU, each LayerNorm's
-// output), so the block computes what the bf16 model's layers do, up to the order of the fp32 sums. Every
+// residual, in blocks of ~48 rows so that the hidden activations stay in L2. Every value the layers' fused
+// products round to bf16 is rounded here too (each product's output with its bias, residual and GELU, each
+// LayerNorm's output), so the block computes what the bf16 model's layers do, up to the order of the fp32
+// sums. Every
 // output is computed by one thread in one order, whatever `shares` is: the result does not depend on it.
 // bf16_block_pack packs a weight for it.
 
@@ -101,6 +102,7 @@ at::Tensor bf16_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
                 "bf16_block: the LayerNorms' weights and biases must be ", D, " contiguous fp32 values");
   const int64_t hidden = fc1.out;
   at::Tensor out = at::empty_like(x);
+  if (rows == 0) return out;  // no tokens (B or T zero): nothing to compute
   const at::Tensor normed = at::empty({rows, D}, x.options());  // LN1's, then LN2's output
   const at::Tensor qkv_rows = at::empty({rows, 3 * D}, x.options());
   const at::Tensor merged = at::empty({rows, D}, x.options());

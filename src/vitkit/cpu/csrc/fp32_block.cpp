@@ -95,6 +95,7 @@ at::Tensor fp32_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
                 "fp32_block: the LayerNorms' weights and biases must be ", D, " contiguous fp32 values");
   const int64_t hidden = fc1.out;
   at::Tensor out = at::empty_like(x);
+  if (rows == 0) return out;  // no tokens (B or T zero): nothing to compute
   const at::Tensor normed = at::empty({rows, D}, x.options());  // LN1's, then LN2's output
   const at::Tensor qkv_rows = at::empty({rows, 3 * D}, x.options());
   const at::Tensor merged = at::empty({rows, D}, x.options());

@@ -10,7 +10,8 @@
 // int8_block_vnni is the same block on vitkit's own int8 products (int8_gemm.h, CPUs with AVX512-VNNI): each
 // row quantised on its own (one symmetric scale per token, so the result does not depend on the cut), the bias
 // and the residual added in the product's tile, the projection's output written straight where the next step
-// reads it (the q;k;v projection in bf16 for the "vitkit-bf16" attention, which reads it in place). int8_vnni_pack and int8_vnni_linear pack a weight for it and run one such product.
+// reads it (in bf16 for the "vitkit-bf16" attention, which reads it in place). int8_vnni_pack and
+// int8_vnni_linear pack a weight for it and run one such product.
 
 #include <ATen/Parallel.h>
 #include <ATen/native/quantized/PackedParams.h>
@@ -43,6 +44,7 @@ at::Tensor int8_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
               "heads of 16 to 128 dims in multiples of 16, got ", D / heads);
   const at::Tensor tokens = x.view({B * T, D});
   at::Tensor out = at::empty_like(x);
+  if (B * T == 0) return out;  // no tokens (B or T zero): nothing to compute
   const at::Tensor out_rows = out.view({B * T, D});
   // the q;k;v projection's output in the attention's dtype, read per head in place
   const at::Tensor qkv_rows =
@@ -207,6 +209,7 @@ at::Tensor int8_block_vnni(const at::Tensor& x_in, const at::Tensor& ln1_weight,
   const bool own_bf16 = attention == "vitkit-bf16";
   const at::Tensor tokens = x.view({rows, D});
   at::Tensor out = at::empty_like(x);
+  if (rows == 0) return out;  // no tokens (B or T zero): nothing to compute
   const at::Tensor qkv_rows = at::empty({rows, 3 * D}, x.options().dtype(own_bf16 ? at::kBFloat16 : at::kFloat));
   const at::Tensor qkv_bf16 = bf16_heads ? at::empty({rows, 3 * D}, x.options().dtype(at::kBFloat16)) : at::Tensor();
   const at::Tensor merged = at::empty({B, T, heads, D / heads}, x.options());

@@ -102,8 +102,8 @@ VITKIT_VNNI inline void dot4(__m512i& acc, __m512i x, __m512i w) {
 // What a tile writes: y, y plus a residual read from `res`, or GELU(y) (exact, or its tanh approximation).
 enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
 
-// The masked lanes of 16 floats at p, as they are, or rounded to bf16 (to nearest even, NaN kept a quiet NaN; in
-// integer arithmetic, for CPUs with VNNI and without AVX512-BF16's conversion).
+// The masked lanes of 16 floats at p, as they are, or rounded to bf16 (to nearest even, a NaN stored as the quiet
+// NaN 0x7FC0) in integer arithmetic: this code is compiled for VNNI, whose CPUs need not have AVX512-BF16.
 VITKIT_VNNI inline void store(float* p, __mmask16 t, __m512 y) { _mm512_mask_storeu_ps(p, t, y); }
 VITKIT_VNNI inline void store(uint16_t* p, __mmask16 t, __m512 y) {
   const __m512i u = _mm512_castps_si512(y);
@@ -202,12 +202,12 @@ VITKIT_VNNI void gemm(const uint8_t* q, int64_t lda, int64_t M, int64_t Kp, cons
     int64_t m = 0;
     for (; m + MR <= M; m += MR)
       tile<MR, E, Out>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,
-                  res ? res + m * ldr + n0 : nullptr, ldr, nc);
+                       res ? res + m * ldr + n0 : nullptr, ldr, nc);
     const int64_t left = M - m;
 #define VK_TAIL(R)                                                                                           \
   if (left == R)                                                                                             \
-    tile<R, E, Out>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,         \
-               res ? res + m * ldr + n0 : nullptr, ldr, nc);
+    tile<R, E, Out>(q + m * lda, lda, panel, kg, colsum + n0, sa + m, sb + n0, bn, c + m * ldc + n0, ldc,    \
+                    res ? res + m * ldr + n0 : nullptr, ldr, nc);
     VK_TAIL(1) VK_TAIL(2) VK_TAIL(3) VK_TAIL(4) VK_TAIL(5)
 #undef VK_TAIL
   }
