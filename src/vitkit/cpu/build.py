@@ -177,8 +177,8 @@ def int8_vnni_available() -> bool:
 def _fp32_block_built() -> bool:
     """The fp32 block operator, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_fp32_block", [CSRC / "fp32_block.cpp"], "fp32_block",
-                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "vector_math.h",
-                           CSRC / "fp32_gemm.h", CSRC / "avx512_math.h"])
+                          [CSRC / "block_region.h", CSRC / "block_operator.h", CSRC / "attention_kernels.h",
+                           CSRC / "vector_math.h", CSRC / "fp32_gemm.h", CSRC / "avx512_math.h"])
 
 
 def fp32_block_available() -> bool:
@@ -193,9 +193,9 @@ def fp32_block_available() -> bool:
 def _bf16_block_built() -> bool:
     """The bf16 block operator, built and loaded once per process (so a failure warns once)."""
     return build_operator("vitkit_bf16_block", [CSRC / "bf16_block.cpp"], "bf16_block",
-                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "attention_bf16.h",
-                           CSRC / "vector_math.h", CSRC / "bf16_gemm.h", CSRC / "avx512_math.h",
-                           CSRC / "layer_norm_bf16.h"])
+                          [CSRC / "block_region.h", CSRC / "block_operator.h", CSRC / "attention_kernels.h",
+                           CSRC / "attention_bf16.h", CSRC / "vector_math.h", CSRC / "bf16_gemm.h",
+                           CSRC / "avx512_math.h", CSRC / "layer_norm_bf16.h"])
 
 
 def bf16_block_available() -> bool:

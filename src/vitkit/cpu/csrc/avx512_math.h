@@ -12,6 +12,10 @@
 
 namespace vitkit_avx512 {
 
+// What a product's tile writes (fp32_gemm.h, bf16_gemm.h, int8_gemm.h): y, y plus a residual read from `res`,
+// or GELU(y) (exact, or its tanh approximation).
+enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
+
 // exp(x), x clamped to [-87, 87]: Cephes' polynomial on x - n ln 2 times 2^n (vector_math.h's, in AVX-512).
 VITKIT_AVX512F inline __m512 exp512(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(87.f));

@@ -33,8 +33,7 @@ inline void pack_weight(const uint16_t* w, int64_t N, int64_t K, uint16_t* packe
     for (int64_t k = 0; k < K; ++k) packed[(((n / NR) * (K / 2) + k / 2) * NR + n % NR) * 2 + k % 2] = w[n * K + k];
 }
 
-// What a tile writes: y, y plus a residual read from `res`, or GELU(y) (exact, or its tanh approximation).
-enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
+using vitkit_avx512::Epilogue;
 
 // acc += the pairs of x times the pairs of w.
 VITKIT_BF16_GEMM inline void dot2(__m512& acc, __m512i x, __m512i w) {

@@ -31,8 +31,7 @@ inline void pack_weight(const float* w, int64_t N, int64_t K, float* packed) {
     for (int64_t k = 0; k < K; ++k) packed[((n / NR) * K + k) * NR + n % NR] = w[n * K + k];
 }
 
-// What a tile writes: y, y plus a residual read from `res`, or GELU(y) (exact, or its tanh approximation).
-enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
+using vitkit_avx512::Epilogue;
 
 // One R x NR tile: c[m][n] = bias[n] + sum_k a[m][k] w[n][k], then the epilogue; res may be c itself (each
 // value is read before its own store). The panel b is 64-byte aligned.

@@ -99,8 +99,7 @@ VITKIT_VNNI inline void dot4(__m512i& acc, __m512i x, __m512i w) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
 }
 
-// What a tile writes: y, y plus a residual read from `res`, or GELU(y) (exact, or its tanh approximation).
-enum class Epilogue { kStore, kResidual, kGelu, kGeluTanh };
+using vitkit_avx512::Epilogue;
 
 // The masked lanes of 16 floats at p, as they are, or rounded to bf16 (to nearest even, a NaN stored as the quiet
 // NaN 0x7FC0) in integer arithmetic: this code is compiled for VNNI, whose CPUs need not have AVX512-BF16.
