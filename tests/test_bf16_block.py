@@ -61,21 +61,6 @@ def test_the_block_computes_what_its_bf16_layers_compute(gelu, batch, dim, heads
 
 
 @needs_bf16_block
-@pytest.mark.parametrize("tokens", [1, 5, 50, 197])
-def test_the_cut_into_shares_leaves_the_numbers_as_they_are(tokens, threads):
-    """Every output is computed by one thread in one order: 1, 2 and 3 shares, on 1 or 2 threads, give the
-    same bits (row counts around the 6-row tile and the MLP's 48-row blocks)."""
-    threads(2)
-    block = blocks_of("none")[0]
-    x = torch.randn(2, tokens, 64).bfloat16()
-    with torch.inference_mode():
-        outs = [bf16_block(block, x, shares) for shares in (1, 2, 3)]
-        threads(1)
-        outs.append(bf16_block(block, x, 2))
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-
-
-@needs_bf16_block
 def test_the_bf16_model_runs_its_blocks_on_the_operator(monkeypatch, threads):
     """optimize(model, "bf16") with AVX512-BF16: every block readied, the operator called for the blocks that
     compute every token (the class-token shortcut's last block keeps its layers), the logits within bf16
@@ -96,24 +81,6 @@ def test_the_bf16_model_runs_its_blocks_on_the_operator(monkeypatch, threads):
     with torch.inference_mode():
         assert operators_called(lambda: fast(x), "vitkit::bf16_block") == set()
         torch.testing.assert_close(fast(x), out, rtol=0, atol=2e-2 * scale)
-
-
-@needs_bf16_block
-def test_the_choice_is_timed_per_shape_and_the_operator_by_default(monkeypatch, tmp_path):
-    block = blocks_of("none")[0]
-    x = torch.randn(1, 17, 64).bfloat16()
-    monkeypatch.setenv(autotune.ENV, "0")
-    autotune.forget()
-    assert fused_block_module.bf16_block_chosen(block, x)
-    assert not fused_block_module.bf16_block_chosen(block, x.float())  # fp32 tokens: the layers say why
-    timed = {}
-    monkeypatch.setenv(autotune.ENV, "1")
-    monkeypatch.setattr(autotune, "time_candidates", lambda calls: timed.update(calls) or
-                        {"operator": 2.0, "layers": 1.0})
-    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path))
-    autotune.forget()
-    assert not fused_block_module.bf16_block_chosen(block, x) and set(timed) == {"operator", "layers"}
-    autotune.forget()
 
 
 @needs_bf16_block

@@ -77,21 +77,6 @@ def test_the_block_computes_eq_2_and_3(gelu, batch, dim, heads, mlp, qkv_bias, t
 
 
 @needs_fp32_block
-@pytest.mark.parametrize("tokens", [1, 5, 50, 197])
-def test_the_cut_into_shares_leaves_the_numbers_as_they_are(tokens, threads):
-    """Every output is computed by one thread in one order: 1, 2 and 3 shares, on 1 or 2 threads, give the
-    same bits (row counts around the 6-row tile and the MLP's 48-row blocks)."""
-    threads(2)
-    block = blocks_of("none")[0]
-    x = torch.randn(2, tokens, 64)
-    with torch.inference_mode():
-        outs = [fp32_block(block, x, shares) for shares in (1, 2, 3)]
-        threads(1)
-        outs.append(fp32_block(block, x, 2))
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-
-
-@needs_fp32_block
 def test_the_fp32_model_runs_its_blocks_on_the_operator(monkeypatch, threads):
     """optimize(model) on an AVX-512 CPU: every block readied, the operator called for the blocks that
     compute every token (the class-token shortcut's last block keeps its layers), the logits within 1e-5 of
@@ -111,23 +96,6 @@ def test_the_fp32_model_runs_its_blocks_on_the_operator(monkeypatch, threads):
     with torch.inference_mode():
         assert operators_called(lambda: fast(x), "vitkit::fp32_block") == set()
         torch.testing.assert_close(fast(x), out, rtol=0, atol=1e-6 * ref.abs().max().item())
-
-
-@needs_fp32_block
-def test_the_choice_is_timed_per_shape_and_the_operator_by_default(monkeypatch, tmp_path):
-    block = blocks_of("none")[0]
-    x = torch.randn(1, 17, 64)
-    monkeypatch.setenv(autotune.ENV, "0")
-    autotune.forget()
-    assert fused_block_module.fp32_block_chosen(block, x)
-    timed = {}
-    monkeypatch.setenv(autotune.ENV, "1")
-    monkeypatch.setattr(autotune, "time_candidates", lambda calls: timed.update(calls) or
-                        {"operator": 2.0, "layers": 1.0})
-    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path))
-    autotune.forget()
-    assert not fused_block_module.fp32_block_chosen(block, x) and set(timed) == {"operator", "layers"}
-    autotune.forget()
 
 
 @needs_fp32_block
