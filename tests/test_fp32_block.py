@@ -1,6 +1,6 @@
 """The fp32 block operator for AVX-512 CPUs (csrc/fp32_block.cpp, csrc/fp32_gemm.h): the block against eq. 2
-and 3 in float64, the same bits whatever the cut into shares, the fp32 model on it, where it gives way, and
-its refusals."""
+and 3 in float64, the fp32 model on it, where it gives way, and its refusals (what it shares with the bf16
+operator: tests/test_block_operators.py)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
-// AVX-512 functions shared by vitkit's products and blocks (int8_gemm.h, fp32_gemm.h, fp32_block.cpp): exp, a
-// reciprocal and GELU for the products' epilogues, LayerNorm over rows. Compiled for AVX-512F, inlined into
-// callers compiled for it or for more (VNNI).
+// AVX-512 functions shared by vitkit's products and blocks (fp32_gemm.h, bf16_gemm.h, int8_gemm.h,
+// block_operator.h): what a product's tile writes (Epilogue), exp, a reciprocal and GELU for the epilogues,
+// LayerNorm over rows. Compiled for AVX-512F, inlined into callers compiled for it or for more (VNNI, BF16).
 #pragma once
 
 #include <immintrin.h>
@@ -46,8 +46,8 @@ VITKIT_AVX512F inline __m512 reciprocal512(__m512 d) {
 template <bool kTanh>
 VITKIT_AVX512F inline __m512 gelu512(__m512 x) {
   if constexpr (kTanh) {
-    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f),  // -2 sqrt(2 / pi)
-                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
+    const __m512 cubic = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x);
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f), cubic);  // -2 sqrt(2 / pi)
     return _mm512_mul_ps(x, reciprocal512(_mm512_add_ps(_mm512_set1_ps(1.f), exp512(u))));
   } else {
     // |x| / sqrt 2, clamped at 10 (erf is 1 in fp32 well before): the polynomial stays finite

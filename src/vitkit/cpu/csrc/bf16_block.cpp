@@ -59,16 +59,19 @@ struct Bf16 {
   static bool packed_fits(const at::Tensor& p, int64_t in) {
     return p.dim() == 4 && p.size(1) * 2 == in && p.size(2) == NR && p.size(3) == 2;
   }
-  static const uint16_t* data(const at::Tensor& t) { return bits(t); }
+  static const uint16_t* data(const at::Tensor& t) {
+    return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>());
+  }
   static uint16_t* data(at::Tensor& t) { return bits(t); }
   static void layer_norm(const uint16_t* x, int64_t rows, int64_t D, const float* w, const float* b, float eps,
                          uint16_t* y) {
-    std::vector<float> row((D + 15) / 16 * 16);
+    thread_local std::vector<float> row;  // one row's scratch, per thread
+    row.resize((D + 15) / 16 * 16);
     vitkit_bf16_norm::layer_norm_rows(x, rows, D, w, b, eps, row.data(), y);
   }
-  static void attention(const uint16_t* qkv, int64_t T, int64_t D, int64_t heads, int64_t p0, int64_t p1,
+  static void attention(const uint16_t* qkv, int64_t tokens, int64_t D, int64_t heads, int64_t p0, int64_t p1,
                         float scale, uint16_t* out) {
-    attention_pairs_bf16(qkv, T, D, heads, p0, p1, scale, out);
+    attention_pairs_bf16(qkv, tokens, D, heads, p0, p1, scale, out);
   }
   template <vitkit_avx512::Epilogue E>
   static void gemm(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* packed,

@@ -16,7 +16,7 @@
 //   packed_fits(packed, in) / packed_layout  whether `packed` is a packed weight of `in` inputs, and its layout
 //   data(tensor)                             the tensor's elements as const T*, or T* (mutable)
 //   layer_norm(x, rows, D, w, b, eps, y)     LayerNorm of rows of D (contiguous) with fp32 gain and bias
-//   attention(qkv, T, D, heads, p0, p1, scale, out)   the (image, head) pairs [p0, p1)
+//   attention(qkv, tokens, D, heads, p0, p1, scale, out)   the (image, head) pairs [p0, p1)
 //   gemm<E>(x, lda, M, K, packed, bias, N, c, ldc, res, ldr)   c = x W^T + b with epilogue E
 #pragma once
 

@@ -4,15 +4,13 @@
 // Run operator by operator, a block is some fifteen parallel regions (each LayerNorm, product, attention, add),
 // and at each the threads meet; at batch 1 the products are short (ViT-S/16: 0.3-1.2 ms each on 2 cores) and
 // the meetings, with the passes over memory between the operators, cost several per cent of the call. Here
-// the block has two meeting points and no pass over memory between its layers; its attention runs on
+// the block has two meeting points, and its MLP's hidden activations stay in L2; its attention runs on
 // attention_kernels.h's tiles. fp32_block_pack packs a weight for it.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cstdint>
-#include <vector>
 
 #include "attention_kernels.h"
 #include "block_operator.h"
@@ -60,9 +58,9 @@ struct Fp32 {
                          float* y) {
     vitkit_avx512::layer_norm_rows(x, D, rows, D, w, b, eps, y, D);
   }
-  static void attention(const float* qkv, int64_t T, int64_t D, int64_t heads, int64_t p0, int64_t p1,
+  static void attention(const float* qkv, int64_t tokens, int64_t D, int64_t heads, int64_t p0, int64_t p1,
                         float scale, float* out) {
-    attention_pairs(qkv, T, D, heads, p0, p1, scale, out);
+    attention_pairs(qkv, tokens, D, heads, p0, p1, scale, out);
   }
   template <vitkit_avx512::Epilogue E>
   static void gemm(const float* x, int64_t lda, int64_t M, int64_t K, const float* packed, const float* bias,
