@@ -25,10 +25,10 @@ HEAD_DIMS = range(16, 129, 16)
 
 
 def bf16_block_eligible(block: nn.Module) -> bool:
-    """Whether the operator computes this FusedBlock: `operator_eligible` in bf16, even input widths, and
-    heads the attention's bf16 tiles take (HEAD_DIMS)."""
+    """Whether the operator computes this FusedBlock: `operator_eligible` in bf16 (whose widths in panels of
+    64 make every input width even, as the weights' pairs need), and heads the attention's bf16 tiles take
+    (HEAD_DIMS)."""
     return (operator_eligible(block, torch.bfloat16)
-            and all(lin.in_features % 2 == 0 for lin in block_linears(block))
             and block.attn.qkv.in_features // block.attn.num_heads in HEAD_DIMS
             and block.attn.qkv.in_features % block.attn.num_heads == 0)
 

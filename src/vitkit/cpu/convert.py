@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -56,26 +57,33 @@ def fuse_blocks(model: nn.Module) -> nn.Module:
     return model
 
 
+def _ready_block_operator(model: nn.Module, eligible: Callable[[nn.Module], bool],
+                          available: Callable[[], bool], operands: Callable[[nn.Module], tuple],
+                          attribute: str) -> nn.Module:
+    """Set `attribute` of every FusedBlock of `model` that `eligible` accepts to its `operands`, where the
+    operator runs here (`available()`, asked only if some block is eligible: it builds the operator);
+    returns `model`."""
+    blocks = [m for m in model.modules() if isinstance(m, FusedBlock) and eligible(m)]
+    if blocks and available():
+        for block in blocks:
+            setattr(block, attribute, operands(block))
+    return model
+
+
 def fp32_block_operators(model: nn.Module) -> nn.Module:
     """Ready, in place, every FusedBlock of `model` that the fp32 block operator computes
     (`vitkit.cpu.fp32_block`: packed fp32 layers, widths in panels of 64) for it, where it runs here (AVX-512,
     `fp32_block_available`); returns `model`."""
-    blocks = [m for m in model.modules() if isinstance(m, FusedBlock) and fp32_block_eligible(m)]
-    if blocks and fp32_block_available():
-        for block in blocks:
-            block.fp32_operands = fp32_block_operands(block)
-    return model
+    return _ready_block_operator(model, fp32_block_eligible, fp32_block_available, fp32_block_operands,
+                                 "fp32_operands")
 
 
 def bf16_block_operators(model: nn.Module) -> nn.Module:
     """Ready, in place, every FusedBlock of `model` that the bf16 block operator computes
     (`vitkit.cpu.bf16_block`: packed bf16 layers, widths in panels of 64, heads of 16 to 128 dims) for it,
     where it runs here (AVX512-BF16, `bf16_block_available`); returns `model`."""
-    blocks = [m for m in model.modules() if isinstance(m, FusedBlock) and bf16_block_eligible(m)]
-    if blocks and bf16_block_available():
-        for block in blocks:
-            block.bf16_operands = bf16_block_operands(block)
-    return model
+    return _ready_block_operator(model, bf16_block_eligible, bf16_block_available, bf16_block_operands,
+                                 "bf16_operands")
 
 
 def int8_block_eligible(block: nn.Module) -> bool:

@@ -3,8 +3,8 @@
 `torch.ops.vitkit.fp32_block` (csrc/fp32_block.cpp) computes eq. 2 and 3 for every token in one parallel
 region, on vitkit's own AVX-512 products (csrc/fp32_gemm.h: the weights packed once into panels of 64
 columns, the bias, the residual adds and GELU applied in the product's tile) and the attention's register
-tiles: two meeting points of the threads a block where the block run layer by layer has some fifteen, and no
-pass over memory between the layers. Each output is computed by one thread in one order, so the result does
+tiles: two meeting points of the threads a block where the block run layer by layer has some fifteen, and the
+MLP's hidden activations kept in L2. Each output is computed by one thread in one order, so the result does
 not depend on the number of threads. `vitkit.cpu.convert.fp32_block_operators` readies a model's FusedBlocks
 for it (a copy of each weight in the operator's layout, beside the PackedLinear's); each call's shape takes
 the operator or the layers, whichever is faster here (vitkit.cpu.autotune; with tuning off, the operator).

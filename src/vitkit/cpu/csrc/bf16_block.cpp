@@ -19,11 +19,7 @@
 
 namespace {
 
-bool bf16_block_here() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  return ok;
-}
+bool bf16_block_here() { return vitkit_bf16_norm::here(); }
 
 uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 

@@ -20,14 +20,8 @@
 namespace {
 
 #if defined(__x86_64__)
+using vitkit_bf16_norm::here;
 using vitkit_bf16_norm::layer_norm_rows;
-
-bool here() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512bf16");
-  return ok;
-}
 
 #else
 bool here() { return false; }

@@ -13,6 +13,13 @@
 
 namespace vitkit_bf16_norm {
 
+// Whether this CPU runs these kernels (and the bf16 block's): AVX-512 F, BW, VL and BF16.
+inline bool here() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
 // The r < 16 (or 16) first lanes.
 VITKIT_AVX512_BF16_NORM inline __mmask16 lanes(int64_t r) {
   return r >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << r) - 1);
