@@ -43,10 +43,12 @@ from pathlib import Path
 import torch
 
 from ..extras import available, install_hint
-from .hardware import cpu_flags, cpu_has_native_bf16, cpu_isa
+from .hardware import cpu_flags, cpu_has_native_bf16, cpu_isa, isa_hold
 from .private import extension_library_exists
 
 CSRC = Path(__file__).with_name("csrc")
+# Included by any source that asks for AVX-512 (VITKIT_CPU_ISA): in every library's digest.
+HOLD_HEADER = CSRC / "cpu_hold.h"
 DISABLE_ENV = "VITKIT_KERNELS"
 
 
@@ -115,12 +117,16 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
         no_build_tool()
         return False
     try:
-        digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
+        texts = [h.read_bytes() for h in (*headers, HOLD_HEADER)]
+        digest = hashlib.sha256(b"".join(texts)).hexdigest()[:16]
         # One library per source folder: two installations (two checkouts, two virtual environments) sharing
         # the cache under one name would each rebuild it, for their own source paths, every time they
         # alternate.
         here = hashlib.sha256(str(CSRC.resolve()).encode()).hexdigest()[:8]
-        _build(f"{name}_{here}", sources, [f"-DVITKIT_HEADERS_DIGEST={digest}"])
+        flags = [f"-DVITKIT_HEADERS_DIGEST={digest}"]
+        if isa_hold() == "avx2":  # a library of its own, no AVX-512 code chosen at run time (cpu_hold.h)
+            here, flags = f"{here}_avx2", [*flags, "-DVITKIT_HOLD_AVX2"]
+        _build(f"{name}_{here}", sources, flags)
         if hasattr(torch.ops.vitkit, op):
             return True
         why = f"library {name} loaded without registering {op}"

@@ -1,6 +1,12 @@
 """What the CPU is and can do: its vendor and feature flags, read once from /proc/cpuinfo. The fast paths
 (vitkit.optimize's int8 and bf16, the training loop's `precision="bf16-native"`, the engine of the linear
-layers' training products) ask these before choosing a kernel; thread and worker counts ask `usable_cores`."""
+layers' training products) ask these before choosing a kernel; thread and worker counts ask `usable_cores`.
+
+`VITKIT_CPU_ISA=avx2` holds vitkit to AVX2 on an AVX-512 CPU: its flags lose every AVX-512 and AMX feature
+and its compiled operators are built as for an AVX2 CPU (vitkit.cpu.build). With ATEN_CPU_CAPABILITY=avx2,
+ONEDNN_MAX_CPU_ISA=AVX2 and MKL_ENABLE_INSTRUCTIONS=AVX2 for PyTorch's, oneDNN's and MKL's kernels
+(`ISA_HOLD_ENV`), that runs an AVX2-only CPU's paths: a proxy, whose core, caches and clocks stay this
+CPU's."""
 
 from __future__ import annotations
 
@@ -22,10 +28,37 @@ def _cpuinfo_field(name: str) -> str:
     return ""
 
 
+HOLD_ENV = "VITKIT_CPU_ISA"
+# The values HOLD_ENV takes: unset or empty (all the CPU has), or "avx2".
+HOLDS = ("", "avx2")
+
+
+# What holds each library of a process to AVX2: the proxy for an AVX2-only CPU (module docstring).
+ISA_HOLD_ENV = {HOLD_ENV: "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def isa_hold() -> str:
+    """"avx2" where HOLD_ENV holds vitkit to AVX2 (module docstring), "" where it is unset or empty; a
+    ValueError naming the variable for any other value."""
+    value = os.environ.get(HOLD_ENV, "").strip().lower()
+    if value not in HOLDS:
+        raise ValueError(f"{HOLD_ENV}={os.environ[HOLD_ENV]!r}: 'avx2' holds vitkit's kernels to AVX2, "
+                         "unset uses all the CPU has")
+    return value
+
+
+def held_flags(flags: frozenset[str], hold: str) -> frozenset[str]:
+    """`flags` as vitkit sees them under `hold`: under "avx2" without the AVX-512 and AMX features."""
+    if hold == "avx2":
+        return frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    return flags
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo; empty where that cannot be read."""
-    return frozenset(_cpuinfo_field("flags").split())
+    """The CPU's feature flags from /proc/cpuinfo, as held by HOLD_ENV; empty where they cannot be read."""
+    return held_flags(frozenset(_cpuinfo_field("flags").split()), isa_hold())
 
 
 def cpu_isa() -> str:

@@ -283,7 +283,7 @@ VITKIT_AVX512_BF16 void attention_block_bf16(const In* q, int64_t ld, const uint
 // Whether the bf16 tiles serve this head width on this CPU (AVX512-BF16, heads of 16 to 128 dims in
 // multiples of 16).
 bool bf16_tiles_apply(int64_t D) {
-  static const bool bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  static const bool bf16 = VITKIT_AVX512_HAS("avx512bf16") && VITKIT_AVX512_HAS("avx512bw");
   return bf16 && tiles_apply(D);
 }
 

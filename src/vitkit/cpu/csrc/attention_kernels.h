@@ -41,59 +41,82 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   sgemm_(&tb, &ta, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
 }
 
-// Rows of scores, vectorised (vector_math.h).
+// Rows of scores, vectorised (vector_math.h): each a body run on the widest vectors this CPU has (`widest`).
 
 // row <- softmax(row); returns the row's log-sum-exp.
-VITKIT_CLONES float softmax_row(float* row, int64_t n) {
-  const int64_t nv = n / kWidth * kWidth;
-  float mx = -INFINITY;
-  if (nv > 0) {
-    vfloat m = load(row);
-    for (int64_t i = kWidth; i < nv; i += kWidth) {
-      const vfloat v = load(row + i);
-      m = v > m ? v : m;
+struct SoftmaxRow {
+  template <class V>
+  static VITKIT_INLINE float run(float* row, int64_t n) {
+    constexpr int64_t W = lanes<V>;
+    const int64_t nv = n / W * W;
+    float mx = -INFINITY;
+    if (nv > 0) {
+      V m = load<V>(row);
+      for (int64_t i = W; i < nv; i += W) {
+        const V v = load<V>(row + i);
+        m = v > m ? v : m;
+      }
+      mx = max_lanes(m);
     }
-    mx = max_lanes(m);
+    for (int64_t i = nv; i < n; ++i) mx = row[i] > mx ? row[i] : mx;
+    V acc = {};
+    for (int64_t i = 0; i < nv; i += W) {
+      const V e = exp_nonpositive(load<V>(row + i) - mx);
+      store(row + i, e);
+      acc += e;
+    }
+    float sum = sum_lanes(acc);
+    for (int64_t i = nv; i < n; ++i) {
+      row[i] = std::exp(row[i] - mx);
+      sum += row[i];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t i = 0; i < nv; i += W) store(row + i, load<V>(row + i) * inv);
+    for (int64_t i = nv; i < n; ++i) row[i] *= inv;
+    return mx + std::log(sum);
   }
-  for (int64_t i = nv; i < n; ++i) mx = row[i] > mx ? row[i] : mx;
-  vfloat acc = {};
-  for (int64_t i = 0; i < nv; i += kWidth) {
-    const vfloat e = exp_nonpositive(load(row + i) - mx);
-    store(row + i, e);
-    acc += e;
-  }
-  float sum = sum_lanes(acc);
-  for (int64_t i = nv; i < n; ++i) {
-    row[i] = std::exp(row[i] - mx);
-    sum += row[i];
-  }
-  const float inv = 1.f / sum;
-  for (int64_t i = 0; i < nv; i += kWidth) store(row + i, load(row + i) * inv);
-  for (int64_t i = nv; i < n; ++i) row[i] *= inv;
-  return mx + std::log(sum);
-}
+};
 
 // row <- exp(row - lse): the softmax again from the scores and the saved log-sum-exp.
-VITKIT_CLONES void softmax_again(float* row, int64_t n, float lse) {
-  const int64_t nv = n / kWidth * kWidth;
-  for (int64_t i = 0; i < nv; i += kWidth) store(row + i, exp_nonpositive(load(row + i) - lse));
-  for (int64_t i = nv; i < n; ++i) row[i] = std::exp(row[i] - lse);
-}
+struct SoftmaxAgain {
+  template <class V>
+  static VITKIT_INLINE void run(float* row, int64_t n, float lse) {
+    constexpr int64_t W = lanes<V>;
+    const int64_t nv = n / W * W;
+    for (int64_t i = 0; i < nv; i += W) store(row + i, exp_nonpositive(load<V>(row + i) - lse));
+    for (int64_t i = nv; i < n; ++i) row[i] = std::exp(row[i] - lse);
+  }
+};
 
-VITKIT_CLONES float dot(const float* a, const float* b, int64_t n) {
-  const int64_t nv = n / kWidth * kWidth;
-  vfloat acc = {};
-  for (int64_t i = 0; i < nv; i += kWidth) acc += load(a + i) * load(b + i);
-  float s = sum_lanes(acc);
-  for (int64_t i = nv; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+struct Dot {
+  template <class V>
+  static VITKIT_INLINE float run(const float* a, const float* b, int64_t n) {
+    constexpr int64_t W = lanes<V>;
+    const int64_t nv = n / W * W;
+    V acc = {};
+    for (int64_t i = 0; i < nv; i += W) acc += load<V>(a + i) * load<V>(b + i);
+    float s = sum_lanes(acc);
+    for (int64_t i = nv; i < n; ++i) s += a[i] * b[i];
+    return s;
+  }
+};
 
 // dp <- p * (dp - d): the softmax's backward for one row, d = rowsum(dO * O) = rowsum(P * dP).
-VITKIT_CLONES void softmax_backward_row(const float* p, float* dp, int64_t n, float d) {
-  const int64_t nv = n / kWidth * kWidth;
-  for (int64_t i = 0; i < nv; i += kWidth) store(dp + i, load(p + i) * (load(dp + i) - d));
-  for (int64_t i = nv; i < n; ++i) dp[i] = p[i] * (dp[i] - d);
+struct SoftmaxBackwardRow {
+  template <class V>
+  static VITKIT_INLINE void run(const float* p, float* dp, int64_t n, float d) {
+    constexpr int64_t W = lanes<V>;
+    const int64_t nv = n / W * W;
+    for (int64_t i = 0; i < nv; i += W) store(dp + i, load<V>(p + i) * (load<V>(dp + i) - d));
+    for (int64_t i = nv; i < n; ++i) dp[i] = p[i] * (dp[i] - d);
+  }
+};
+
+float softmax_row(float* row, int64_t n) { return widest<SoftmaxRow>(row, n); }
+void softmax_again(float* row, int64_t n, float lse) { widest<SoftmaxAgain>(row, n, lse); }
+float dot(const float* a, const float* b, int64_t n) { return widest<Dot>(a, b, n); }
+void softmax_backward_row(const float* p, float* dp, int64_t n, float d) {
+  widest<SoftmaxBackwardRow>(p, dp, n, d);
 }
 
 // Query rows per block: the block's scores (and, in the backward, their gradient) stay in the cache: 2 x 128 x
@@ -374,7 +397,7 @@ VITKIT_AVX512 void attention_backward_tiled(const float* q, const float* k, cons
 
 // Whether the tiles serve this head width on this CPU.
 bool tiles_apply(int64_t D) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = VITKIT_AVX512_HAS("avx512f");
   return avx512 && D % kWidth == 0 && D / kWidth >= 1 && D / kWidth <= 8;
 }
 #else

@@ -13,13 +13,14 @@
 #include <cstdint>
 
 #include "attention_kernels.h"
+#include "cpu_hold.h"
 #include "block_operator.h"
 #include "fp32_gemm.h"
 
 namespace {
 
 bool fp32_block_here() {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = VITKIT_AVX512_HAS("avx512f");
   return avx512;
 }
 

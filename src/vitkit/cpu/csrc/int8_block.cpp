@@ -19,6 +19,7 @@
 
 #include "attention_bf16.h"
 #include "attention_kernels.h"
+#include "cpu_hold.h"
 #include "block_region.h"
 #include "int8_gemm.h"
 
@@ -83,9 +84,9 @@ at::Tensor int8_block(const at::Tensor& x_in, const at::Tensor& ln1_weight, cons
 
 bool vnni_here() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512vnni");
+  return VITKIT_AVX512_HAS("avx512f") && VITKIT_AVX512_HAS("avx512bw") &&
+         VITKIT_AVX512_HAS("avx512dq") && VITKIT_AVX512_HAS("avx512vl") &&
+         VITKIT_AVX512_HAS("avx512vnni");
 }
 
 // A linear layer's int8 weight (N, K) -> [its panels (padded_n(N), padded_k(K)) int8, its column sums (N)

@@ -9,14 +9,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu_hold.h"
+
 #define VITKIT_AVX512_BF16_NORM __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace vitkit_bf16_norm {
 
 // Whether this CPU runs these kernels (and the bf16 block's): AVX-512 F, BW, VL and BF16.
 inline bool here() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  static const bool ok = VITKIT_AVX512_HAS("avx512f") && VITKIT_AVX512_HAS("avx512bw") &&
+                         VITKIT_AVX512_HAS("avx512vl") && VITKIT_AVX512_HAS("avx512bf16");
   return ok;
 }
 
