@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import build_timm, write_json
+from vitkit.bench import build_timm, machine_info, write_json
 from vitkit.config import ViTConfig
 from vitkit.cpu import autotune
 from vitkit.cpu.linear import TRAINING_ENGINES, forced_training_engine, training_engine
@@ -170,7 +170,7 @@ def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int, en
     ratios = {name: paired_ratio(times[name], [times["timm"]]) for name in steps if name != "timm"}
     by_engine = {k: v for k, v in ratios.items() if k.startswith("vitkit[")}
     result = {
-        "model": cfg.name, "batch": batch, "threads": torch.get_num_threads(),
+        "model": cfg.name, "batch": batch, "threads": torch.get_num_threads(), "machine": machine_info(),
         "training_engine": "per shape, timed" if autotune.enabled() else training_engine(),
         "optimizer": optimizer,
         "images_per_s": {name: batch / m for name, m in med.items()},

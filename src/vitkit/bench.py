@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import random
 import statistics
@@ -32,7 +33,7 @@ from .bench_runtimes import RUNTIMES
 from .bench_runtimes import builders as runtime_builders
 from .config import ViTConfig, get_config
 from .counting import count_flops
-from .cpu.hardware import cpu_has_native_bf16, cpu_has_vnni
+from .cpu.hardware import ISA_HOLD_ENV, cpu_has_native_bf16, cpu_has_vnni
 from .model import create_model
 from .timing import interleaved_times, paired_ratio
 
@@ -333,6 +334,8 @@ def machine_info() -> dict[str, Any]:
         "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "vnni": cpu_has_vnni(),
         "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(),
+        # the variables that hold the libraries to a narrower instruction set (an AVX2 proxy), as set
+        "isa_hold": {k: os.environ[k] for k in ISA_HOLD_ENV if k in os.environ},
     }
 
 
