@@ -37,9 +37,9 @@ def test_an_unknown_hold_is_an_error_naming_the_variable(monkeypatch):
 
 def held_process_trains_as_pytorch() -> None:
     """In a process started with VITKIT_CPU_ISA=avx2: the CPU reads as AVX2, the AVX-512 operators are
-    unavailable, the attention's register tiles serve no width, the attention on sgemm and AVX2 softmax
-    rows (vectors of 8, and their tails) equals the explicit formula in float64, and an accelerated model's
-    training step equals PyTorch's to float rounding."""
+    unavailable, the attention's register tiles serve no width, its softmax rows take 8 floats at a time, the
+    attention on sgemm and those rows (and their tails) equals the explicit formula in float64, and an
+    accelerated model's training step equals PyTorch's to float rounding."""
     import torch.nn.functional as F
 
     import vitkit
@@ -52,6 +52,7 @@ def held_process_trains_as_pytorch() -> None:
     assert not build.fp32_block_available() and not build.bf16_block_available()
     assert build.attention_available(), "the attention operators did not build held to AVX2"
     assert not any(torch.ops.vitkit.attention_tiles_apply(w) for w in (16, 32, 64, 128))
+    assert torch.ops.vitkit.attention_row_width() == (8 if {"avx2", "fma"} <= real else 4)
     for B, T, heads, Dh in [(2, 197, 6, 64), (1, 50, 4, 16), (3, 17, 2, 24), (2, 1, 1, 16)]:
         for keep_probs in (True, False):
             against_float64(B, T, heads, Dh, keep_probs, tiles=True)

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from ..extras import available, install_hint
-from .hardware import cpu_flags, cpu_has_native_bf16, cpu_isa, isa_hold
+from .hardware import cpu_flags, cpu_has_native_bf16, cpu_isa, process_hold
 from .private import extension_library_exists
 
 CSRC = Path(__file__).with_name("csrc")
@@ -116,6 +116,7 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
     if not available("ninja") and shutil.which("ninja") is None:
         no_build_tool()
         return False
+    hold = process_hold()  # a bad VITKIT_CPU_ISA is the user's error, not a failed build
     try:
         texts = [h.read_bytes() for h in (*headers, HOLD_HEADER)]
         digest = hashlib.sha256(b"".join(texts)).hexdigest()[:16]
@@ -124,7 +125,7 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
         # alternate.
         here = hashlib.sha256(str(CSRC.resolve()).encode()).hexdigest()[:8]
         flags = [f"-DVITKIT_HEADERS_DIGEST={digest}"]
-        if isa_hold() == "avx2":  # a library of its own, no AVX-512 code chosen at run time (cpu_hold.h)
+        if hold == "avx2":  # a library of its own, no AVX-512 code chosen at run time (cpu_hold.h)
             here, flags = f"{here}_avx2", [*flags, "-DVITKIT_HOLD_AVX2"]
         _build(f"{name}_{here}", sources, flags)
         if hasattr(torch.ops.vitkit, op):

@@ -3,10 +3,10 @@
 layers' training products) ask these before choosing a kernel; thread and worker counts ask `usable_cores`.
 
 `VITKIT_CPU_ISA=avx2` holds vitkit to AVX2 on an AVX-512 CPU: its flags lose every AVX-512 and AMX feature
-and its compiled operators are built as for an AVX2 CPU (vitkit.cpu.build). With ATEN_CPU_CAPABILITY=avx2,
-ONEDNN_MAX_CPU_ISA=AVX2 and MKL_ENABLE_INSTRUCTIONS=AVX2 for PyTorch's, oneDNN's and MKL's kernels
-(`ISA_HOLD_ENV`), that runs an AVX2-only CPU's paths: a proxy, whose core, caches and clocks stay this
-CPU's."""
+and its compiled operators are built as for an AVX2 CPU (vitkit.cpu.build); it is read once per process.
+With PyTorch's, oneDNN's, MKL's and inductor's code held too (`ISA_HOLD_ENV`), that runs an AVX2-only CPU's
+fp32 paths: a proxy, whose core, caches and clocks stay this CPU's. (fbgemm's int8 kernels, OpenVINO and ONNX
+Runtime choose by their own checks and are not held.)"""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ HOLDS = ("", "avx2")
 
 # What holds each library of a process to AVX2: the proxy for an AVX2-only CPU (module docstring).
 ISA_HOLD_ENV = {HOLD_ENV: "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+                "MKL_ENABLE_INSTRUCTIONS": "AVX2", "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3"}
 
 
 def isa_hold() -> str:
@@ -55,10 +55,16 @@ def held_flags(flags: frozenset[str], hold: str) -> frozenset[str]:
     return flags
 
 
+@functools.cache
+def process_hold() -> str:
+    """This process's hold (`isa_hold`), read once: the CPU flags and the operators' builds agree on it."""
+    return isa_hold()
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo, as held by HOLD_ENV; empty where they cannot be read."""
-    return held_flags(frozenset(_cpuinfo_field("flags").split()), isa_hold())
+    return held_flags(frozenset(_cpuinfo_field("flags").split()), process_hold())
 
 
 def cpu_isa() -> str:

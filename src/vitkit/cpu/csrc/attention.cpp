@@ -145,6 +145,7 @@ TORCH_LIBRARY_FRAGMENT(vitkit, m) {
       "attention_backward(Tensor grad_out, Tensor qkv, Tensor out, Tensor lse, Tensor probs, int heads, "
       "float scale, bool tiles=True) -> Tensor");
   m.def("attention_tiles_apply(int head_dim) -> bool", [](int64_t head_dim) { return tiles_apply(head_dim); });
+  m.def("attention_row_width() -> int", []() { return widest<RowWidth>(); });
   m.impl("attention_forward", c10::DispatchKey::CPU, TORCH_FN(attention_forward));
   m.impl("attention_backward", c10::DispatchKey::CPU, TORCH_FN(attention_backward));
   m.def("attention_forward_bf16(Tensor qkv, int heads, float scale) -> Tensor");

@@ -112,6 +112,14 @@ struct SoftmaxBackwardRow {
   }
 };
 
+// The floats a row loop takes at a time on this CPU (16, 8 or 4): which of `widest`'s paths runs.
+struct RowWidth {
+  template <class V>
+  static VITKIT_INLINE int64_t run() {
+    return lanes<V>;
+  }
+};
+
 float softmax_row(float* row, int64_t n) { return widest<SoftmaxRow>(row, n); }
 void softmax_again(float* row, int64_t n, float lse) { widest<SoftmaxAgain>(row, n, lse); }
 float dot(const float* a, const float* b, int64_t n) { return widest<Dot>(a, b, n); }

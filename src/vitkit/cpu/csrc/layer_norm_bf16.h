@@ -16,7 +16,8 @@
 namespace vitkit_bf16_norm {
 
 // Whether this CPU runs these kernels (and the bf16 block's): AVX-512 F, BW, VL and BF16.
-inline bool here() {
+// static: a library built held to AVX2 (cpu_hold.h) answers no, in a process with one that answers yes.
+[[maybe_unused]] static bool here() {
   static const bool ok = VITKIT_AVX512_HAS("avx512f") && VITKIT_AVX512_HAS("avx512bw") &&
                          VITKIT_AVX512_HAS("avx512vl") && VITKIT_AVX512_HAS("avx512bf16");
   return ok;

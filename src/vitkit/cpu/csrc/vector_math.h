@@ -3,7 +3,7 @@
 // loop is a body templated on its vector type and run by `widest`, which calls it from a function compiled for
 // the widest vectors this CPU runs: 16 floats under AVX-512 (unless the library is held to AVX2, cpu_hold.h),
 // 8 under AVX2 + FMA, 4 on plain x86-64. (Vectors wider than the target's registers, as 16 floats compiled for
-// AVX2 are, live on the stack: the softmax ran 2-3x slower so.) The helpers below are always inlined and take
+// AVX2 are, live on the stack: the softmax ran about 2x slower so.) The helpers below are always inlined and take
 // the instruction set of the function they are inlined into.
 #pragma once
 
@@ -89,8 +89,9 @@ __attribute__((target("avx2,fma"))) auto run_avx2(A... a) {
 
 enum class RowIsa { kSse2, kAvx2, kAvx512 };
 
-inline RowIsa row_isa() {
-  static const RowIsa isa = VITKIT_AVX512_HAS("avx512f")                                        ? RowIsa::kAvx512
+// static: a library built held to AVX2 and one built without may share a process, each with its own answer.
+[[maybe_unused]] static RowIsa row_isa() {
+  static const RowIsa isa = VITKIT_AVX512_HAS("avx512f") ? RowIsa::kAvx512
                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? RowIsa::kAvx2
                                                                                                : RowIsa::kSse2;
   return isa;
