@@ -38,12 +38,13 @@ def test_an_unknown_hold_is_an_error_naming_the_variable(monkeypatch):
 def held_process_trains_as_pytorch() -> None:
     """In a process started with VITKIT_CPU_ISA=avx2: the CPU reads as AVX2, the AVX-512 operators are
     unavailable, the attention's register tiles serve no width, its softmax rows take 8 floats at a time, the
-    attention on sgemm and those rows (and their tails) equals the explicit formula in float64, and an
-    accelerated model's training step equals PyTorch's to float rounding."""
+    attention on sgemm and those rows (and their tails, and terms that underflow) equals the explicit formula
+    in float64, and an accelerated model's training step equals PyTorch's to float rounding."""
     import torch.nn.functional as F
 
     import vitkit
     from test_qkv_attention import test_attention_and_gradient_equal_the_explicit_formula as against_float64
+    from test_qkv_attention import test_the_operators_softmax_underflows_to_zero as underflow
     from vitkit.cpu import build
 
     real = held_flags(frozenset(hardware._cpuinfo_field("flags").split()), "")
@@ -56,6 +57,7 @@ def held_process_trains_as_pytorch() -> None:
     for B, T, heads, Dh in [(2, 197, 6, 64), (1, 50, 4, 16), (3, 17, 2, 24), (2, 1, 1, 16)]:
         for keep_probs in (True, False):
             against_float64(B, T, heads, Dh, keep_probs, tiles=True)
+    underflow(tiles=True)
 
     torch.manual_seed(0)
     cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=32, patch_size=8, num_classes=10, depth=2)

@@ -108,6 +108,24 @@ def test_the_softmax_is_kept_when_no_larger_than_the_mlp_activation():
 
 
 @needs_attention_operator
+@pytest.mark.parametrize("tiles", [True, False], ids=["tiles-where-they-apply", "sgemm"])
+def test_the_operators_softmax_underflows_to_zero(tiles):
+    """The operators themselves (the test below goes through autotune, which may take the explicit formula
+    at its shape) with scores up to ~700: the terms far below each row's maximum go to exp's floor, exp(-87) ~
+    1.6e-38 (its argument is clamped there; unclamped, the exponent bits would wrap), and the error against
+    float64 is no larger than PyTorch's fp32 explicit attention's."""
+    torch.manual_seed(1)
+    qkv = torch.randn(2, 40, 3 * 2 * 16) * 6
+    out, _, probs = torch.ops.vitkit.attention_forward(qkv, 2, 1.0, True, tiles)
+    q, k, v = split_heads(qkv, 2)
+    fp32 = merge_heads(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)
+    ref = reference(qkv, 2, 1.0)
+    assert torch.isfinite(out).all() and (probs < 2e-38).any() and probs.min() >= 0
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 40))
+    assert (out.double() - ref).abs().max() <= 1.5 * (fp32.double() - ref).abs().max()
+
+
+@needs_attention_operator
 def test_large_and_spread_logits_are_as_exact_as_pytorchs_fp32():
     """Scores up to ~700 and rows whose smallest terms underflow: the softmax subtracts each row's maximum,
     and the error against float64 is no larger than that of PyTorch's own fp32 explicit attention."""
