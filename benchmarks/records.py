@@ -4,7 +4,8 @@ A record is one measurement, one JSON file named by what was measured, where, an
 `WHAT_WHERE_DATE[_TAG].json`, e.g. `infer-b1_amd-epyc_2026-12-02_run1.json`. WHERE is the CPU (or GPU) model
 as a slug of `lscpu`'s "Model name", with `-avx2` added for an x86 CPU without AVX-512 (a virtual machine's
 "AMD EPYC" names a Zen 4 with AVX-512 and a Zen 3 with AVX2 alike); DATE is the day of the measurement
-(YYYY-MM-DD); TAG tells apart several measurements of one kind on one day (`run1`, `seed1`).
+(YYYY-MM-DD); TAG tells apart several measurements of one kind on one day (`run1`, `seed1`). An AVX-512 CPU
+held to AVX2 (VITKIT_CPU_ISA=avx2, the AVX2 proxy of CONTRIBUTING.md) is WHERE `<cpu>-avx2-proxy`.
 
     python benchmarks/records.py name infer-b1 --tag run1     # the path a new record of this machine gets
     python benchmarks/records.py where                        # this machine's CPU slug
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +48,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def machine_slug(model_name: str | None = None, flags: set[str] | None = None) -> str:
+def machine_slug(model_name: str | None = None, flags: set[str] | None = None,
+                 hold: str | None = None) -> str:
     """This machine's WHERE: the slug of its CPU model, `-avx2` added where the CPU has AVX2 but not AVX-512
-    (the same model name covers both kinds under some hypervisors)."""
+    (the same model name covers both kinds under some hypervisors), `-avx2-proxy` where an AVX-512 CPU is held
+    to AVX2 (`hold`, default $VITKIT_CPU_ISA; CONTRIBUTING.md): its records are not this CPU's own."""
     flags = cpu_flags() if flags is None else flags
-    isa = "-avx2" if "avx2" in flags and "avx512f" not in flags else ""
+    hold = os.environ.get("VITKIT_CPU_ISA", "") if hold is None else hold
+    if "avx512f" in flags:
+        isa = "-avx2-proxy" if hold.strip().lower() == "avx2" else ""
+    else:
+        isa = "-avx2" if "avx2" in flags else ""
     return slug(cpu_model() if model_name is None else model_name) + isa
 
 

@@ -43,7 +43,10 @@ def test_names_and_slugs():
     assert records.slug("NVIDIA H200") == "nvidia-h200"
     # the same model name with and without AVX-512
     assert records.machine_slug("AMD EPYC", {"avx", "avx2", "fma"}) == "amd-epyc-avx2"
-    assert records.machine_slug("AMD EPYC", {"avx2", "avx512f", "avx512_vnni"}) == "amd-epyc"
+    assert records.machine_slug("AMD EPYC", {"avx2", "avx512f", "avx512_vnni"}, hold="") == "amd-epyc"
+    # an AVX-512 CPU held to AVX2 (VITKIT_CPU_ISA=avx2): a proxy, not the CPU's own records
+    assert records.machine_slug("AMD EPYC", {"avx2", "avx512f"}, hold="avx2") == "amd-epyc-avx2-proxy"
+    assert records.machine_slug("AMD EPYC", {"avx", "avx2", "fma"}, hold="avx2") == "amd-epyc-avx2"
     assert records.machine_slug("Neoverse-V2", {"sve", "asimd"}) == "neoverse-v2"
     path = records.record_path("infer-b1", "amd-epyc", "2026-12-02", "run1", folder=Path("x"))
     assert path == Path("x/infer-b1_amd-epyc_2026-12-02_run1.json")
