@@ -405,8 +405,7 @@ VITKIT_AVX512 void attention_backward_tiled(const float* q, const float* k, cons
 
 // Whether the tiles serve this head width on this CPU.
 bool tiles_apply(int64_t D) {
-  static const bool avx512 = VITKIT_AVX512_HAS("avx512f");
-  return avx512 && D % kWidth == 0 && D / kWidth >= 1 && D / kWidth <= 8;
+  return row_isa() == RowIsa::kAvx512 && D % kWidth == 0 && D / kWidth >= 1 && D / kWidth <= 8;
 }
 #else
 bool tiles_apply(int64_t) { return false; }

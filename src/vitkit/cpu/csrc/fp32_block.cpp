@@ -13,16 +13,12 @@
 #include <cstdint>
 
 #include "attention_kernels.h"
-#include "cpu_hold.h"
 #include "block_operator.h"
 #include "fp32_gemm.h"
 
 namespace {
 
-bool fp32_block_here() {
-  static const bool avx512 = VITKIT_AVX512_HAS("avx512f");
-  return avx512;
-}
+bool fp32_block_here() { return row_isa() == RowIsa::kAvx512; }
 
 // W (N, K) fp32, N a multiple of 64 -> panels (N / 64, K, 64) for fp32_block.
 at::Tensor fp32_block_pack(const at::Tensor& weight) {

@@ -89,7 +89,9 @@ __attribute__((target("avx2,fma"))) auto run_avx2(A... a) {
 
 enum class RowIsa { kSse2, kAvx2, kAvx512 };
 
-// static: a library built held to AVX2 and one built without may share a process, each with its own answer.
+// The widest vectors this CPU runs, as vitkit's operators see it (cpu_hold.h): the row loops' path here, and
+// the AVX-512 check of the attention tiles and the fp32 block. static: a library built held to AVX2 and one
+// built without may share a process, each with its own answer.
 [[maybe_unused]] static RowIsa row_isa() {
   static const RowIsa isa = VITKIT_AVX512_HAS("avx512f") ? RowIsa::kAvx512
                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? RowIsa::kAvx2
