@@ -103,10 +103,12 @@ def test_the_training_engine_computes_products_that_need_a_gradient(engine):
     torch.testing.assert_close(out, y.detach(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("vendor,expected", [("GenuineIntel", "mkl"), ("AuthenticAMD", "onednn"),
-                                             ("", "onednn")])
-def test_training_engine_by_vendor_and_environment(monkeypatch, vendor, expected):
+@pytest.mark.parametrize("vendor,isa,expected", [
+    ("GenuineIntel", "avx512", "mkl"), ("GenuineIntel", "avx2", "mkl"), ("AuthenticAMD", "avx512", "onednn"),
+    ("AuthenticAMD", "avx2", "mkl"), ("", "", "onednn")])
+def test_training_engine_by_vendor_isa_and_environment(monkeypatch, vendor, isa, expected):
     monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(linear_module, "cpu_isa", lambda: isa)
     monkeypatch.delenv(TRAINING_ENGINE_ENV, raising=False)
     machine_training_engine.cache_clear()
     try:

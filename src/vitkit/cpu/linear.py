@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import autotune
-from .hardware import cpu_vendor
+from .hardware import cpu_isa, cpu_vendor
 from .private import eager_fp32_on_cpu, onednn_linear, onednn_linear_available
 
 # Up to this many rows MKL's F.linear beats oneDNN's linear, packed or not (ViT-S/16's fc1 at one row, 2
@@ -57,12 +57,16 @@ def _check_engine(name: str, source: str, engines: tuple[str, ...] = TRAINING_EN
 @functools.lru_cache(maxsize=1)
 def machine_training_engine() -> str:
     """This machine's engine for the training products (see the module docstring): the environment variable
-    VITKIT_TRAINING_ENGINE where set, else "mkl" on Intel CPUs and "onednn" elsewhere. Read once per
-    process."""
+    VITKIT_TRAINING_ENGINE where set, else "mkl" on Intel CPUs and on x86 CPUs without AVX-512, "onednn"
+    elsewhere. Read once per process.
+
+    Without AVX-512, oneDNN's and MKL's products time level one by one, but whole ViT training steps run
+    faster on MKL alone (docs/speed.md, "The training products' engine"); the rule is the autotuner's
+    default, kept unless the other engine is MARGIN faster at a shape."""
     chosen = os.environ.get(TRAINING_ENGINE_ENV, "").strip()
     if chosen:
         return _check_engine(chosen.lower(), TRAINING_ENGINE_ENV)
-    return "mkl" if cpu_vendor() == "GenuineIntel" else "onednn"
+    return "mkl" if cpu_vendor() == "GenuineIntel" or cpu_isa() == "avx2" else "onednn"
 
 
 _forced_engine: str | None = None
