@@ -172,6 +172,8 @@ def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int, en
     result = {
         "model": cfg.name, "batch": batch, "threads": torch.get_num_threads(), "machine": machine_info(),
         "training_engine": "per shape, timed" if autotune.enabled() else training_engine(),
+        # with timing on: the engine each training product shape got in this process so far
+        **({"training_products": autotune.chosen("linear-train")} if autotune.enabled() else {}),
         "optimizer": optimizer,
         "images_per_s": {name: batch / m for name, m in med.items()},
         "ratio_vitkit_over_timm": ratios[main],

@@ -52,8 +52,12 @@ def test_the_faster_candidate_is_chosen_timed_once_and_cached_on_disk(cache):
     assert calls == [] and made == [1]  # the second call times nothing and makes no candidates
     stored = json.loads(autotune.cache_path().read_text())
     assert stored["choices"] == {f"op|(3, 4)|t{torch.get_num_threads()}": "fast"}
+    assert autotune.chosen("op") == {f"(3, 4)|t{torch.get_num_threads()}": "fast"}
+    assert autotune.chosen("other") == {}
     autotune.forget()  # a new process: the choice comes from the file, no candidate is made
+    assert autotune.chosen("op") == {}
     assert autotune.choose("op", (3, 4), lambda: pytest.fail("timed again"), default="plain") == "fast"
+    assert autotune.chosen("op") == {f"(3, 4)|t{torch.get_num_threads()}": "fast"}  # read counts too
 
 
 def test_cpus_of_one_model_name_with_other_vector_extensions_keep_their_own_choices(cache, monkeypatch):

@@ -356,6 +356,10 @@ def test_training_benchmark_times_each_engine(capsys):
     assert set(r["images_per_s"]) == names | {"vitkit", "timm"}
     assert set(r["ratio_over_timm_by_engine"]) == names  # beside the headline: the trainer's own path
     assert r["training_engine"] == ("per shape, timed" if autotune.enabled() else training_engine())
+    if autotune.enabled():  # the engine each product shape of the step got
+        assert r["training_products"] and set(r["training_products"].values()) <= set(TRAINING_ENGINES)
+    else:
+        assert "training_products" not in r
     assert r["ratio_vitkit_over_timm"] == timing.paired_ratio(r["seconds"]["vitkit"], [r["seconds"]["timm"]])
     assert all(len(t) == 2 and min(t) > 0 for t in r["seconds"].values())
     plain = bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0)

@@ -172,6 +172,12 @@ def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable
     return choice
 
 
+def chosen(op: str) -> dict[str, str]:
+    """The choices of operation `op` this process has made or read so far, as "shape|tTHREADS" -> choice:
+    what a benchmark record names as the kernels its figures ran on."""
+    return {f"{shape}|t{threads}": choice for (_, o, shape, threads), choice in _memo.items() if o == op}
+
+
 def _as_is(t: torch.Tensor) -> torch.Tensor:
     return t
 
