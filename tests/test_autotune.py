@@ -60,6 +60,22 @@ def test_the_faster_candidate_is_chosen_timed_once_and_cached_on_disk(cache):
     assert autotune.chosen("op") == {f"(3, 4)|t{torch.get_num_threads()}": "fast"}  # read counts too
 
 
+def test_a_lone_candidate_is_taken_untimed_kept_for_the_process_and_named_but_not_stored(cache):
+    made = []
+
+    def candidates():
+        made.append(1)
+        return {"only": lambda: pytest.fail("a lone candidate is timed")}
+
+    assert autotune.choose("op", (5,), candidates, default="other") == "only"
+    assert autotune.choose("op", (5,), candidates, default="other") == "only"
+    assert made == [1]  # the second call makes no candidates
+    assert autotune.chosen("op") == {f"(5,)|t{torch.get_num_threads()}": "only"}
+    assert not autotune.cache_path().exists()  # a process where more candidates run may choose otherwise
+    autotune.forget()
+    assert autotune.chosen("op") == {}
+
+
 def test_cpus_of_one_model_name_with_other_vector_extensions_keep_their_own_choices(cache, monkeypatch):
     monkeypatch.setattr(autotune, "cpu_model", lambda: "AMD EPYC")
     names = set()

@@ -153,15 +153,16 @@ def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable
     choice = _memo.get(memo)
     if choice is not None:  # the common case, once per call of a layer: a dictionary look-up
         return choice
-    key = f"{op}|{shape}|t{memo[3]}"
+    key = _key(op, shape, memo[3])
     _load()
     choice = _choices.get(key)
     if choice is not None:
         _memo[memo] = choice
         return choice
     calls = candidates()
-    if len(calls) == 1:
-        return next(iter(calls))
+    if len(calls) == 1:  # nothing to time: kept for the process (not on disk: another may have more)
+        _memo[memo] = choice = next(iter(calls))
+        return choice
     # Candidates may draw (dropout): the global stream is kept as it was. They save tensors for their own
     # backward passes: plain hooks keep those out of an activation checkpoint around the layer, which
     # would otherwise count them as the layer's (and recompute the layer when they are read).
@@ -172,10 +173,17 @@ def choose(op: str, shape: Hashable, candidates: Callable[[], dict[str, Callable
     return choice
 
 
+def _key(op: str, shape: Hashable, threads: int) -> str:
+    """A decision's key in the cache file: the operation, the shape and the thread count."""
+    return f"{op}|{shape}|t{threads}"
+
+
 def chosen(op: str) -> dict[str, str]:
-    """The choices of operation `op` this process has made or read so far, as "shape|tTHREADS" -> choice:
-    what a benchmark record names as the kernels its figures ran on."""
-    return {f"{shape}|t{threads}": choice for (_, o, shape, threads), choice in _memo.items() if o == op}
+    """The choices of operation `op` this process has made, read or had alone so far, as the cache file's
+    keys less the operation ("shape|tTHREADS") -> choice: what a benchmark record names as the kernels its
+    figures ran on."""
+    return {_key(op, shape, threads).removeprefix(f"{op}|"): choice
+            for (_, o, shape, threads), choice in _memo.items() if o == op}
 
 
 def _as_is(t: torch.Tensor) -> torch.Tensor:
