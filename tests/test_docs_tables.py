@@ -99,6 +99,25 @@ def test_recipe_seeds_table_gives_mean_and_spread_over_the_seeds():
                     "0, 1, 2 | 93.20 ± 0.20 % | 93.90 % | 29.0 min | AMD EPYC, 2 cores | 2026-12-05 |"]
 
 
+def test_a_seed_run_on_an_avx2_cpu_of_the_same_name_is_a_row_of_its_own(tmp_path):
+    """"AMD EPYC" names a Zen 4 with AVX-512 and a Zen 3 with AVX2 alike: a seed run on the AVX2 one (its
+    record's WHERE ends in -avx2) is not averaged, minutes included, with the AVX-512 one's seeds."""
+    for f in FIXTURES.glob("recipe-fashion-mnist_*_2026-12-05_seed*.json"):
+        shutil.copy(f, tmp_path / f.name)
+    seed0 = next(tmp_path.glob("recipe-fashion-mnist_*_2026-12-05_seed0.json"))
+    d = json.loads(seed0.read_text())
+    d.update(seed=3, command=d["command"].replace("seed=0", "seed=3"), test_top1=90.0, train_minutes=70.0)
+    (tmp_path / "recipe-fashion-mnist_amd-epyc-avx2_2026-12-05_seed3.json").write_text(json.dumps(d))
+    rows = render.recipe_seeds(records.records(tmp_path)).splitlines()[2:]
+    assert len(rows) == 2
+    avx512 = next(r for r in rows if "| AMD EPYC, 2 cores |" in r)
+    avx2 = next(r for r in rows if "| AMD EPYC (AVX2), 2 cores |" in r)
+    assert "| 0, 1, 2 | 93.20 ± 0.20 % | 93.90 % | 29.0 min |" in avx512
+    assert "| 3 | 90.00 % | 93.60 % | 70.0 min |" in avx2
+    assert render.isa_suffix("amd-epyc-avx2-proxy") == " (AVX2 proxy)"
+    assert render.isa_suffix("intel-xeon") == ""
+
+
 def test_check_finds_a_stale_table_and_rendering_fixes_it(tmp_path, capsys):
     results = tmp_path / "results"
     shutil.copytree(FIXTURES, results)
