@@ -48,6 +48,12 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+# WHERE's endings for the vector extension, and what each names in a table: an AVX2-only CPU, an AVX-512 CPU
+# held to AVX2.
+AVX2, AVX2_PROXY = "-avx2", "-avx2-proxy"
+ISA_LABELS = {AVX2_PROXY: "AVX2 proxy", AVX2: "AVX2"}
+
+
 def machine_slug(model_name: str | None = None, flags: set[str] | None = None,
                  hold: str | None = None) -> str:
     """This machine's WHERE: the slug of its CPU model, `-avx2` added where the CPU has AVX2 but not AVX-512
@@ -56,10 +62,16 @@ def machine_slug(model_name: str | None = None, flags: set[str] | None = None,
     flags = cpu_flags() if flags is None else flags
     hold = os.environ.get("VITKIT_CPU_ISA", "") if hold is None else hold
     if "avx512f" in flags:
-        isa = "-avx2-proxy" if hold.strip().lower() == "avx2" else ""
+        isa = AVX2_PROXY if hold.strip().lower() == "avx2" else ""
     else:
-        isa = "-avx2" if "avx2" in flags else ""
+        isa = AVX2 if "avx2" in flags else ""
     return slug(cpu_model() if model_name is None else model_name) + isa
+
+
+def isa_suffix(where: str) -> str:
+    """" (AVX2)" or " (AVX2 proxy)" where WHERE (`machine_slug`'s) ends in one of ISA_LABELS, else "": one CPU
+    model name covers AVX-512 and AVX2 CPUs alike, and their runs differ."""
+    return next((f" ({label})" for end, label in ISA_LABELS.items() if where.endswith(end)), "")
 
 
 def cpu_model() -> str:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records import RESULTS, Record, records  # noqa: E402
+from records import RESULTS, Record, isa_suffix, records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- table:(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -176,15 +176,6 @@ def machine_name(d: dict, rec: Record) -> str:
         return f"one {m['gpu']}"
     parts = [m.get("cpu", "?") + isa_suffix(rec.where), f"{m['cores']} cores" if "cores" in m else ""]
     return ", ".join(p for p in parts if p)
-
-
-def isa_suffix(where: str) -> str:
-    """" (AVX2)" or " (AVX2 proxy)" for a record made on an AVX2-only CPU or held to AVX2 (records.py's
-    WHERE), else "": one CPU model name covers AVX-512 and AVX2 CPUs alike, and their runs differ."""
-    for end, label in (("-avx2-proxy", " (AVX2 proxy)"), ("-avx2", " (AVX2)")):
-        if where.endswith(end):
-            return label
-    return ""
 
 
 def minutes_of(d: dict) -> float:

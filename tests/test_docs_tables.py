@@ -114,8 +114,8 @@ def test_a_seed_run_on_an_avx2_cpu_of_the_same_name_is_a_row_of_its_own(tmp_path
     avx2 = next(r for r in rows if "| AMD EPYC (AVX2), 2 cores |" in r)
     assert "| 0, 1, 2 | 93.20 ± 0.20 % | 93.90 % | 29.0 min |" in avx512
     assert "| 3 | 90.00 % | 93.60 % | 70.0 min |" in avx2
-    assert render.isa_suffix("amd-epyc-avx2-proxy") == " (AVX2 proxy)"
-    assert render.isa_suffix("intel-xeon") == ""
+    assert records.isa_suffix("amd-epyc-avx2-proxy") == " (AVX2 proxy)"
+    assert records.isa_suffix("intel-xeon") == ""
 
 
 def test_check_finds_a_stale_table_and_rendering_fixes_it(tmp_path, capsys):
