@@ -22,7 +22,7 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks
