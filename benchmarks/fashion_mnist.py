@@ -17,13 +17,16 @@ for the mean and spread that `benchmarks/render_tables.py` renders.
 The recipe's figures are for two processes of one thread each (torchrun sets one thread per process). The run
 is an ordinary `vitkit train` run (resumable with --resume); the held-out part is evaluated every few epochs
 (the recipe's `eval_every`), so the report also gives the time at which each accuracy level was first reached
-on it (from RUN/metrics.csv); `wall_minutes` counts from the first process's start.
+on it (from RUN/metrics.csv); `wall_minutes` counts from the first process's start. The report's `config` is
+the run's resolved config (RUN/config.json), from which `benchmarks/render_tables.py` renders the command that
+trains the same under today's recipe.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import time
@@ -123,6 +126,9 @@ def main() -> None:
         "tokens": result_cfg.num_tokens,
         "minutes_to_accuracy": {f"{k:.1f}": (None if v is None else round(v / 60, 2))
                                 for k, v in reached.items()},
+        # what the run trained, as train() resolved and wrote it (TrainConfig.to_json): the typed command
+        # names a recipe, whose defaults change
+        "config": json.loads((args.out / "config.json").read_text()),
     }
     write_json(report, args.out / "benchmark.json")
     if args.record is not None:

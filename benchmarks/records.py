@@ -1,4 +1,5 @@
-"""Benchmark records: where they live and how they are named (benchmarks/results/README.md has the schema).
+"""Benchmark records: where they live and how they are named (benchmarks/results/README.md has the schema),
+and the command that trains what a recipe record's run trained.
 
 A record is one measurement, one JSON file named by what was measured, where, and when:
 `WHAT_WHERE_DATE[_TAG].json`, e.g. `infer-b1_amd-epyc_2026-12-02_run1.json`. WHERE is the CPU (or GPU) model
@@ -16,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = re.compile(
@@ -143,6 +147,96 @@ def records(folder: Path = RESULTS) -> list[Record]:
 
 def _natural(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+# Settings of a run's config that say where its files are kept, not what it trains (the recipe's own name,
+# the data's folder and whether it may be downloaded, how many checkpoints stay on disk): a command that
+# reproduces the run leaves them out. `seed` it gives on its own.
+NOT_TRAINING = ("recipe", "data.data_dir", "data.download", "keep_last")
+
+
+def dotted_items(config: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A nested config dict's settings as (dotted key, value) pairs, in the dict's order: the keys `--set`
+    takes."""
+    items = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            items += dotted_items(value, prefix + key + ".")
+        else:
+            items.append((prefix + key, value))
+    return items
+
+
+def set_text(value: Any) -> str:
+    """A config value as `--set key=VALUE` writes it, so that vitkit's override parser
+    (vitkit.train.overrides.parse_value) reads back the same value: true/false, none, a list
+    comma-separated, a whole float as an integer (`epochs=30`, read back as 30.0), another by repr."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(set_text(v) for v in value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value)
+
+
+def reproducing_sets(d: dict[str, Any]) -> list[str] | None:
+    """The `key=value` items with which today's recipe trains what a recipe record's run trained (its
+    `config`): one per setting that differs from the recipe's, in the config's order, `seed` and NOT_TRAINING
+    left out. A config that predates a setting has it at its default, as a resumed run reads it. None without
+    a config, or where the recipe is gone or today's vitkit no longer reads the config."""
+    if "config" not in d:
+        return None
+    from vitkit.train import get_recipe
+    from vitkit.train.settings import TrainConfig
+
+    try:
+        recipe = dict(dotted_items(json.loads(get_recipe(d["recipe"]).to_json())))
+        config = json.loads(TrainConfig.from_dict(d["config"]).to_json())
+    except (ValueError, TypeError, KeyError):
+        return None
+    return [shlex.quote(f"{key}={set_text(value)}") for key, value in dotted_items(config)
+            if key not in ("seed", *NOT_TRAINING) and value != recipe.get(key)]
+
+
+def processes_of(d: dict[str, Any]) -> int:
+    """How many processes a record's run trained in: its machine's `processes` (a run result's own), else
+    the `--nproc` of its typed command, else 1."""
+    typed = re.search(r" --nproc (\d+)", d.get("command", ""))
+    return int(d.get("machine", {}).get("processes") or d.get("processes") or (typed[1] if typed else 1))
+
+
+def reproducing_command(d: dict[str, Any], out: str, seed: str) -> str | None:
+    """`vitkit train RECIPE --out OUT [--nproc N] --set seed=SEED` and a `--set` for each of
+    reproducing_sets: what the record's run trained, under today's recipe. None where that cannot be said."""
+    sets = reproducing_sets(d)
+    if sets is None:
+        return None
+    nproc = processes_of(d)
+    return " ".join([f"vitkit train {d['recipe']} --out {out}", *([f"--nproc {nproc}"] if nproc > 1 else []),
+                     f"--set seed={seed}", *(f"--set {s}" for s in sets)])
+
+
+def without_seed(command: str) -> str:
+    """A run's command with its own folder and seed generalised: what its seeds have in common."""
+    command = re.sub(r" --out \S+", " --out DIR", command)
+    return re.sub(r" --set seed=\d+", "", command) + " --set seed=S"
+
+
+def run_command(d: dict[str, Any]) -> str:
+    """A recipe record's command for its own row: reproducing_command with the run's `--out` as typed and its
+    seed; the typed command where that cannot be said."""
+    typed = d.get("command", f"vitkit train {d['recipe']}")
+    out = re.search(r" --out (\S+)", typed)
+    return reproducing_command(d, out[1] if out else "DIR", str(d.get("config", {}).get("seed"))) or typed
+
+
+def seeds_command(d: dict[str, Any]) -> str:
+    """What a recipe record's run has in common with the other seeds of its training: reproducing_command with
+    `--out DIR` and `seed=S`; without_seed of the typed command where that cannot be said."""
+    return reproducing_command(d, "DIR", "S") or without_seed(d["command"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records import RESULTS, Record, isa_suffix, records  # noqa: E402
+from records import RESULTS, Record, isa_suffix, records, run_command, seeds_command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- table:(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -189,39 +189,33 @@ def chosen_on(d: dict) -> str:
 
 
 def recipes(recs: list[Record], *whats: str) -> str:
-    """Every recipe record, one row each: the test top-1 of the run's final model, and the split its best/
-    was chosen on."""
+    """Every recipe record, one row each: the command that trains what its run trained under today's recipe
+    (records.run_command), the test top-1 of the run's final model, and the split its best/ was chosen on."""
     lines = ["| recipe | command | test top-1 | chosen on | time | machine | date |",
              "|---|---|---:|---|---:|---|---|"]
     rows = [(r, load(r)) for r in recs if r.what.startswith("recipe-") and (not whats or r.what in whats)]
     for rec, d in sorted(rows, key=lambda rd: (rd[0].what, minutes_of(rd[1]))):
         top1 = d.get("test_top1", 100 * d.get("top1", 0.0))
         minutes = minutes_of(d)
-        command = d.get("command", f"vitkit train {d['recipe']}")
         lines.append(
-            f"| `{d['recipe']}` | `{command}` | {top1:.2f} % | {chosen_on(d)} | {minutes:.1f} min | "
+            f"| `{d['recipe']}` | `{run_command(d)}` | {top1:.2f} % | {chosen_on(d)} | {minutes:.1f} min | "
             f"{machine_name(d, rec)} | {rec.date} |"
         )
     return "\n".join(lines)
 
 
-def without_seed(command: str) -> str:
-    """A run's command with its own folder and seed generalised: what its seeds have in common."""
-    command = re.sub(r" --out \S+", " --out DIR", command)
-    return re.sub(r" --set seed=\d+", "", command) + " --set seed=S"
-
-
 def recipe_seeds(recs: list[Record], *whats: str) -> str:
-    """The recipe records of runs that chose on a held-out part, grouped by command (but its folder and seed)
-    and machine: the test top-1 of the final model as mean and sample standard deviation over the seeds, the
-    best held-out top-1 (mean), and the time (mean)."""
+    """The recipe records of runs that chose on a held-out part, grouped by what they trained (the command
+    that reproduces it, its folder and seed generalised: records.seeds_command) and machine: the test top-1 of
+    the final model as mean and sample standard deviation over the seeds, the best held-out top-1 (mean), and
+    the time (mean)."""
     groups: dict[tuple[str, str, str], list[tuple[Record, dict]]] = {}
     for rec in recs:
         if not rec.what.startswith("recipe-") or (whats and rec.what not in whats):
             continue
         d = load(rec)
         if "val_split" in d:
-            key = (d["recipe"], without_seed(d["command"]), machine_name(d, rec))
+            key = (d["recipe"], seeds_command(d), machine_name(d, rec))
             groups.setdefault(key, []).append((rec, d))
     lines = ["| recipe | command | seeds S | test top-1, final model | best held-out top-1 | time | "
              "machine | date |", "|---|---|---|---:|---:|---:|---|---|"]

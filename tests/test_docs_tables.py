@@ -3,11 +3,15 @@ benchmarks/results/; the renderer itself is checked on small records under tests
 
 import importlib.util
 import json
+import shlex
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+
+from vitkit.train import RECIPES, get_recipe
+from vitkit.train.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "records"
@@ -139,3 +143,99 @@ def test_a_marker_without_records_is_an_error(tmp_path, capsys):
     doc.write_text("<!-- table:nope -->\n<!-- /table -->\n")
     assert render.main(["--check", "--results", str(FIXTURES), str(doc)]) == 2
     assert "no table 'nope'" in capsys.readouterr().err
+
+
+def set_items(command: str) -> list[str]:
+    """The KEY=VALUE items of a command's `--set`s, as the shell passes them."""
+    words = shlex.split(command)
+    return [value for flag, value in zip(words, words[1:], strict=False) if flag == "--set"]
+
+
+def training_settings(config: dict) -> dict:
+    """A config's settings by dotted key (the settings it predates at their defaults), but those that say
+    where files are kept (records.NOT_TRAINING)."""
+    config = json.loads(TrainConfig.from_dict(config).to_json())
+    return {k: v for k, v in records.dotted_items(config) if k not in records.NOT_TRAINING}
+
+
+def test_the_tables_commands_train_what_each_record_trained():
+    """The tables' contract: for every recipe record with a config whose recipe exists, the `--set`s of the
+    command its row shows (and of its seed-table command, its seed put back), given to today's recipe,
+    resolve to the config the run trained."""
+    checked = []
+    for path in sorted((ROOT / "benchmarks" / "results").glob("recipe-*.json")):
+        d = json.loads(path.read_text())
+        if "config" not in d or d["recipe"] not in RECIPES:
+            continue
+        assert records.reproducing_sets(d) is not None, path.name
+        want = training_settings(d["config"])
+        seed = str(d["config"]["seed"])
+        for command in (records.run_command(d), records.seeds_command(d).replace("seed=S", f"seed={seed}")):
+            got = json.loads(get_recipe(d["recipe"], set_items(command)).to_json())
+            assert training_settings(got) == want, (path.name, command)
+        checked.append(path.name)
+    assert len(checked) >= 30
+
+
+def fashion_mnist_record(seed: int, out: str, typed: str = "", sets: tuple[str, ...] = (), **fields) -> dict:
+    """A record of a 2-process fashion-mnist run that typed `typed` and trained the recipe with `sets`."""
+    config = json.loads(get_recipe("fashion-mnist", [f"seed={seed}", *sets]).to_json())
+    return {"command": f"vitkit train fashion-mnist --out {out} --nproc 2 --set seed={seed}{typed}",
+            "machine": {"cpu": "AMD EPYC", "cores": 2, "processes": 2, "threads": 1},
+            "recipe": "fashion-mnist", "seed": seed, "val_split": "holdout", "config": config, **fields}
+
+
+def test_a_record_renders_the_set_of_the_one_setting_its_config_changes():
+    """The command comes from what the run trained, not from what was typed: a config that differs from the
+    recipe in one model setting renders exactly that `--set`, and a typed `--set` of the recipe's own value
+    renders none."""
+    d = fashion_mnist_record(4, "runs/x", sets=("model.mlp_dim=512",))
+    assert records.run_command(d) == ("vitkit train fashion-mnist --out runs/x --nproc 2 --set seed=4 "
+                                      "--set model.mlp_dim=512")
+    assert records.seeds_command(d) == ("vitkit train fashion-mnist --out DIR --nproc 2 --set seed=S "
+                                        "--set model.mlp_dim=512")
+    epochs = get_recipe("fashion-mnist").epochs
+    d = fashion_mnist_record(4, "runs/x", typed=f" --set epochs={epochs}", sets=(f"epochs={epochs}",))
+    assert records.run_command(d) == "vitkit train fashion-mnist --out runs/x --nproc 2 --set seed=4"
+    # a setting that says where files are kept is not part of what the run trained
+    d["config"]["keep_last"] += 3
+    assert records.run_command(d) == "vitkit train fashion-mnist --out runs/x --nproc 2 --set seed=4"
+
+
+def test_the_sets_read_back_as_the_values_of_the_config():
+    """Booleans, floats, sizes, lists, strings and a setting that another implies (pool=gap drops the class
+    token) are written so that `--set` reads back the config."""
+    sets = ("compile=false", "optim.lr=0.0037", "optim.betas=0.9,0.95", "model.image_size=32",
+            "model.pool=gap", "epochs=30", "augment.randaugment=2,9", "data.val_split=test",
+            "teacher=runs/t/best")
+    d = fashion_mnist_record(1, "runs/y", sets=sets)
+    rendered = set_items(records.run_command(d))
+    assert "model.class_token=false" in rendered and "epochs=30" in rendered
+    got = json.loads(get_recipe("fashion-mnist", rendered).to_json())
+    assert training_settings(got) == training_settings(d["config"])
+
+
+def test_seeds_of_one_training_are_one_row_whatever_their_commands_typed(tmp_path):
+    """Two runs that differ only in seed and folder are one row of the seed table; so is a third whose typed
+    command names its setting no more (as runs of a recipe whose default has since changed), and a run that
+    trained something else is a row of its own."""
+    runs = [fashion_mnist_record(0, "runs/a", " --set model.mlp_dim=512", ("model.mlp_dim=512",),
+                                 test_top1=93.0, best_val_top1=93.5, train_minutes=20.0),
+            fashion_mnist_record(1, "runs/b", " --set model.mlp_dim=512", ("model.mlp_dim=512",),
+                                 test_top1=93.4, best_val_top1=93.9, train_minutes=22.0)]
+    (tmp_path / "recipe-fashion-mnist_amd-epyc_2026-12-08_s0.json").write_text(json.dumps(runs[0]))
+    (tmp_path / "recipe-fashion-mnist_amd-epyc_2026-12-08_s1.json").write_text(json.dumps(runs[1]))
+    rows = render.recipe_seeds(records.records(tmp_path)).splitlines()[2:]
+    assert rows == ["| `fashion-mnist` | `vitkit train fashion-mnist --out DIR --nproc 2 --set seed=S --set "
+                    "model.mlp_dim=512` | 0, 1 | 93.20 ± 0.28 % | 93.70 % | 21.0 min | AMD EPYC, 2 cores | "
+                    "2026-12-08 |"]
+    plain = fashion_mnist_record(2, "runs/c", "", ("model.mlp_dim=512",), test_top1=93.2, best_val_top1=93.7,
+                                 train_minutes=21.0)
+    other = fashion_mnist_record(3, "runs/d", "", ("model.mlp_dim=384",), test_top1=92.0, best_val_top1=92.5,
+                                 train_minutes=19.0)
+    (tmp_path / "recipe-fashion-mnist_amd-epyc_2026-12-08_s2.json").write_text(json.dumps(plain))
+    (tmp_path / "recipe-fashion-mnist_amd-epyc_2026-12-08_s3.json").write_text(json.dumps(other))
+    rows = render.recipe_seeds(records.records(tmp_path)).splitlines()[2:]
+    assert len(rows) == 2
+    assert "--set model.mlp_dim=512` | 0, 1, 2 | 93.20 ± 0.20 % |" in rows[1]
+    assert "--set model.mlp_dim=384` | 3 | 92.00 % |" in rows[0]
