@@ -342,13 +342,23 @@ def test_models_the_operator_does_not_compute_keep_the_python_path():
     assert FusedBlock(tiny_model().blocks[0]).int8_kernel is False
 
 
-def test_each_source_folder_builds_its_own_library(monkeypatch, tmp_path):
-    """Two installations share torch's extension cache: under one library name each would rebuild it for its
-    own source paths whenever they alternate (60-125 s each time). The name carries the source folder's."""
+def test_installations_of_the_same_sources_share_one_library(monkeypatch, tmp_path):
+    """Two installations share torch's extension cache: a library is named by its sources' content and built
+    from copies of them in the cache, so that the same sources in another folder (a reinstall, another
+    virtual environment) build nothing anew, and a changed source builds a library of its own."""
     built = []
-    monkeypatch.setattr(build, "_build", lambda name, sources, flags=(): built.append(name))
-    for folder in (tmp_path / "a" / "csrc", tmp_path / "b" / "csrc", tmp_path / "a" / "csrc"):
-        monkeypatch.setattr(build, "CSRC", folder)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "_build", lambda name, sources, flags=(): built.append((name, sources)))
+    for folder, text in (("a", "int x;"), ("b", "int x;"), ("c", "int y;")):
+        csrc = tmp_path / folder / "csrc"
+        csrc.mkdir(parents=True)
+        (csrc / "op.cpp").write_text('#include "op.h"\n')
+        (csrc / "op.h").write_text(text)
+        monkeypatch.setattr(build, "CSRC", csrc)
         with pytest.warns(RuntimeWarning, match="could not build the operator no_such_op"):
-            assert not build.build_operator("vitkit_test", [], "no_such_op")
-    assert built[0] == built[2] != built[1] and all(n.startswith("vitkit_test_") for n in built)
+            assert not build.build_operator("vitkit_test", [csrc / "op.cpp"], "no_such_op")
+    (a, a_sources), (b, b_sources), (c, _) = built
+    assert a == b != c and all(name.startswith("vitkit_test_") for name, _ in built)
+    assert a_sources == b_sources and a_sources[0].parent.parent == tmp_path / "cache" / a
+    assert sorted(p.name for p in a_sources[0].parent.iterdir()) == ["op.cpp", "op.h"]
+    assert (a_sources[0].parent / "op.h").read_text() == "int x;"

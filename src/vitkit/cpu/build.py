@@ -22,10 +22,12 @@ The libraries of operators:
 
 `torch.utils.cpp_extension` compiles each with the machine's C++ compiler and ninja (a dependency of vitkit)
 into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions): 10-60 s a library
-the first time (said on stderr), a fraction of a second afterwards; one library per source folder, so that two
-installations do not rebuild each other's. Where that fails (no compiler, a read-only cache), the library's
-`..._available()` function says why in one warning and returns False, and the callers keep to plain PyTorch
-operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
+the first time (said on stderr), a fraction of a second afterwards. A library is named by the content of the
+sources it is built from (and by torch's version and the build flags), which are copied into its folder of the
+cache and built there: installations of the same vitkit (a reinstall, another virtual environment or checkout)
+share one build, and a change to any source builds anew. Where that fails (no compiler, a read-only cache),
+the library's `..._available()` function says why in one warning and returns False, and the callers keep to
+plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the compiled operators off.
 """
 
 from __future__ import annotations
@@ -44,11 +46,9 @@ import torch
 
 from ..extras import available, install_hint
 from .hardware import cpu_flags, cpu_has_native_bf16, cpu_isa, process_hold
-from .private import extension_library_exists
+from .private import extension_build_directory, extension_library_exists
 
 CSRC = Path(__file__).with_name("csrc")
-# Included by any source that asks for AVX-512 (VITKIT_CPU_ISA): in every library's digest.
-HOLD_HEADER = CSRC / "cpu_hold.h"
 DISABLE_ENV = "VITKIT_KERNELS"
 
 
@@ -104,10 +104,9 @@ def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> Non
             os.environ["PATH"] = path_before
 
 
-def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequence[Path] = ()) -> bool:
+def build_operator(name: str, sources: Sequence[Path], op: str) -> bool:
     """Make `torch.ops.vitkit.<op>` available: True if it is registered already or once library `name`, built
-    from `sources`, has registered it; else a RuntimeWarning that says why, and False. A change to `headers`
-    rebuilds the library too (their digest is one of its build flags)."""
+    from `sources` (stage_sources), has registered it; else a RuntimeWarning that says why, and False."""
     if hasattr(torch.ops.vitkit, op):
         return True
     if cxx_compiler() is None:
@@ -118,16 +117,11 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
         return False
     hold = process_hold()  # a bad VITKIT_CPU_ISA is the user's error, not a failed build
     try:
-        texts = [h.read_bytes() for h in (*headers, HOLD_HEADER)]
-        digest = hashlib.sha256(b"".join(texts)).hexdigest()[:16]
-        # One library per source folder: two installations (two checkouts, two virtual environments) sharing
-        # the cache under one name would each rebuild it, for their own source paths, every time they
-        # alternate.
-        here = hashlib.sha256(str(CSRC.resolve()).encode()).hexdigest()[:8]
-        flags = [f"-DVITKIT_HEADERS_DIGEST={digest}"]
+        flags, suffix = [], ""
         if hold == "avx2":  # a library of its own, no AVX-512 code chosen at run time (cpu_hold.h)
-            here, flags = f"{here}_avx2", [*flags, "-DVITKIT_HOLD_AVX2"]
-        _build(f"{name}_{here}", sources, flags)
+            flags, suffix = ["-DVITKIT_HOLD_AVX2"], "_avx2"
+        library, staged = stage_sources(name, sources, flags, suffix)
+        _build(library, staged, flags)
         if hasattr(torch.ops.vitkit, op):
             return True
         why = f"library {name} loaded without registering {op}"
@@ -139,6 +133,38 @@ def build_operator(name: str, sources: Sequence[Path], op: str, headers: Sequenc
                   f"instead (slower). {DISABLE_ENV}=0 turns vitkit's operators off.",
                   RuntimeWarning, stacklevel=2)
     return False
+
+
+def source_files(sources: Sequence[Path]) -> list[Path]:
+    """What a library is built from: every file of CSRC (a source includes headers by name from its own
+    folder) and any source that lies elsewhere."""
+    inside = sorted(p for p in CSRC.iterdir() if p.is_file()) if CSRC.is_dir() else []
+    return [*inside, *(s for s in sources if s.parent.resolve() != CSRC.resolve())]
+
+
+def stage_sources(name: str, sources: Sequence[Path], flags: Sequence[str], suffix: str = "",
+                  ) -> tuple[str, list[Path]]:
+    """The library's name, `name` and a digest of its files' names and bytes, torch's version and `flags`;
+    and the paths of `sources` among copies of those files in the library's folder of the extension cache.
+    Built from the copies, the library's build command is the same for every installation of these sources,
+    so that none rebuilds another's (torch rebuilds a library whose command changed)."""
+    files = source_files(sources)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    digest.update(f"{torch.__version__}\0{' '.join(flags)}".encode())
+    library = f"{name}_{digest.hexdigest()[:12]}{suffix}"
+    folder = extension_build_directory(library) / "src"
+    if not folder.is_dir():  # copied once: a later copy would be newer than the library and rebuild it
+        partial = folder.with_name(f"src.{os.getpid()}.partial")
+        partial.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copyfile(f, partial / f.name)
+        try:
+            os.rename(partial, folder)
+        except OSError:  # another process (of a data-parallel run) put its copy there first
+            shutil.rmtree(partial, ignore_errors=True)
+    return library, [folder / s.name for s in sources]
 
 
 @functools.cache
@@ -158,9 +184,7 @@ def no_build_tool() -> None:
 @functools.cache
 def _int8_block_built() -> bool:
     """The int8 block operator, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block",
-                          [CSRC / "block_region.h", CSRC / "attention_kernels.h", CSRC / "attention_bf16.h",
-                           CSRC / "vector_math.h", CSRC / "int8_gemm.h", CSRC / "avx512_math.h"])
+    return build_operator("vitkit_int8_block", [CSRC / "int8_block.cpp"], "int8_block")
 
 
 def int8_block_available() -> bool:
@@ -183,9 +207,7 @@ def int8_vnni_available() -> bool:
 @functools.cache
 def _fp32_block_built() -> bool:
     """The fp32 block operator, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_fp32_block", [CSRC / "fp32_block.cpp"], "fp32_block",
-                          [CSRC / "block_region.h", CSRC / "block_operator.h", CSRC / "attention_kernels.h",
-                           CSRC / "vector_math.h", CSRC / "fp32_gemm.h", CSRC / "avx512_math.h"])
+    return build_operator("vitkit_fp32_block", [CSRC / "fp32_block.cpp"], "fp32_block")
 
 
 def fp32_block_available() -> bool:
@@ -199,10 +221,7 @@ def fp32_block_available() -> bool:
 @functools.cache
 def _bf16_block_built() -> bool:
     """The bf16 block operator, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_bf16_block", [CSRC / "bf16_block.cpp"], "bf16_block",
-                          [CSRC / "block_region.h", CSRC / "block_operator.h", CSRC / "attention_kernels.h",
-                           CSRC / "attention_bf16.h", CSRC / "vector_math.h", CSRC / "bf16_gemm.h",
-                           CSRC / "avx512_math.h", CSRC / "layer_norm_bf16.h"])
+    return build_operator("vitkit_bf16_block", [CSRC / "bf16_block.cpp"], "bf16_block")
 
 
 def bf16_block_available() -> bool:
@@ -217,8 +236,7 @@ def bf16_block_available() -> bool:
 @functools.cache
 def _attention_built() -> bool:
     """The attention operators, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_forward_bf16",
-                          [CSRC / "attention_kernels.h", CSRC / "attention_bf16.h", CSRC / "vector_math.h"])
+    return build_operator("vitkit_attention", [CSRC / "attention.cpp"], "attention_forward_bf16")
 
 
 def attention_available() -> bool:
@@ -230,8 +248,7 @@ def attention_available() -> bool:
 @functools.cache
 def _layer_norm_bf16_built() -> bool:
     """The bf16 LayerNorm operator, built and loaded once per process (so a failure warns once)."""
-    return build_operator("vitkit_layer_norm_bf16", [CSRC / "layer_norm_bf16.cpp"], "layer_norm_bf16",
-                          [CSRC / "layer_norm_bf16.h"])
+    return build_operator("vitkit_layer_norm_bf16", [CSRC / "layer_norm_bf16.cpp"], "layer_norm_bf16")
 
 
 def layer_norm_bf16_available() -> bool:

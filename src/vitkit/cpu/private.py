@@ -26,6 +26,7 @@ import functools
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -193,11 +194,16 @@ def extension_library_exists(name: str) -> bool:
     """Whether torch's extension cache holds a built library `name` already (a first build takes a while, and
     is then announced); False where this PyTorch does not say."""
     try:
-        from pathlib import Path
-
         from torch.utils.cpp_extension import _get_build_directory
 
         return (Path(_get_build_directory(name, False)) / f"{name}.so").is_file()
     except (AttributeError, ImportError, TypeError):
         print("vitkit: cannot tell whether its CPU operators are built already", file=sys.stderr)
         return False
+
+
+def extension_build_directory(name: str) -> Path:
+    """The folder of torch's extension cache in which library `name` is built (made if missing)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(name, False))
