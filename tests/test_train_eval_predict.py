@@ -116,7 +116,23 @@ def run_cli(*args):
                           text=True, timeout=180)
 
 
-def test_cli_eval_and_predict(tmp_path):
+def cli_here(capsys, *args) -> tuple[int, str, str]:
+    """`vitkit ARGS` in this process (no interpreter to start): its exit status, stdout and stderr."""
+    from vitkit.cli.main import main
+
+    capsys.readouterr()
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_eval_and_predict(tmp_path, capsys):
+    """The installed command end to end (a process of its own, its exit status and its two streams), then the
+    options in this process: --no-fast agrees with the fast path, --json and --progress keep stdout clean."""
     model = random_model()
     vitkit.save(model, tmp_path / "ckpt", class_names=[f"class{i}" for i in range(10)])
     # An image folder with 10 class sub-folders (eval takes a dataset name or a folder).
@@ -128,9 +144,9 @@ def test_cli_eval_and_predict(tmp_path):
     assert metrics["count"] == 20 and 0 <= metrics["top1"] <= metrics["top5"] <= 1
     assert (tmp_path / "ev" / "confusion.png").is_file() and "top-1" in r.stdout
     # The fast path (vitkit.optimize, the default) and the plain model agree.
-    plain = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev2",
-                    "--no-fast")
-    assert plain.returncode == 0, plain.stderr
+    code, _, err = cli_here(capsys, "eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out",
+                            tmp_path / "ev2", "--no-fast")
+    assert code == 0, err
     plain_metrics = json.loads((tmp_path / "ev2" / "metrics.json").read_text())
     assert (plain_metrics["top1"], plain_metrics["top5"]) == (metrics["top1"], metrics["top5"])
     assert plain_metrics["confusion"] == metrics["confusion"]
@@ -142,13 +158,14 @@ def test_cli_eval_and_predict(tmp_path):
     assert [line.split(":")[0] for line in r.stdout.splitlines()] == [str(p) for p in imgs]
     errors = r.stderr.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("error: ") and "zero.png" in errors[0]
-    ok = run_cli("predict", tmp_path / "ckpt", imgs[0], "--json")
-    assert ok.returncode == 0, ok.stderr
-    assert len(json.loads(ok.stdout)["labels"]) == 5
+    code, out, err = cli_here(capsys, "predict", tmp_path / "ckpt", imgs[0], "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["labels"]) == 5
     # A bar asked for goes to stderr, and stdout keeps only the results' lines.
-    bar = run_cli("predict", tmp_path / "ckpt", tmp_path / "pred", "--top-k", "2", "--progress")
-    assert bar.stdout == r.stdout and "predict" in bar.stderr and "/3 " in bar.stderr
-    assert any(line.startswith("error: ") and "zero.png" in line for line in bar.stderr.splitlines())
+    code, out, err = cli_here(capsys, "predict", tmp_path / "ckpt", tmp_path / "pred", "--top-k", "2",
+                              "--progress")
+    assert code == 1 and out == r.stdout and "predict" in err and "/3 " in err
+    assert any(line.startswith("error: ") and "zero.png" in line for line in err.splitlines())
 
 
 def test_cli_eval_and_predict_options(tmp_path, capsys):
@@ -214,7 +231,7 @@ def strict_json(text):
     return json.loads(text, parse_constant=refuse)
 
 
-def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name(tmp_path):
+def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name(tmp_path, capsys):
     model = vitkit.create_model(CFG.replace(num_classes=3))
     torch.nn.init.normal_(model.head.weight, std=0.5)
     vitkit.save(model, tmp_path / "ckpt", class_names=["a", "b", "c"])
@@ -222,9 +239,9 @@ def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name
     write_pngs(tmp_path / "data" / "a", 3, seed=60)
     write_pngs(tmp_path / "data" / "c", 3, seed=61)
     (tmp_path / "data" / "c" / "zz.png").write_bytes(b"broken")
-    r = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out", tmp_path / "ev",
-                "--skip-bad-images")
-    assert r.returncode == 0, r.stderr
+    code, _, err = cli_here(capsys, "eval", tmp_path / "ckpt", "--data", tmp_path / "data", "--out",
+                            tmp_path / "ev", "--skip-bad-images")
+    assert code == 0, err
     metrics = strict_json((tmp_path / "ev" / "metrics.json").read_text())
     assert (metrics["count"], metrics["skipped"]) == (6, 1)
     assert metrics["skipped_images"] == [str(tmp_path / "data" / "c" / "zz.png")]  # named, as in result.json
@@ -232,9 +249,9 @@ def test_cli_eval_skips_bad_images_writes_valid_json_and_matches_classes_by_name
     assert [sum(row) for row in metrics["confusion"]] == [3, 0, 3]
     # A class the checkpoint does not know is refused, named, in one line.
     write_pngs(tmp_path / "data" / "d", 1, seed=62)
-    bad = run_cli("eval", tmp_path / "ckpt", "--data", tmp_path / "data")
-    assert bad.returncode != 0 and "Traceback" not in bad.stderr
-    assert bad.stderr.startswith(f"error: {tmp_path / 'data'} has classes that {tmp_path / 'ckpt'} "
+    code, _, err = cli_here(capsys, "eval", tmp_path / "ckpt", "--data", tmp_path / "data")
+    assert code != 0 and "Traceback" not in err
+    assert err.startswith(f"error: {tmp_path / 'data'} has classes that {tmp_path / 'ckpt'} "
                                  "lacks: d (")
 
 

@@ -93,14 +93,24 @@ def test_parse_value_optional_tuple():
     assert parse_value("none", tuple[int, ...] | None) is None
 
 
-def test_cli_show_and_unknown_key():
-    run = [sys.executable, "-m", "vitkit.cli.main", "train", "demo", "--out", "unused", "--show"]
-    ok = subprocess.run(run + ["--set", "optim.lr=0.005"], capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)["optim"]["lr"] == 0.005
-    bad = subprocess.run(run + ["--set", "optim.lrr=1"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0
-    assert bad.stderr.startswith("error: unknown key 'optim.lrr'") and "Traceback" not in bad.stderr
+def test_cli_show_and_unknown_key(capsys):
+    from vitkit.cli.main import main
+
+    def show(*sets: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            main(["train", "demo", "--out", "unused", "--show", *sets])
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        return code, *capsys.readouterr()
+
+    code, out, err = show("--set", "optim.lr=0.005")
+    assert code == 0, err
+    assert json.loads(out)["optim"]["lr"] == 0.005
+    code, out, err = show("--set", "optim.lrr=1")
+    assert code != 0
+    assert err.startswith("error: unknown key 'optim.lrr'") and "Traceback" not in err
 
 
 def test_finetune_takes_the_init_checkpoints_architecture_and_short_keys(tmp_path):
