@@ -32,6 +32,7 @@ plain PyTorch operators. `VITKIT_KERNELS=0` in the environment turns the compile
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -39,7 +40,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -80,24 +81,33 @@ def _tool_path() -> str:
     return os.pathsep.join([*dirs, os.environ.get("PATH", "")])
 
 
-def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> None:
-    """Compile `sources` into a library of torch operators and load it (registering its operators)."""
-    # Importing cpp_extension on a machine without CUDA logs a warning about CUDA_HOME that concerns us not.
+@contextlib.contextmanager
+def _quiet_cpp_extension() -> Iterator[None]:
+    """Importing cpp_extension on a machine without CUDA logs a warning about CUDA_HOME that concerns us not:
+    its logger says errors only, meanwhile."""
     ext_log = logging.getLogger("torch.utils.cpp_extension")
     level = ext_log.level
     ext_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ext_log.setLevel(level)
+
+
+def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> None:
+    """Compile `sources` into a library of torch operators and load it (registering its operators)."""
     path_before = os.environ.get("PATH")
     os.environ["PATH"] = _tool_path()
     try:
-        from torch.utils.cpp_extension import load
+        with _quiet_cpp_extension():
+            from torch.utils.cpp_extension import load
 
-        if not extension_library_exists(name):  # said once: it takes a while
-            print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s",
-                  file=sys.stderr, flush=True)
-        load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
-             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+            if not extension_library_exists(name):  # said once: it takes a while
+                print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s",
+                      file=sys.stderr, flush=True)
+            load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
+                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     finally:
-        ext_log.setLevel(level)
         if path_before is None:
             os.environ.pop("PATH", None)
         else:
@@ -120,7 +130,8 @@ def build_operator(name: str, sources: Sequence[Path], op: str) -> bool:
         flags, suffix = [], ""
         if hold == "avx2":  # a library of its own, no AVX-512 code chosen at run time (cpu_hold.h)
             flags, suffix = ["-DVITKIT_HOLD_AVX2"], "_avx2"
-        library, staged = stage_sources(name, sources, flags, suffix)
+        with _quiet_cpp_extension():
+            library, staged = stage_sources(name, sources, flags, suffix)
         _build(library, staged, flags)
         if hasattr(torch.ops.vitkit, op):
             return True
