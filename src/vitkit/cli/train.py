@@ -135,9 +135,6 @@ def train(
     With --nproc N, or under `torchrun --nproc_per_node N -m vitkit.cli.main train ...`, the same command runs
     data-parallel (gloo on CPUs, nccl on GPUs)."""
     from ..train import get_recipe
-    from ..train import train as run
-    from ..train.run_folder import config_to_resume
-    from ..train.stopping import TrainingStopped
     from .main import UsageError
 
     if recipe not in RECIPES:
@@ -146,6 +143,8 @@ def train(
         overrides = [*(overrides or []), "fast=false"]
     try:
         # resuming: the run's own config.json, with any --set applied to it; else the recipe's
+        if resume:
+            from ..train.run_folder import config_to_resume
         cfg = (config_to_resume(out, recipe, overrides or []) if resume else None) \
             or get_recipe(recipe, overrides or [])
     except ValueError as e:
@@ -154,8 +153,9 @@ def train(
         typer.echo(cfg.to_json(), nl=False)
         return
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from ..train.batches import make_plan
+        # This process only starts torchrun and waits for it: it leaves the trainer and torchvision unloaded.
         from ..train.distributed import pick_device
+        from ..train.order import make_plan
 
         try:  # what every process would refuse, refused once before any starts
             pick_device(cfg.device, local_rank=nproc - 1)  # one GPU each
@@ -166,6 +166,9 @@ def train(
                 *(a for o in overrides or [] for a in ("--set", o)),
                 *{None: [], True: ["--progress"], False: ["--no-progress"]}[progress]]
         raise typer.Exit(launch_torchrun(nproc, args))
+    from ..train import train as run
+    from ..train.stopping import TrainingStopped
+
     try:
         result = run(cfg, out, resume=resume, progress=progress)
     except TrainingStopped as e:
