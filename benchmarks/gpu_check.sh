@@ -56,7 +56,7 @@ if [ "$QUICK" = 1 ]; then
     tests=(tests/test_optimize.py -k "cuda or bf16")
     study=(--tiny --device cpu --seeds 2)
     study_name=study-data-scaling-tiny
-    study_limit=60
+    study_limit=120  # its cells take seconds; the margin is for a CPU shared with other work
     # the recipes' runs, a few steps each on a few images (their test split still whole), on the CPU
     recipes_set=(--set device=cpu --set compile=false --set steps=4 --set eval_every=2 --set data.limit=600
                  --set data.holdout=100)

@@ -146,7 +146,7 @@ def test_gpu_check_study_step_runs_the_tiny_twin_and_archives_its_records(tmp_pa
     env = {**os.environ, "PY": sys.executable, "QUICK": "1", "ONLY": "study", "OUT": str(tmp_path / "out"),
            "TMPDIR": str(tmp_path)}
     run = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=360)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "== train_demo" not in run.stdout and "== tests" not in run.stdout  # ONLY=study
     (archive,) = (tmp_path / "out").glob("study-data-scaling-tiny_*.tar.gz")
