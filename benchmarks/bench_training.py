@@ -171,6 +171,8 @@ def measure(cfg: ViTConfig, batch: int, repeats: int, warmup: int, seed: int, en
     by_engine = {k: v for k, v in ratios.items() if k.startswith("vitkit[")}
     result = {
         "model": cfg.name, "batch": batch, "threads": torch.get_num_threads(), "machine": machine_info(),
+        # the model's settings: a recipe's cell is named by the recipe, whose model may change
+        "config": cfg.to_dict(),
         "training_engine": "per shape, timed" if autotune.enabled() else training_engine(),
         # with timing on: the engine each training product shape got in this process so far
         **({"training_products": autotune.chosen("linear-train")} if autotune.enabled() else {}),

@@ -306,7 +306,7 @@ def test_gpu_benchmark_compiles_the_training_steps_in_the_mode_asked(monkeypatch
 def test_training_benchmark_steps_with_the_trainers_optimizer():
     """benchmarks/bench_training.py gives both contenders the optimizer of vitkit's trainer (fused AdamW,
     weight decay on the weights only) by default, torch's default AdamW with --optimizer torch-default, and
-    says which."""
+    says which; its record carries the model's config."""
     bench_training = load_benchmark("bench_training")
     cfg = vitkit.get_config("ViT-Ti/16").replace(image_size=(32, 32), patch_size=8, depth=1, num_classes=5)
     for model in (vitkit.create_model(cfg), bench_training.build_timm(cfg)):
@@ -321,6 +321,8 @@ def test_training_benchmark_steps_with_the_trainers_optimizer():
         bench_training.step_optimizer(model, "sgd")
     r = bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0, optimizer="torch-default")
     assert r["optimizer"] == "torch-default"
+    # the record names the model's settings, not only its name
+    assert vitkit.ViTConfig.from_dict(r["config"]) == cfg
     assert bench_training.measure(cfg, batch=2, repeats=1, warmup=0, seed=0)["optimizer"] == "trainer"
 
 
