@@ -99,14 +99,13 @@ def _build(name: str, sources: Sequence[Path], flags: Sequence[str] = ()) -> Non
     path_before = os.environ.get("PATH")
     os.environ["PATH"] = _tool_path()
     try:
-        with _quiet_cpp_extension():
-            from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import load
 
-            if not extension_library_exists(name):  # said once: it takes a while
-                print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s",
-                      file=sys.stderr, flush=True)
-            load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
-                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        if not extension_library_exists(name):  # said once: it takes a while
+            print(f"vitkit: compiling its CPU operators ({name}), once per installation: 10-60 s",
+                  file=sys.stderr, flush=True)
+        load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3", "-fopenmp", *flags],
+             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     finally:
         if path_before is None:
             os.environ.pop("PATH", None)
@@ -130,9 +129,9 @@ def build_operator(name: str, sources: Sequence[Path], op: str) -> bool:
         flags, suffix = [], ""
         if hold == "avx2":  # a library of its own, no AVX-512 code chosen at run time (cpu_hold.h)
             flags, suffix = ["-DVITKIT_HOLD_AVX2"], "_avx2"
-        with _quiet_cpp_extension():
+        with _quiet_cpp_extension():  # staging and building both import cpp_extension
             library, staged = stage_sources(name, sources, flags, suffix)
-        _build(library, staged, flags)
+            _build(library, staged, flags)
         if hasattr(torch.ops.vitkit, op):
             return True
         why = f"library {name} loaded without registering {op}"
