@@ -82,11 +82,10 @@ def fashion_mnist_vit(depth: int, name: str, patch: int = 7, dim: int = 128, mlp
 def fashion_mnist() -> TrainConfig:
     """A pure ViT from scratch on Fashion-MNIST within 30 minutes on 2 CPU cores: 4x4 patches (49 tokens and
     the class token), width 64, depth 6, 4 heads, the paper's MLP of four times the width (256; 305k
-    parameters), mimetic attention initialisation,
-    PatchDropout 0.5 except in the last epoch, AdamW lr 4e-3, batch 256, weight decay 0.05, label smoothing
-    0.1, pad-crop, flips and random erasing, an EMA of the weights, 90 epochs, bf16 autocast where the CPU
-    computes bf16 natively (fp32 elsewhere), through torch.compile. Run it as two processes of one thread
-    each:
+    parameters), mimetic attention initialisation, PatchDropout 0.5 except in the last epoch, AdamW lr 4e-3,
+    batch 256, weight decay 0.05, label smoothing 0.1, pad-crop, flips and random erasing, an EMA of the
+    weights, 90 epochs, bf16 autocast where the CPU computes bf16 natively (fp32 elsewhere), through
+    torch.compile. Run it as two processes of one thread each:
 
         vitkit train fashion-mnist --out runs/fmnist --nproc 2
 
