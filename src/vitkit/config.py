@@ -88,7 +88,9 @@ class ViTConfig:
     `distilled` adds DeiT's distillation token (Touvron et al., ICML 2021) after the class token, with its own
     head taught by a teacher's predictions; the model's logits are the mean of the two heads'.
     `hybrid_layers`, when set, replaces the patch projection by a BiT ResNet stem with that many units
-    per stage (Sec. 3.1, "Hybrid Architecture"). `dynamic_img_size` (timm's name) lets the model take
+    per stage (Sec. 3.1, "Hybrid Architecture"). `spt` replaces it by Shifted Patch Tokenization (vitkit.spt;
+    Lee et al. 2021, for small datasets, not the paper's): each patch with its half-patch neighbourhood.
+    `dynamic_img_size` (timm's name) lets the model take
     images of any size whose sides are multiples of the patch stride: the position table is resampled to
     each batch's grid as it runs (bicubic, antialiased, as timm); `image_size` stays the size it was
     trained at, the grid its table is kept for.
@@ -124,6 +126,7 @@ class ViTConfig:
     # The ResNet's normalisation constants (HYBRID_NORMS): "timm", or "flax" as Google's .npz hybrids were
     # trained; they differ by ~1e-3 relative in the tokens. Only with hybrid_layers.
     hybrid_norm: HybridNorm = "timm"
+    spt: bool = False
     dynamic_img_size: bool = False
     # Preprocessing that belongs to the weights (recorded in checkpoints).
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -175,6 +178,9 @@ class ViTConfig:
                           "representation_size, as DeiT's models")
         if self.dim % self.num_heads:
             errors.append(f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
+        if self.spt and (self.hybrid_layers is not None or self.patch_size < 2):
+            errors.append("spt=True shifts the image by half a patch before the patch projection: it needs "
+                          f"patch_size >= 2 (got {self.patch_size}) and no hybrid_layers")
         if self.pos_embed == "sincos-2d" and self.dim % 4:
             errors.append(f"pos_embed='sincos-2d' needs dim divisible by 4, got {self.dim}")
         if self.pos_embed == "learned-2d" and self.dim % 2:
@@ -223,7 +229,7 @@ class ViTConfig:
                 put(key, float(value))
             else:
                 errors.append(f"{key}={value!r} must be a finite number")
-        for key in ("class_token", "distilled", "qkv_bias", "dynamic_img_size"):
+        for key in ("class_token", "distilled", "qkv_bias", "spt", "dynamic_img_size"):
             if not isinstance(getattr(self, key), bool):
                 errors.append(f"{key}={getattr(self, key)!r} must be true or false")
         for key in ("pool", "pos_embed", "gelu", "attn_init", "hybrid_norm", "interpolation", "crop_mode",

@@ -6,6 +6,7 @@ import torch
 
 from .config import ViTConfig, get_config
 from .model import VisionTransformer, build_patch_embed
+from .spt import SHIFTS
 
 
 def _config(cfg: ViTConfig | str) -> ViTConfig:
@@ -48,7 +49,8 @@ def count_flops(cfg: ViTConfig | str) -> float:
                 embed(torch.empty(1, cfg.in_chans, *cfg.image_size))
         patch = counter.get_total_flops() // 2
     else:
-        patch = cfg.num_patches * D * cfg.in_chans * cfg.patch_size**2
+        channels = cfg.in_chans * (1 + SHIFTS if cfg.spt else 1)  # SPT projects 5 stacked copies
+        patch = cfg.num_patches * D * channels * cfg.patch_size**2
     head_in = cfg.representation_size or D
     head = (D * cfg.representation_size if cfg.representation_size else 0) + head_in * max(cfg.num_classes, 0)
     macs = cfg.depth * per_layer + patch + head

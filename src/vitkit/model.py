@@ -24,6 +24,7 @@ from .hub_mixin import HubMixin
 from .hybrid import HybridEmbed
 from .init import lecun_normal_, mimetic_init_
 from .posemb import resample_pos_embed, sincos_position_table
+from .spt import ShiftedPatchEmbed
 from .streams import bits, fold_in, uniform
 
 
@@ -41,8 +42,10 @@ class PatchEmbed(nn.Module):
 
 def build_patch_embed(cfg: ViTConfig) -> nn.Module:
     """The patch embedding x_p E of eq. 1: of the image's patches, or of a ResNet's feature map (the hybrid,
-    Sec. 3.1)."""
-    return HybridEmbed(cfg) if cfg.hybrid_layers is not None else PatchEmbed(cfg)
+    Sec. 3.1); with `cfg.spt`, of the patches and their shifted copies (vitkit.spt, not the paper's)."""
+    if cfg.hybrid_layers is not None:
+        return HybridEmbed(cfg)
+    return ShiftedPatchEmbed(cfg) if cfg.spt else PatchEmbed(cfg)
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
@@ -263,7 +266,7 @@ class VisionTransformer(nn.Module, HubMixin):
             nn.init.zeros_(self.cls_token)
         if self.dist_token is not None:
             nn.init.normal_(self.dist_token, std=0.02)  # DeiT's; a zero one would start as the class token
-        if isinstance(self.patch_embed, PatchEmbed):
+        if isinstance(self.patch_embed, (PatchEmbed, ShiftedPatchEmbed)):
             # The patch projection is the linear map E of the flattened patch: LeCun normal over its fan-in.
             lecun_normal_(self.patch_embed.proj.weight)
             nn.init.zeros_(self.patch_embed.proj.bias)

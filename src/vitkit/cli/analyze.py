@@ -166,6 +166,11 @@ def filters(
     if model.cfg.hybrid_layers is not None or proj is None:  # a hybrid's proj is a 1x1 map of ResNet channels
         raise UsageError(f"{ckpt}: a hybrid model has no patch filters (its patches are ResNet features)",
                          "use a plain ViT checkpoint")
+    if model.cfg.spt:  # vitkit.spt: the projection reads five shifted copies of a patch, layer-normalised
+        raise UsageError(f"{ckpt}: a model with shifted patch tokenization (spt) projects each patch with "
+                         "its four shifted copies, layer-normalised: its filters are not Fig. 7's patch "
+                         "filters",
+                         "use a checkpoint of a ViT without spt")
     pcs = filter_principal_components(proj.weight, components)
     fig = plot_filters(pcs, title=f"Patch-embedding filters, first {pcs.components.shape[0]} principal "
                                   f"components:\n{_label(ckpt, model)}")

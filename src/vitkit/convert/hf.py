@@ -154,6 +154,8 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
         problems.append(f"transformers' ViT has only a learned 1D position table, not {cfg.pos_embed!r}")
     if cfg.hybrid_layers is not None:
         problems.append("transformers has no ResNet hybrid ViT in its current versions")
+    if cfg.spt:
+        problems.append("transformers' ViT has no shifted patch tokenization (spt)")
     if cfg.distilled:
         problems.append("vitkit writes transformers' ViT, which has no distillation token (write it for "
                         "timm)")

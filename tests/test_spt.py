@@ -1,0 +1,156 @@
+"""Shifted Patch Tokenization (vitkit.spt): against a reference written from Lee et al.'s description, in the
+model, the counts, the converters, optimize, ONNX and training."""
+
+import csv
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from train_helpers import synthetic_dataset
+from vitkit.config import ViTConfig
+from vitkit.spt import ShiftedPatchEmbed
+from vitkit.train import get_recipe, train
+
+SMALL = ViTConfig(image_size=(12, 16), patch_size=4, in_chans=2, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                  num_classes=5, spt=True)
+
+
+def reference_spt(x, weight, bias, norm_weight, norm_bias, p, eps):
+    """SPT as the paper describes it, written another way: each copy's pixel (i, j) read from the image at
+    (i -/+ s, j -/+ s) by explicit indexing (zero outside), patches by F.unfold, then LayerNorm and the
+    linear projection."""
+    s = p // 2
+    b, c, h, w = x.shape
+    copies = [x]
+    for di, dj in ((-s, -s), (-s, s), (s, -s), (s, s)):
+        y = torch.zeros_like(x)
+        for i in range(h):
+            for j in range(w):
+                si, sj = i + di, j + dj
+                if 0 <= si < h and 0 <= sj < w:
+                    y[:, :, i, j] = x[:, :, si, sj]
+        copies.append(y)
+    patches = F.unfold(torch.cat(copies, 1), kernel_size=p, stride=p).transpose(1, 2)  # (B, N, 5C P P)
+    patches = F.layer_norm(patches, patches.shape[-1:], norm_weight, norm_bias, eps)
+    return patches @ weight.flatten(1).T + bias
+
+
+def test_shifted_patch_embed_equals_the_reference():
+    torch.manual_seed(0)
+    embed = ShiftedPatchEmbed(SMALL)
+    with torch.no_grad():  # a LayerNorm away from ones and zeros, so that its affine part is checked too
+        embed.norm.weight.normal_()
+        embed.norm.bias.normal_()
+    x = torch.randn(3, 2, 12, 16)
+    expected = reference_spt(x, embed.proj.weight, embed.proj.bias, embed.norm.weight, embed.norm.bias, 4,
+                             SMALL.ln_eps)
+    torch.testing.assert_close(embed(x), expected, rtol=1e-5, atol=1e-5)
+    assert embed(x).shape == (3, SMALL.num_patches, SMALL.dim)
+
+
+def test_one_bright_pixel_moves_half_a_patch_in_each_copy():
+    from vitkit.spt import shifted_stack
+
+    x = torch.zeros(1, 1, 8, 8)
+    x[0, 0, 3, 4] = 1.0
+    stack = shifted_stack(x, 2)
+    where = [tuple(torch.nonzero(stack[0, k]).flatten().tolist()) for k in range(5)]
+    assert where == [(3, 4), (5, 6), (5, 2), (1, 6), (1, 2)]
+
+
+def test_the_model_takes_it_and_counts_it():
+    model = vitkit.create_model(SMALL)
+    assert isinstance(model.patch_embed, ShiftedPatchEmbed)
+    plain = SMALL.replace(spt=False)
+    extra = (5 - 1) * 2 * 4 * 4 * SMALL.dim + 2 * 5 * 2 * 4 * 4  # the wider projection, the LayerNorm
+    assert vitkit.count_parameters(SMALL) == sum(p.numel() for p in model.parameters())
+    assert vitkit.count_parameters(SMALL) - vitkit.count_parameters(plain) == extra
+    macs = SMALL.num_patches * SMALL.dim * (5 - 1) * 2 * 4 * 4  # the four copies through the projection
+    assert vitkit.count_flops(SMALL) - vitkit.count_flops(plain) == 2 * macs
+    # LeCun normal over the fan-in of the stacked patch, as the plain projection's over its own
+    assert abs(model.patch_embed.proj.weight.std().item() - (5 * 2 * 16) ** -0.5) < 0.02
+    assert model(torch.randn(2, 2, 12, 16)).shape == (2, 5)
+
+
+@pytest.mark.parametrize("changes", [{"patch_size": 1, "image_size": 8},
+                                     {"hybrid_layers": (1,), "image_size": 32, "patch_size": 2,
+                                      "hybrid_width": 32}])
+def test_config_refuses_what_it_cannot_shift(changes):
+    with pytest.raises(ValueError, match="spt=True"):
+        SMALL.replace(**changes)
+
+
+def test_saved_and_loaded_with_the_same_function(tmp_path):
+    model = vitkit.create_model(SMALL).eval()
+    folder = vitkit.save(model, tmp_path / "m")
+    again = vitkit.load(folder)
+    assert again.cfg.spt is True
+    x = torch.randn(2, 2, 12, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(again(x), model(x))
+
+
+def test_timm_and_transformers_writers_refuse_it():
+    from vitkit.convert.hf import to_hf
+    from vitkit.convert.timm import to_timm
+
+    model = vitkit.create_model(SMALL)
+    for write in (to_timm, to_hf):
+        with pytest.raises(ValueError, match=r"shifted patch tokenization \(spt\)"):
+            write(model)
+
+
+@pytest.mark.parametrize("precision,atol", [("fp32", 1e-4), ("int8", 0.15)])
+def test_optimize_keeps_the_shifted_tokens(precision, atol):
+    torch.manual_seed(0)
+    model = vitkit.create_model(SMALL.replace(image_size=32, in_chans=3)).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.2)
+    fast = vitkit.optimize(model, precision, compile=False)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), model(x), rtol=0, atol=atol)
+
+
+def test_onnx_export_runs_it_in_onnxruntime(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from vitkit.export import check_onnx, export_onnx
+
+    model = vitkit.create_model(SMALL).eval()
+    path = export_onnx(model, tmp_path / "spt.onnx")
+    assert check_onnx(model, path).ok
+
+
+def test_training_with_spt_learns_and_saves_it(tmp_path):
+    data = synthetic_dataset(32, seed=0)
+    cfg = get_recipe("demo-tiny", ["model.spt=true", "augment.crop=none", "augment.hflip=0",
+                                   "augment.random_erasing=0", "threads=1", "batch_size=32", "steps=25",
+                                   "optim.schedule=constant", "optim.warmup_epochs=0", "optim.lr=0.003",
+                                   "optim.label_smoothing=0", "log_every=1", "ckpt_every=100"])
+    train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert isinstance(vitkit.load(tmp_path / "run" / "last").patch_embed, ShiftedPatchEmbed)
+
+
+def run_cli(*args):
+    from vitkit.cli.main import main
+
+    try:
+        main([str(a) for a in args])
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_info_names_it_and_filters_refuse_it(tmp_path, capsys):
+    vitkit.save(vitkit.create_model(SMALL), tmp_path / "spt")
+    assert run_cli("info", tmp_path / "spt") == 0
+    assert "shifted patch tokenization (spt)" in capsys.readouterr().out
+    assert run_cli("analyze", "filters", tmp_path / "spt", "--out", tmp_path / "f.png") == 1
+    assert "its filters are not Fig. 7's patch filters" in capsys.readouterr().err
+    assert not (tmp_path / "f.png").exists()
