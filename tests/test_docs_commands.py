@@ -1,6 +1,7 @@
 """Every `vitkit ...` command line in README.md, CONTRIBUTING.md, docs/*.md and the READMEs of benchmarks/
 names a real command with options that command accepts (checked against the command line's own definition,
-without running anything), and every repository path and link they name exists."""
+without running anything), every `vitkit train` line sets only what its recipe takes, and every repository
+path and link they name exists."""
 
 from __future__ import annotations
 
@@ -95,6 +96,41 @@ def problems(line: str, root) -> list[str]:
     return bad
 
 
+# `--set` keys whose values name the reader's own files: a documented command cannot have them here
+FILE_SETTINGS = ("init", "teacher")
+
+
+def recipe_settings(line: str) -> tuple[str, list[str]] | None:
+    """For a `vitkit train RECIPE ...` line: the recipe and its `--set KEY=VALUE` overrides, less those whose
+    value is a placeholder (`seed=S`), a shell variable (`compile=$c`) or one of the reader's files; None for
+    other lines."""
+    from vitkit.train.recipes import RECIPES
+
+    tokens = words(line)[1:]
+    if len(tokens) < 2 or tokens[0] != "train" or tokens[1] not in RECIPES:
+        return None
+    sets = [tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t == "--set"]
+    sets += [t.split("=", 1)[1] for t in tokens if t.startswith("--set=")]
+    kept = [kv for kv in sets if "=" in kv and kv.split("=", 1)[0] not in FILE_SETTINGS
+            and "$" not in kv and not PLACEHOLDER.match(kv.split("=", 1)[1])]
+    return tokens[1], kept
+
+
+def settings_problems(line: str) -> list[str]:
+    """What the recipe refuses among a `vitkit train` line's `--set` overrides (a key it lacks, a value of the
+    wrong type), checked as the command checks them, before anything runs."""
+    from vitkit.train import get_recipe
+
+    found = recipe_settings(line)
+    if not found or not found[1]:
+        return []
+    try:
+        get_recipe(*found)
+    except ValueError as e:
+        return [str(e).splitlines()[0]]
+    return []
+
+
 def repo_paths(text: str) -> list[str]:
     """Repository paths the text names in code: words that start with a top-level folder of the repository."""
     spans = INLINE.findall(FENCE.sub("", text)) + [block for _, block in FENCE.findall(text)]
@@ -131,6 +167,14 @@ def test_every_command_line_names_a_real_command_and_options(doc):
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_training_command_sets_what_its_recipe_takes(doc):
+    if not doc.exists():
+        pytest.skip(f"{doc.name} not written yet")
+    bad = [f"{line!r}: {p}" for line in command_lines(doc.read_text()) for p in settings_problems(line)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_path_and_link_exists(doc):
     if not doc.exists():
         pytest.skip(f"{doc.name} not written yet")
@@ -152,6 +196,11 @@ def test_the_checks_catch_what_they_are_for():
     assert problems("vitkit analyze posemb x --data y", root) == [
         "`vitkit analyze posemb` takes no option --data"
     ]
+    assert settings_problems("vitkit train demo --out x --set model.spt=true --set seed=S") == []
+    line = "vitkit train demo --set seed=S --set compile=$c --set teacher=m --set epochs=2"
+    assert recipe_settings(line) == ("demo", ["epochs=2"])
+    assert "sptx" in settings_problems("vitkit train demo --out x --set model.sptx=true")[0]
+    assert "optim.lr" in settings_problems("vitkit train fashion-mnist --set optim.lr=fast")[0]
     text = (
         "Run `vitkit models S/16`.\n\n```bash\nvitkit eval a \\\n  --data b   # note\n$ vitkit info c\n```\n"
         "```text\n$ vitkit models\n   vitkit presets\n```\n"
