@@ -6,7 +6,6 @@ import torch
 
 from .config import ViTConfig, get_config
 from .model import VisionTransformer, build_patch_embed
-from .spt import SHIFTS
 
 
 def _config(cfg: ViTConfig | str) -> ViTConfig:
@@ -49,8 +48,8 @@ def count_flops(cfg: ViTConfig | str) -> float:
                 embed(torch.empty(1, cfg.in_chans, *cfg.image_size))
         patch = counter.get_total_flops() // 2
     else:
-        channels = cfg.in_chans * (1 + SHIFTS if cfg.spt else 1)  # SPT projects 5 stacked copies
-        patch = cfg.num_patches * D * channels * cfg.patch_size**2
+        with torch.device("meta"):  # kernel = stride: one multiply-add per weight per patch (SPT's too)
+            patch = cfg.num_patches * build_patch_embed(cfg).proj.weight.numel()
     head_in = cfg.representation_size or D
     head = (D * cfg.representation_size if cfg.representation_size else 0) + head_in * max(cfg.num_classes, 0)
     macs = cfg.depth * per_layer + patch + head
