@@ -90,6 +90,7 @@ class ViTConfig:
     `hybrid_layers`, when set, replaces the patch projection by a BiT ResNet stem with that many units
     per stage (Sec. 3.1, "Hybrid Architecture"). `spt` replaces it by Shifted Patch Tokenization (vitkit.spt;
     Lee et al. 2021, for small datasets, not the paper's): each patch with its half-patch neighbourhood.
+    `lsa`, the same paper's Locality Self-Attention (vitkit.lsa): a learned scale per head, no self-scores.
     `dynamic_img_size` (timm's name) lets the model take
     images of any size whose sides are multiples of the patch stride: the position table is resampled to
     each batch's grid as it runs (bicubic, antialiased, as timm); `image_size` stays the size it was
@@ -127,6 +128,7 @@ class ViTConfig:
     # trained; they differ by ~1e-3 relative in the tokens. Only with hybrid_layers.
     hybrid_norm: HybridNorm = "timm"
     spt: bool = False
+    lsa: bool = False
     dynamic_img_size: bool = False
     # Preprocessing that belongs to the weights (recorded in checkpoints).
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -229,7 +231,7 @@ class ViTConfig:
                 put(key, float(value))
             else:
                 errors.append(f"{key}={value!r} must be a finite number")
-        for key in ("class_token", "distilled", "qkv_bias", "spt", "dynamic_img_size"):
+        for key in ("class_token", "distilled", "qkv_bias", "spt", "lsa", "dynamic_img_size"):
             if not isinstance(getattr(self, key), bool):
                 errors.append(f"{key}={getattr(self, key)!r} must be true or false")
         for key in ("pool", "pos_embed", "gelu", "attn_init", "hybrid_norm", "interpolation", "crop_mode",

@@ -86,8 +86,9 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
         """q, k, v, each (B, H, T, Dh); with `queries`, the queries of the first `queries` tokens only,
         (B, H, queries, Dh): only the keys and values are projected for every token."""
-        if queries is None:
-            return split_heads(self.qkv(x), self.num_heads)
+        if queries is None or not isinstance(self.qkv, nn.Linear):  # optimize's packed products: all tokens
+            q, k, v = split_heads(self.qkv(x), self.num_heads)
+            return (q if queries is None else q[:, :, :queries]), k, v
         w, b, D = self.qkv.weight, self.qkv.bias, self.qkv.out_features // 3  # rows: q, then k, then v
         (q,) = split_heads(self.linear(x[:, :queries], w[:D], None if b is None else b[:D]), self.num_heads,
                            parts=1)
@@ -113,16 +114,25 @@ class Attention(nn.Module):
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dropout: float = 0.0,
-                       training: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                       training: bool = False, allowed: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T scale) v as written, and the weights softmax(q k^T scale): the same function as
-    F.scaled_dot_product_attention. In fp32 even under bf16 autocast: the logits and the softmax lose accuracy
-    in bf16."""
+    F.scaled_dot_product_attention (with a bool `allowed` (Q, T), its attn_mask). In fp32 even under bf16
+    autocast: the logits and the softmax lose accuracy in bf16."""
     dtype, wide = q.dtype, torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32; fp64 stays
     with autocast_off(q.device.type):
         q, k, v = q.to(wide), k.to(wide), v.to(wide)
-        attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, Q, T)
+        logits = (q * scale) @ k.transpose(-2, -1)  # (B, H, Q, T)
+        attn = (logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))).softmax(dim=-1)
         x = (F.dropout(attn, dropout, training) @ v).to(dtype)
     return x, attn
+
+
+def build_attention(cfg: ViTConfig) -> Attention:
+    """Eq. 2's MSA; with `cfg.lsa`, Locality Self-Attention (vitkit.lsa, not the paper's)."""
+    from .lsa import LocalitySelfAttention  # it subclasses Attention: imported here, not at the top
+
+    return LocalitySelfAttention(cfg) if cfg.lsa else Attention(cfg)
 
 
 class Mlp(nn.Module):
@@ -174,7 +184,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
-        self.attn = Attention(cfg)
+        self.attn = build_attention(cfg)
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
         self.mlp = Mlp(cfg)
         self.drop_path = drop_path

@@ -68,7 +68,8 @@ def info(path: Path = typer.Argument(..., help="A checkpoint folder or file.")) 
         ("image size", f"{cfg.image_size[0]}x{cfg.image_size[1]}, {cfg.in_chans} channel(s)"),
         ("patch", f"{cfg.patch_size} (grid {cfg.grid_size[0]}x{cfg.grid_size[1]}, {cfg.num_tokens} tokens)"
                   + (", shifted patch tokenization (spt)" if cfg.spt else "")),
-        ("width / depth / heads / MLP", f"{cfg.dim} / {cfg.depth} / {cfg.num_heads} / {cfg.mlp_dim}"),
+        ("width / depth / heads / MLP", f"{cfg.dim} / {cfg.depth} / {cfg.num_heads} / {cfg.mlp_dim}"
+                                        + (", locality self-attention (lsa)" if cfg.lsa else "")),
         ("pooling / position embedding", f"{cfg.pool} / {cfg.pos_embed}"),
         ("GELU / LayerNorm eps", f"{cfg.gelu} / {cfg.ln_eps:g}"),
         ("pre-logits", str(cfg.representation_size or "none")),

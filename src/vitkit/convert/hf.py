@@ -156,6 +156,8 @@ def to_hf(model: VisionTransformer, class_names: list[str] | None = None
         problems.append("transformers has no ResNet hybrid ViT in its current versions")
     if cfg.spt:
         problems.append("transformers' ViT has no shifted patch tokenization (spt)")
+    if cfg.lsa:
+        problems.append("transformers' ViT has no locality self-attention (lsa)")
     if cfg.distilled:
         problems.append("vitkit writes transformers' ViT, which has no distillation token (write it for "
                         "timm)")

@@ -304,6 +304,8 @@ def to_timm(model: VisionTransformer, class_names: list[str] | None = None
                         "position table")
     if cfg.spt:
         problems.append("timm's VisionTransformer has no shifted patch tokenization (spt)")
+    if cfg.lsa:
+        problems.append("timm's VisionTransformer has no locality self-attention (lsa)")
     if cfg.hybrid_width != 64 and cfg.hybrid_layers is not None:
         problems.append(f"timm's hybrids have a ResNet of width 64, this one {cfg.hybrid_width}")
     if cfg.representation_size:

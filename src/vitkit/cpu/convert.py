@@ -8,7 +8,8 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from ..model import Block, PatchEmbed, VisionTransformer
+from ..model import Attention, Block, PatchEmbed, VisionTransformer
+from .attention import FastAttention
 from .bf16_block import bf16_block_eligible, bf16_block_operands
 from .build import bf16_block_available, fp32_block_available, int8_block_available
 from .fp32_block import fp32_block_eligible, fp32_block_operands
@@ -46,9 +47,12 @@ def fuse_blocks(model: nn.Module) -> nn.Module:
     """Replace, in place, the encoder blocks of a VisionTransformer by FusedBlocks (with class-token pooling
     the last one ready for few queries, the class-token shortcut of vitkit.shortcut) and its patch
     convolution by a LinearPatchEmbed. The linear layers stay as they are, for pack_linears or
-    quantize_linears_int8 to convert. Other models are left alone."""
+    quantize_linears_int8 to convert. Other models, and those with another attention (vitkit.lsa), are left
+    alone."""
     blocks = getattr(model, "blocks", None)
-    if isinstance(model, VisionTransformer) and all(type(b) is Block for b in blocks):
+    papers = (Attention, FastAttention)  # eq. 2's attention, plain or accelerated
+    if isinstance(model, VisionTransformer) and all(type(b) is Block and type(b.attn) in papers
+                                                    for b in blocks):
         shortcut = model.cfg.pool == "token"  # GAP models never call a block with `queries`
         for i, block in enumerate(blocks):
             blocks[i] = FusedBlock(block, few_queries=shortcut and i == len(blocks) - 1)

@@ -1,0 +1,167 @@
+"""Locality Self-Attention (vitkit.lsa): against a reference written from Lee et al.'s description, in the
+model, the counts, the converters, optimize, ONNX and training."""
+
+import copy
+import csv
+
+import pytest
+import torch
+
+import vitkit
+from train_helpers import synthetic_dataset
+from vitkit.config import ViTConfig
+from vitkit.lsa import LocalitySelfAttention, others_only
+from vitkit.train import get_recipe, train
+
+SMALL = ViTConfig(image_size=(12, 16), patch_size=4, in_chans=2, dim=32, depth=2, num_heads=2, mlp_dim=64,
+                  num_classes=5, lsa=True)
+
+
+def reference_lsa(x, attn):
+    """LSA as the paper writes it, with the module's weights: per head, R = q k^T times that head's learned
+    scale, R_ii = -inf for every token i, softmax over the keys, times v; heads concatenated, projected."""
+    B, T, D = x.shape
+    H = attn.num_heads
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).split(D, dim=-1)
+    out = []
+    for h in range(H):
+        part = slice(h * D // H, (h + 1) * D // H)
+        scores = torch.einsum("bid,bjd->bij", q[..., part], k[..., part]) * attn.head_scale[h]
+        for i in range(T):
+            scores[:, i, i] = float("-inf")
+        out.append(scores.softmax(-1) @ v[..., part])
+    return torch.cat(out, -1) @ attn.proj.weight.T + attn.proj.bias
+
+
+@pytest.fixture
+def attention():
+    torch.manual_seed(0)
+    attn = LocalitySelfAttention(SMALL).eval()
+    with torch.no_grad():  # scales away from their shared start, so that each head's own one is checked
+        attn.head_scale.copy_(torch.tensor([0.9, 0.2]))
+    return attn
+
+
+def test_attention_equals_the_reference_on_both_paths(attention):
+    x = torch.randn(3, 13, SMALL.dim)
+    expected = reference_lsa(x, attention)
+    fast, none = attention(x)
+    explicit, weights = attention(x, return_attention=True)
+    assert none is None
+    torch.testing.assert_close(fast, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(explicit, expected, rtol=1e-5, atol=1e-5)
+    assert weights.diagonal(dim1=-2, dim2=-1).abs().max() == 0  # no token attends to itself
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 13))
+
+
+def test_few_queries_are_the_first_rows_of_all(attention):
+    x = torch.randn(2, 9, SMALL.dim)
+    full, _ = attention(x)
+    first, _ = attention(x, queries=2)
+    torch.testing.assert_close(first, full[:, :2], rtol=1e-5, atol=1e-6)
+    assert others_only(2, 4).tolist() == [[False, True, True, True], [True, False, True, True]]
+
+
+def test_the_scale_learns_and_starts_at_the_papers():
+    model = vitkit.create_model(SMALL)
+    attn = model.blocks[0].attn
+    assert isinstance(attn, LocalitySelfAttention)
+    torch.testing.assert_close(attn.head_scale.detach(), torch.full((2,), 16**-0.5))
+    with torch.no_grad():
+        model.head.weight.normal_()  # the zero-initialised classifier passes no gradient back
+    model(torch.randn(2, 2, 12, 16)).square().sum().backward()
+    assert attn.head_scale.grad is not None and attn.head_scale.grad.abs().sum() > 0
+    plain = SMALL.replace(lsa=False)
+    assert vitkit.count_parameters(SMALL) == sum(p.numel() for p in model.parameters())
+    assert vitkit.count_parameters(SMALL) - vitkit.count_parameters(plain) == SMALL.depth * SMALL.num_heads
+    from vitkit.train.optim import param_groups
+
+    no_decay = next(g for g in param_groups(model, 0.1) if g["weight_decay"] == 0)["params"]
+    assert any(p is attn.head_scale for p in no_decay)  # a temperature, like the norms, is not decayed
+
+
+def test_saved_and_loaded_with_the_same_function(tmp_path):
+    model = vitkit.create_model(SMALL).eval()
+    with torch.no_grad():
+        model.blocks[1].attn.head_scale.mul_(3.0)
+    again = vitkit.load(vitkit.save(model, tmp_path / "m"))
+    assert again.cfg.lsa is True
+    x = torch.randn(2, 2, 12, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(again(x), model(x))
+
+
+def test_timm_and_transformers_writers_refuse_it():
+    from vitkit.convert.hf import to_hf
+    from vitkit.convert.timm import to_timm
+
+    model = vitkit.create_model(SMALL)
+    for write in (to_timm, to_hf):
+        with pytest.raises(ValueError, match=r"locality self-attention \(lsa\)"):
+            write(model)
+
+
+@pytest.mark.parametrize("precision,atol", [("fp32", 1e-4), ("int8", 0.4)])
+def test_optimize_keeps_the_masked_attention(precision, atol):
+    torch.manual_seed(0)
+    model = vitkit.create_model(SMALL.replace(image_size=32, in_chans=3)).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.2)
+        for block in model.blocks:
+            block.attn.head_scale.mul_(2.0)  # sharper attention: the masked diagonal matters more
+    unmasked = vitkit.create_model(model.cfg.replace(lsa=False)).eval()
+    unmasked.load_state_dict({k: v for k, v in model.state_dict().items() if "head_scale" not in k})
+    fast = vitkit.optimize(model, precision, compile=False)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.inference_mode():
+        expected = model(x)
+        torch.testing.assert_close(fast(x), expected, rtol=0, atol=atol)
+        assert (unmasked(x) - expected).abs().max() > 4 * atol  # the check above could tell them apart
+
+
+def test_accelerate_keeps_it_and_its_function():
+    torch.manual_seed(0)
+    model = vitkit.create_model(SMALL).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.2)
+    fast = vitkit.accelerate(copy.deepcopy(model))  # its linear layers swapped, the class-token shortcut on
+    assert type(fast.blocks[0].attn) is LocalitySelfAttention
+    x = torch.randn(3, 2, 12, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_export_runs_it_in_onnxruntime(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from vitkit.export import check_onnx, export_onnx
+
+    model = vitkit.create_model(SMALL).eval()
+    path = export_onnx(model, tmp_path / "lsa.onnx")
+    assert check_onnx(model, path).ok
+
+
+def test_training_with_lsa_learns_and_saves_it(tmp_path):
+    data = synthetic_dataset(32, seed=0)
+    cfg = get_recipe("demo-tiny", ["model.lsa=true", "augment.crop=none", "augment.hflip=0",
+                                   "augment.random_erasing=0", "threads=1", "batch_size=32", "steps=25",
+                                   "optim.schedule=constant", "optim.warmup_epochs=0", "optim.lr=0.003",
+                                   "optim.label_smoothing=0", "log_every=1", "ckpt_every=100"])
+    train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+    assert losses[-1] < 0.5 * losses[0], losses
+    loaded = vitkit.load(tmp_path / "run" / "last")
+    assert isinstance(loaded.blocks[0].attn, LocalitySelfAttention)
+    attn = loaded.blocks[0].attn
+    assert not torch.equal(attn.head_scale, torch.full_like(attn.head_scale, attn.scale)), "it was trained"
+
+
+def test_info_names_it(tmp_path, capsys):
+    from vitkit.cli.main import main
+
+    vitkit.save(vitkit.create_model(SMALL), tmp_path / "lsa")
+    with pytest.raises(SystemExit) as done:
+        main(["info", str(tmp_path / "lsa")])
+    assert done.value.code == 0
+    assert "locality self-attention (lsa)" in capsys.readouterr().out
