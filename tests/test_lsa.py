@@ -1,17 +1,14 @@
 """Locality Self-Attention (vitkit.lsa): against a reference written from Lee et al.'s description, in the
-model, the counts, the converters, optimize, ONNX and training."""
+model, the counts, optimize and accelerate (save, ONNX, the writers and training: test_small_data_options)."""
 
 import copy
-import csv
 
 import pytest
 import torch
 
 import vitkit
-from train_helpers import synthetic_dataset
 from vitkit.config import ViTConfig
 from vitkit.lsa import LocalitySelfAttention, others_only
-from vitkit.train import get_recipe, train
 
 SMALL = ViTConfig(image_size=(12, 16), patch_size=4, in_chans=2, dim=32, depth=2, num_heads=2, mlp_dim=64,
                   num_classes=5, lsa=True)
@@ -80,27 +77,6 @@ def test_the_scale_learns_and_starts_at_the_papers():
     assert any(p is attn.head_scale for p in no_decay)  # a temperature, like the norms, is not decayed
 
 
-def test_saved_and_loaded_with_the_same_function(tmp_path):
-    model = vitkit.create_model(SMALL).eval()
-    with torch.no_grad():
-        model.blocks[1].attn.head_scale.mul_(3.0)
-    again = vitkit.load(vitkit.save(model, tmp_path / "m"))
-    assert again.cfg.lsa is True
-    x = torch.randn(2, 2, 12, 16)
-    with torch.inference_mode():
-        torch.testing.assert_close(again(x), model(x))
-
-
-def test_timm_and_transformers_writers_refuse_it():
-    from vitkit.convert.hf import to_hf
-    from vitkit.convert.timm import to_timm
-
-    model = vitkit.create_model(SMALL)
-    for write in (to_timm, to_hf):
-        with pytest.raises(ValueError, match=r"locality self-attention \(lsa\)"):
-            write(model)
-
-
 @pytest.mark.parametrize("precision,atol", [("fp32", 1e-4), ("int8", 0.4)])
 def test_optimize_keeps_the_masked_attention(precision, atol):
     torch.manual_seed(0)
@@ -129,39 +105,3 @@ def test_accelerate_keeps_it_and_its_function():
     x = torch.randn(3, 2, 12, 16)
     with torch.inference_mode():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
-
-
-def test_onnx_export_runs_it_in_onnxruntime(tmp_path):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
-    from vitkit.export import check_onnx, export_onnx
-
-    model = vitkit.create_model(SMALL).eval()
-    path = export_onnx(model, tmp_path / "lsa.onnx")
-    assert check_onnx(model, path).ok
-
-
-def test_training_with_lsa_learns_and_saves_it(tmp_path):
-    data = synthetic_dataset(32, seed=0)
-    cfg = get_recipe("demo-tiny", ["model.lsa=true", "augment.crop=none", "augment.hflip=0",
-                                   "augment.random_erasing=0", "threads=1", "batch_size=32", "steps=25",
-                                   "optim.schedule=constant", "optim.warmup_epochs=0", "optim.lr=0.003",
-                                   "optim.label_smoothing=0", "log_every=1", "ckpt_every=100"])
-    train(cfg, tmp_path / "run", train_set=data, val_set=data, progress=False)
-    with (tmp_path / "run" / "metrics.csv").open() as f:
-        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
-    assert losses[-1] < 0.5 * losses[0], losses
-    loaded = vitkit.load(tmp_path / "run" / "last")
-    assert isinstance(loaded.blocks[0].attn, LocalitySelfAttention)
-    attn = loaded.blocks[0].attn
-    assert not torch.equal(attn.head_scale, torch.full_like(attn.head_scale, attn.scale)), "it was trained"
-
-
-def test_info_names_it(tmp_path, capsys):
-    from vitkit.cli.main import main
-
-    vitkit.save(vitkit.create_model(SMALL), tmp_path / "lsa")
-    with pytest.raises(SystemExit) as done:
-        main(["info", str(tmp_path / "lsa")])
-    assert done.value.code == 0
-    assert "locality self-attention (lsa)" in capsys.readouterr().out
