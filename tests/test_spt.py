@@ -79,6 +79,14 @@ def test_config_refuses_what_it_cannot_shift(changes):
         SMALL.replace(**changes)
 
 
+def test_fine_tuning_cannot_turn_it_on():
+    """The shifted copies widen the patch projection: a plain checkpoint has no weights for them."""
+    from vitkit.transfer import prepare_finetune
+
+    with pytest.raises(ValueError, match=r"cannot change \['spt'\] when transferring"):
+        prepare_finetune(vitkit.create_model(SMALL.replace(spt=False)), 3, spt=True)
+
+
 @pytest.mark.parametrize("precision,atol", [("fp32", 1e-4), ("int8", 0.15)])
 def test_optimize_keeps_the_shifted_tokens(precision, atol):
     torch.manual_seed(0)

@@ -191,6 +191,10 @@ class ViTConfig:
         stride = self.patch_stride
         if h % stride or w % stride:
             errors.append(f"image_size={self.image_size} is not a multiple of the patch stride {stride}")
+        kept = max(1, round((1.0 - self.patch_dropout) * (h // stride) * (w // stride)))  # patch_dropout's
+        if self.lsa and self.num_prefix_tokens + kept < 2:
+            errors.append("lsa=True keeps each token from attending to itself: it needs two tokens or more, "
+                          f"got {self.num_prefix_tokens} prefix and {kept} patch token(s)")
         for key in ("mean", "std"):
             values = getattr(self, key)
             if len(values) != self.in_chans:

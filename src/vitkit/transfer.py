@@ -16,7 +16,7 @@ from .posemb import resample_state_dict
 
 # Config fields that change the shapes of the pre-trained weights: a transfer cannot override them.
 SHAPE_FIELDS = ("patch_size", "in_chans", "dim", "depth", "num_heads", "mlp_dim", "class_token", "pos_embed",
-                "qkv_bias", "hybrid_layers", "hybrid_width")
+                "qkv_bias", "hybrid_layers", "hybrid_width", "spt")
 
 
 def prepare_finetune(
@@ -31,7 +31,8 @@ def prepare_finetune(
 
     `interpolation` is how the position table is resampled (vitkit.posemb.POSEMB_MODES). `overrides` change
     config fields that leave the weights' shapes alone (dropout, attn_dropout, drop_path, pool for a
-    class-token model, ...). The model is in training mode, its classifier zero-initialised.
+    class-token model, lsa=True: locality self-attention, its temperatures starting at the source's 1/sqrt(d),
+    ...). The model is in training mode, its classifier zero-initialised.
     """
     from .loading import load
 
@@ -41,6 +42,9 @@ def prepare_finetune(
     if fixed:
         raise ValueError(f"cannot change {fixed} when transferring from {_name(source)}: they set the shapes "
                          "of the pre-trained weights")
+    if old.lsa and overrides.get("lsa") is False:
+        raise ValueError(f"cannot turn lsa off when transferring from {_name(source)}: its attention learned "
+                         "its own temperatures and never attended to itself")
     new = old.replace(
         num_classes=num_classes,
         representation_size=None,  # the pre-training head goes (Sec. 3.2)
@@ -51,9 +55,12 @@ def prepare_finetune(
     state = resample_state_dict(state, old, new, mode=interpolation)
     model = VisionTransformer(new)  # its head is zero-initialised
     missing, unexpected = model.load_state_dict(state, strict=False)
-    head_keys = {k for k in model.state_dict() if k.startswith("head.")}
-    if set(missing) - head_keys or unexpected:
-        raise ValueError(f"cannot transfer {_name(source)}: missing {sorted(set(missing) - head_keys)}, "
+    # Fresh: the new head and, when lsa is turned on, the temperatures, which start at 1/sqrt(d) as the
+    # source's attention scaled its scores.
+    fresh = {k for k in model.state_dict()
+             if k.startswith("head.") or (not old.lsa and k.endswith(".head_scale"))}
+    if set(missing) - fresh or unexpected:
+        raise ValueError(f"cannot transfer {_name(source)}: missing {sorted(set(missing) - fresh)}, "
                          f"unexpected {sorted(unexpected)}")
     model.class_names = None
     return model.train()

@@ -67,6 +67,9 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str] | tuple[str, ...]) ->
             if fixed:
                 raise ValueError(f"--set {', '.join(fixed)}: fine-tuning from init={cfg.init} keeps its "
                                  f"architecture, whose weights fix {', '.join(SHAPE_FIELDS)}")
+            if cfg.model.lsa and changes.get("model.lsa", (True, ""))[0] is False:
+                raise ValueError(f"--set {changes['model.lsa'][1]}: fine-tuning from init={cfg.init} keeps "
+                                 "its locality self-attention (lsa), whose temperatures it learned")
     return _with_changes(cfg, changes)
 
 
