@@ -44,6 +44,21 @@ def test_saved_and_loaded_with_the_same_function(tmp_path, options):
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids="+".join)
+def test_a_bare_file_of_its_tensors_is_refused_by_name(tmp_path, options):
+    """Its tensors saved without the config read as timm's names, which have no such tensors: the refusal
+    names the option and the folder to load instead."""
+    from safetensors.torch import save_file
+
+    from vitkit.checkpoint import CheckpointError
+
+    model = vitkit.create_model(config(options))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "bare.safetensors")
+    with pytest.raises(CheckpointError, match="load the folder vitkit.save wrote") as refused:
+        vitkit.load(tmp_path / "bare.safetensors")
+    assert all(NAMES[o] in str(refused.value) for o in options), str(refused.value)
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids="+".join)
 def test_timm_and_transformers_writers_refuse_it_by_name(options):
     from vitkit.convert.hf import to_hf
     from vitkit.convert.timm import to_timm

@@ -69,6 +69,11 @@ class Converted:
 Rule = tuple  # (regex over the source key, replacement using \1 groups[, function(value) -> tensor])
 
 
+# Tensors only vitkit's models have, by the option that adds them: named when a bare file holds them.
+VITKIT_OWN = ((r"blocks\.\d+\.attn\.head_scale", "locality self-attention (lsa)"),
+              (r"patch_embed\.norm\.(weight|bias)", "shifted patch tokenization (spt)"))
+
+
 def rename(state: dict[str, Any], rules: list[Rule], source: str, fmt: str) -> dict[str, Any]:
     """Rename every key by the first rule whose regex matches it in full, applying the rule's function to
     the value if it has one; a key no rule matches is an error, listed with all the others.
@@ -94,6 +99,11 @@ def rename(state: dict[str, Any], rules: list[Rule], source: str, fmt: str) -> d
         if unexpected:
             parts.append(f"unexpected keys (not part of a {fmt} ViT that vitkit can represent) "
                          f"{_abbrev(sorted(unexpected))}")
+            own = sorted({name for key in unexpected for pattern, name in VITKIT_OWN
+                          if re.fullmatch(pattern, key)})
+            if own:
+                parts.append(f"their names are those of vitkit's own {' and '.join(own)}, which a file of "
+                             "bare tensors does not describe: load the folder vitkit.save wrote")
         if clashes:
             parts.append(f"keys that map to the same tensor {clashes}")
         raise CheckpointError(f"{source}: " + "; ".join(parts))
