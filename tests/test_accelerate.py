@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 
 import vitkit
+from vitkit.attention import Attention
 from vitkit.cpu import accelerate, is_accelerated, plain
 from vitkit.cpu.attention import FastAttention
 from vitkit.cpu.linear import FastLinear
-from vitkit.model import Attention
 from vitkit.shortcut import ClassTokenShortcut
 
 TINY = dict(image_size=32, patch_size=8, dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=5)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from operator_helpers import needs_operator, operators_called
 from test_optimize import tiny_model
+from vitkit.attention import merge_heads, split_heads
 from vitkit.cpu import autotune, build
 from vitkit.cpu import fused_block as fused_block_module
 from vitkit.cpu.convert import fp32_block_operators, fuse_blocks, pack_linears
@@ -18,7 +19,6 @@ from vitkit.cpu.hardware import cpu_isa
 from vitkit.cpu.int8 import block_linears
 from vitkit.cpu.private import onednn_packing_available
 from vitkit.inference import optimize
-from vitkit.model import merge_heads, split_heads
 
 
 def fp32_block_built() -> bool:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from operator_helpers import needs_operator, warnings_of_two_builds
 from test_optimize import tiny_model
+from vitkit.attention import merge_heads, split_heads
 from vitkit.cpu import autotune, build
 from vitkit.cpu.convert import int8_block_eligible
 from vitkit.cpu.fused_block import FusedBlock
@@ -23,7 +24,6 @@ from vitkit.cpu.int8 import (
     register_tiles_apply,
 )
 from vitkit.inference import optimize
-from vitkit.model import merge_heads, split_heads
 
 
 def int8_block_built() -> bool:

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
+import vitkit.attention
 from operator_helpers import operators_called
 from vitkit import inference
 from vitkit.cpu import is_accelerated
@@ -89,7 +90,7 @@ def test_attending_through_the_projections_equals_projecting_every_token(queries
     h = torch.randn(B, T, D, dtype=torch.float64)
     qkv = nn.Linear(D, 3 * D).double()
     nn.init.normal_(qkv.bias)  # a key bias too: the softmax must not see it
-    q, k, v = vitkit.model.split_heads(qkv(h), H)
+    q, k, v = vitkit.attention.split_heads(qkv(h), H)
     ref = F.scaled_dot_product_attention(q[:, :, :queries], k, v)
     w = qkv.weight.detach()
     out = attend_through_projections(q[:, :, :queries], h, w[D:2 * D].reshape(H, D // H, D),

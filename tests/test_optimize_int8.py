@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitkit
+import vitkit.attention
 import vitkit.cpu.convert as convert_module
 import vitkit.cpu.int8 as int8_module
 from test_optimize import tiny_model
@@ -160,8 +161,8 @@ def test_bf16_attention_is_close_to_fp32_attention(queries):
     torch.manual_seed(0)
     B, T, H, D = 3, 17, 4, 64
     qkv = torch.randn(B, T, 3 * D)
-    q, k, v = vitkit.model.split_heads(qkv, H)
-    ref = vitkit.model.merge_heads(
+    q, k, v = vitkit.attention.split_heads(qkv, H)
+    ref = vitkit.attention.merge_heads(
         F.scaled_dot_product_attention(q if queries is None else q[:, :, :queries], k, v))
     out = bf16_attention(qkv, H, (D // H) ** -0.5, queries)
     assert out.dtype == torch.float32 and out.shape == ref.shape

@@ -20,6 +20,7 @@ from torch.func import grad, jvp, vmap
 import vitkit
 import vitkit.cpu.attention as attention_module
 from operator_helpers import needs_operator, operators_called, training_step_equals_the_fallback
+from vitkit.attention import merge_heads, split_heads
 from vitkit.cpu.attention import (
     FastAttention,
     _QKVAttention,
@@ -32,7 +33,6 @@ from vitkit.cpu.attention import (
 )
 from vitkit.cpu.build import attention_available
 from vitkit.cpu.hardware import cpu_flags, cpu_isa
-from vitkit.model import merge_heads, split_heads
 
 needs_attention_operator = needs_operator(attention_available, "attention")
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import Attention, explicit_attention
 from .config import ViTConfig
-from .model import Attention, explicit_attention
 
 
 def others_only(queries: int, keys: int, device: torch.device | None = None) -> torch.Tensor:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..model import Attention, Mlp
+from ..attention import Attention
+from ..model import Mlp
 from ..shortcut import with_class_token_shortcut, without_class_token_shortcut
 from .attention import FastAttention
 from .layer_norm import FastLayerNorm

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..model import Attention, autocast_off, explicit_attention, merge_heads, split_heads
+from ..attention import Attention, autocast_off, explicit_attention, merge_heads, split_heads
 from . import autotune
 from .build import attention_available
 from .linear import linear

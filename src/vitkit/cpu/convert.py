@@ -8,7 +8,8 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from ..model import Attention, Block, PatchEmbed, VisionTransformer
+from ..attention import Attention
+from ..model import Block, PatchEmbed, VisionTransformer
 from .attention import FastAttention
 from .bf16_block import bf16_block_eligible, bf16_block_operands
 from .build import bf16_block_available, fp32_block_available, int8_block_available

@@ -6,7 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model import Block, merge_heads, split_heads
+from ..attention import merge_heads, split_heads
+from ..model import Block
 from .attention import attend, implementation
 from .bf16_block import Operands, bf16_block, bf16_block_chosen
 from .fp32_block import fp32_block, fp32_block_chosen

@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model import PatchEmbed, autocast_off
+from ..attention import autocast_off
+from ..model import PatchEmbed
 from . import autotune
 from .build import gemm_available
 from .linear import MKL_MAX_ROWS, inference_engine, rows
