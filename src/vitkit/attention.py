@@ -60,15 +60,19 @@ class Attention(nn.Module):
         k, v = split_heads(self.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, parts=2)
         return q, k, v
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_attention: bool = False):
-        """softmax(q k^T / sqrt(d)) v per head: (B, H, Q, Dh), and the weights (B, H, Q, T) if asked for."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_attention: bool = False,
+               scale: float | None = None, allowed: torch.Tensor | None = None):
+        """softmax(q k^T / sqrt(d)) v per head: (B, H, Q, Dh), and the weights (B, H, Q, T) if asked for.
+        `scale` replaces 1/sqrt(d); a bool `allowed` (Q, T) masks the scores where it is False."""
+        scale = self.scale if scale is None else scale
         dropout = self.attn_drop if self.training else 0.0
         if not return_attention:
             try:
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout), None
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout,
+                                                      scale=scale), None
             except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA has no forward derivative
                 pass
-        return explicit_attention(q, k, v, self.scale, dropout, self.training)
+        return explicit_attention(q, k, v, scale, dropout, self.training, allowed)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
         """(B, T, D) -> (B, T, D) and the attention weights or None; with `queries`, only the first `queries`

@@ -79,6 +79,11 @@ def int_pair(x: Any, name: str = "image_size", what: str = "(height, width)") ->
 TRAINING_RATES = ("dropout", "attn_dropout", "drop_path", "patch_dropout")
 
 
+def patches_kept(p: float, n: int) -> int:
+    """How many of `n` patch tokens PatchDropout at rate `p` keeps: round((1 - p) n), at least one."""
+    return max(1, round((1.0 - p) * n))
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """Everything that defines a ViT's architecture and its input preprocessing.
@@ -191,7 +196,7 @@ class ViTConfig:
         stride = self.patch_stride
         if h % stride or w % stride:
             errors.append(f"image_size={self.image_size} is not a multiple of the patch stride {stride}")
-        kept = max(1, round((1.0 - self.patch_dropout) * (h // stride) * (w // stride)))  # patch_dropout's
+        kept = patches_kept(self.patch_dropout, (h // stride) * (w // stride))
         if self.lsa and self.num_prefix_tokens + kept < 2:
             errors.append("lsa=True keeps each token from attending to itself: it needs two tokens or more, "
                           f"got {self.num_prefix_tokens} prefix and {kept} patch token(s)")

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .attention import Attention, explicit_attention
+from .attention import Attention
 from .config import ViTConfig
 
 
@@ -37,12 +36,5 @@ class LocalitySelfAttention(Attention):
         """softmax(q k^T x head_scale, own score masked) v per head: (B, H, Q, Dh), and the weights
         (B, H, Q, T) if asked for."""
         q = q * self.head_scale.to(q.dtype).view(-1, 1, 1)
-        allowed = others_only(q.shape[-2], k.shape[-2], q.device)
-        dropout = self.attn_drop if self.training else 0.0
-        if not return_attention:
-            try:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout,
-                                                      scale=1.0), None
-            except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA has no forward derivative
-                pass
-        return explicit_attention(q, k, v, 1.0, dropout, self.training, allowed)
+        return super().attend(q, k, v, return_attention, scale=1.0,
+                              allowed=others_only(q.shape[-2], k.shape[-2], q.device))

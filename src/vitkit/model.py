@@ -16,7 +16,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention
-from .config import ViTConfig, check_image_batch, gap_drops_class_token, get_config
+from .config import ViTConfig, check_image_batch, gap_drops_class_token, get_config, patches_kept
 from .features import OUTPUT_FORMATS, block_indices, split_tokens
 from .hub_mixin import HubMixin
 from .hybrid import HybridEmbed
@@ -88,7 +88,7 @@ def patch_dropout(x: torch.Tensor, p: float, num_prefix: int, training: bool,
         return x
     B, T, D = x.shape
     n = T - num_prefix
-    keep = max(1, round((1.0 - p) * n))
+    keep = patches_kept(p, n)
     scores = torch.rand(B, n, device=x.device) if stream is None else bits(stream, n)
     idx = scores.argsort(dim=1, stable=True)[:, :keep].sort(dim=1).values + num_prefix
     patches = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, D))
