@@ -27,7 +27,11 @@ def _clear_caches() -> None:
 @pytest.fixture
 def without_private_apis(monkeypatch):
     """torch.ops.mkldnn (oneDNN's linear and its weight reordering), forward AD's level, functorch's
-    interpreter stack and torch._foreach_lerp_, gone as a PyTorch release might remove them."""
+    interpreter stack and torch._foreach_lerp_, gone as a PyTorch release might remove them. torch._dynamo
+    (which an optimizer's construction imports, and whose import reads torch._foreach_lerp_) is loaded
+    first, as it would be in a release that lacks the API."""
+    import torch._dynamo  # noqa: F401
+
     monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())
     monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
     monkeypatch.delattr(torch._C._functorch, "peek_interpreter_stack")
@@ -130,3 +134,23 @@ def test_model_training_and_optimize_give_the_same_results_without_them(without_
     fast_losses = _train(accelerate(_model(pool=pool).train()))
     assert plain_losses[-1] < plain_losses[0]
     torch.testing.assert_close(torch.tensor(fast_losses), torch.tensor(plain_losses), rtol=1e-5, atol=1e-5)
+
+
+def test_the_compile_constant_mark_is_the_public_decorators_and_loads_no_dynamo():
+    """constant_under_compile sets what torch.compiler.assume_constant_result sets, and nothing else; a
+    process that imports vitkit's CPU operators has not imported torch._dynamo (seconds of start-up)."""
+    import subprocess
+    import sys
+
+    def ours():
+        return 1
+
+    def public():
+        return 1
+
+    assert private.constant_under_compile(ours) is ours
+    assert torch.compiler.assume_constant_result(public) is public
+    assert vars(ours) == vars(public) == {"_dynamo_marked_constant": True}
+    code = "import sys, vitkit, vitkit.cpu; print('torch._dynamo' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"

@@ -41,7 +41,7 @@ from ..attention import Attention, autocast_off, explicit_attention, merge_heads
 from . import autotune
 from .build import attention_available
 from .linear import linear
-from .private import eager_bf16_on_cpu, eager_fp32_on_cpu, forward_ad_may_be_on
+from .private import constant_under_compile, eager_bf16_on_cpu, eager_fp32_on_cpu, forward_ad_may_be_on
 
 _sgemm_only = False
 
@@ -114,7 +114,7 @@ def _register_fake_kernels() -> None:
     torch.library.register_fake("vitkit::attention_backward", backward)
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def operator_traceable() -> bool:
     """Whether torch.compile can put the operators in its graphs: they are available, and their fake kernels
     registered. A constant of the trace: asked while compiling, it is not traced."""

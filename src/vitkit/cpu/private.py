@@ -18,6 +18,9 @@ The APIs:
   on stderr that a first build is about to take a while.
 - `torch.nn.modules.module._global_forward_hooks` and its three siblings: whether hooks are registered on
   every module, which a fused function that skips a module's call must not bypass; plain path: assume so.
+- the `_dynamo_marked_constant` mark that `torch.compiler.assume_constant_result` sets: set directly by
+  `constant_under_compile`, as the public decorator imports all of torch._dynamo (2-3 s of every process's
+  start, compiling or not); tests/test_cpu_private.py checks that the decorator sets this mark and no other.
 """
 
 from __future__ import annotations
@@ -188,6 +191,16 @@ def eager_bf16_on_cpu(x: torch.Tensor) -> bool:
     """Whether `x` is a bf16 tensor on the CPU in eager mode, under autocast or of a model cast to bf16 (not
     compiling, not `plain_ops_required`): where an fp32 kernel may take the tensor cast to fp32."""
     return x.dtype == torch.bfloat16 and _eager_on_cpu(x)
+
+
+def constant_under_compile(fn: Callable) -> Callable:
+    """`fn` marked as torch.compiler.assume_constant_result marks it (dynamo calls it once while tracing and
+    puts its result in the graph as a constant), without importing torch._dynamo where it is not loaded yet:
+    the public decorator where it is."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
 
 
 def extension_library_exists(name: str) -> bool:
