@@ -20,9 +20,13 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	bash scripts/demo.sh
 
+# A pytest worker per core, at most 4 (TEST_WORKERS=0 runs the suite in one process): half the tests start
+# processes (torchrun, servers, compilers) whose start-up leaves a core idle, which the other worker fills.
+TEST_WORKERS ?= auto
+
 test: setup
 	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks
