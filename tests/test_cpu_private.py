@@ -4,6 +4,8 @@ vitkit.optimize give the same results, through plain PyTorch operators, after on
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import types
 import warnings
 
@@ -139,9 +141,6 @@ def test_model_training_and_optimize_give_the_same_results_without_them(without_
 def test_the_compile_constant_mark_is_the_public_decorators_and_loads_no_dynamo():
     """constant_under_compile sets what torch.compiler.assume_constant_result sets, and nothing else; a
     process that imports vitkit's CPU operators has not imported torch._dynamo (seconds of start-up)."""
-    import subprocess
-    import sys
-
     def ours():
         return 1
 

@@ -195,10 +195,7 @@ def eager_bf16_on_cpu(x: torch.Tensor) -> bool:
 
 def constant_under_compile(fn: Callable) -> Callable:
     """`fn` marked as torch.compiler.assume_constant_result marks it (dynamo calls it once while tracing and
-    puts its result in the graph as a constant), without importing torch._dynamo where it is not loaded yet:
-    the public decorator where it is."""
-    if "torch._dynamo" in sys.modules:
-        return torch.compiler.assume_constant_result(fn)
+    puts its result in the graph as a constant), without importing torch._dynamo."""
     fn._dynamo_marked_constant = True
     return fn
 
