@@ -10,7 +10,7 @@ fresh random order; the ratio is paired (the median over rounds of the time with
   products instead);
 - the int8 block operator (`torch.ops.vitkit.int8_block`, vitkit.cpu.int8): `vitkit.optimize(model, "int8")`
   inference of ViT-S/16 and ViT-B/16 at batch 1 and 16, against the same int8 model run operator by operator;
-- the fp32 block operator (`torch.ops.vitkit.fp32_block`, vitkit.cpu.fp32_block; AVX-512 CPUs):
+- the fp32 block operator (`torch.ops.vitkit.fp32_block`, vitkit.cpu.fp32_block; AVX-512 or AVX2):
   `vitkit.optimize(model, "fp32")` inference of ViT-S/16 and ViT-B/16 at batch 1 and 16, against the same
   model's blocks run layer by layer;
 - the bf16 block operator (`torch.ops.vitkit.bf16_block`, vitkit.cpu.bf16_block; CPUs with AVX512-BF16): the
@@ -95,7 +95,7 @@ def inference_call(cfg, batch: int, precision: str, off: bool) -> Callable[[], N
 
 
 # the block operators: precision, the FusedBlock's operands, the CPU they need
-BLOCK_OPERATORS = {"fp32_block": ("fp32", "fp32_operands", "an AVX-512 CPU"),
+BLOCK_OPERATORS = {"fp32_block": ("fp32", "fp32_operands", "an AVX-512 or AVX2 CPU"),
                    "bf16_block": ("bf16", "bf16_operands", "a CPU with AVX512-BF16")}
 
 

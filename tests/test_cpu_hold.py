@@ -36,21 +36,32 @@ def test_an_unknown_hold_is_an_error_naming_the_variable(monkeypatch):
 
 
 def held_process_trains_as_pytorch() -> None:
-    """In a process started with VITKIT_CPU_ISA=avx2: the CPU reads as AVX2, the AVX-512 operators are
-    unavailable, the attention's register tiles serve no width, its softmax rows take 8 floats at a time, the
-    attention on sgemm and those rows (and their tails, and terms that underflow) equals the explicit formula
-    in float64, and an accelerated model's training step equals PyTorch's to float rounding."""
+    """In a process started with VITKIT_CPU_ISA=avx2: the CPU reads as AVX2, the AVX-512-only operators are
+    unavailable, the fp32 block runs on its AVX2 products, the attention's register tiles serve no width, its
+    softmax rows take 8 floats at a time, the attention on sgemm and those rows (and their tails, and terms
+    that underflow) equals the explicit formula in float64, and an accelerated model's training step equals
+    PyTorch's to float rounding."""
     import torch.nn.functional as F
 
     import vitkit
     from test_qkv_attention import test_attention_and_gradient_equal_the_explicit_formula as against_float64
     from test_qkv_attention import test_the_operators_softmax_underflows_to_zero as underflow
     from vitkit.cpu import build
+    from vitkit.cpu.private import onednn_packing_available
 
     real = held_flags(frozenset(hardware._cpuinfo_field("flags").split()), "")
     assert hardware.cpu_isa() == ("avx2" if "avx2" in real else "")
     assert not any(f.startswith(("avx512", "amx")) for f in hardware.cpu_flags())
-    assert not build.fp32_block_available() and not build.bf16_block_available()
+    assert not build.bf16_block_available()
+    # the fp32 block runs on its AVX2 products: panels of 16 columns, eq. 2 and 3 as in float64
+    assert build.fp32_block_available() == ({"avx2", "fma"} <= real and torch.backends.openmp.is_available())
+    if build.fp32_block_available() and onednn_packing_available():
+        from test_fp32_block import test_the_block_computes_eq_2_and_3 as block_against_float64
+
+        assert torch.ops.vitkit.fp32_block_pack(torch.randn(128, 32)).shape == (8, 32, 16)
+        for gelu in ("none", "tanh"):
+            block_against_float64(gelu, 2, 64, 4, 128, True, torch.set_num_threads)
+            block_against_float64(gelu, 1, 192, 3, 768, False, torch.set_num_threads)
     assert build.attention_available(), "the attention operators did not build held to AVX2"
     assert not any(torch.ops.vitkit.attention_tiles_apply(w) for w in (16, 32, 64, 128))
     assert torch.ops.vitkit.attention_row_width() == (8 if {"avx2", "fma"} <= real else 4)

@@ -1,6 +1,6 @@
-"""The fp32 block operator for AVX-512 CPUs (csrc/fp32_block.cpp, csrc/fp32_gemm.h): the block against eq. 2
-and 3 in float64, the fp32 model on it, where it gives way, and its refusals (what it shares with the bf16
-operator: tests/test_block_operators.py)."""
+"""The fp32 block operator for AVX-512 and AVX2 CPUs (csrc/fp32_block.cpp, csrc/fp32_gemm.h,
+csrc/fp32_gemm_avx2.h): the block against eq. 2 and 3 in float64, the fp32 model on it, where it gives way,
+and its refusals (what it shares with the bf16 operator: tests/test_block_operators.py)."""
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from operator_helpers import needs_operator, operators_called
 from test_optimize import tiny_model
 from vitkit.attention import merge_heads, split_heads
 from vitkit.cpu import autotune, build
+from vitkit.cpu import fp32_block as fp32_block_module
 from vitkit.cpu import fused_block as fused_block_module
 from vitkit.cpu.convert import fp32_block_operators, fuse_blocks, pack_linears
 from vitkit.cpu.fp32_block import fp32_block, fp32_block_eligible
@@ -22,9 +23,10 @@ from vitkit.inference import optimize
 
 
 def fp32_block_built() -> bool:
-    """The operator, built: an AVX-512 CPU where oneDNN packs weights (else skipped) and the library."""
-    if cpu_isa() != "avx512":
-        pytest.skip("the fp32 block operator needs an AVX-512 CPU")
+    """The operator, built: an AVX-512 or AVX2 CPU where oneDNN packs weights (else skipped) and the
+    library."""
+    if cpu_isa() not in ("avx512", "avx2"):
+        pytest.skip("the fp32 block operator needs an AVX-512 or AVX2 CPU")
     if not onednn_packing_available():
         pytest.skip("this PyTorch cannot pack oneDNN weights: no PackedLinear to build the blocks from")
     return build.fp32_block_available()
@@ -60,11 +62,13 @@ def blocks_of(gelu: str, **overrides) -> list[FusedBlock]:
 @needs_fp32_block
 @pytest.mark.parametrize("gelu", ["none", "tanh"])
 @pytest.mark.parametrize("batch,dim,heads,mlp,qkv_bias", [(2, 64, 4, 128, True), (1, 192, 3, 768, True),
-                                                          (3, 128, 8, 256, False), (2, 64, 8, 128, True)])
+                                                          (3, 128, 8, 256, False), (2, 64, 8, 128, True),
+                                                          (1, 448, 7, 512, True)])
 def test_the_block_computes_eq_2_and_3(gelu, batch, dim, heads, mlp, qkv_bias, threads):
     """Odd token counts (17 patches and a class token), heads of 16 to 64 (the attention's register tiles)
-    and of 8 (its sgemm path, inside the region), exact and tanh GELU, a q;k;v layer without bias: within
-    float rounding of the float64 block."""
+    and of 8 (its sgemm path, inside the region), exact and tanh GELU, a q;k;v layer without bias, inner
+    dimensions past the AVX2 products' step of 384 (fc2's from 512, every layer's at width 448: the residual
+    and GELU applied once, on the last step): within float rounding of the float64 block."""
     threads(2)
     block = blocks_of(gelu, dim=dim, num_heads=heads, mlp_dim=mlp, qkv_bias=qkv_bias)[0]
     assert (block.attn.qkv.bias is None) == (not qkv_bias)
@@ -78,10 +82,11 @@ def test_the_block_computes_eq_2_and_3(gelu, batch, dim, heads, mlp, qkv_bias, t
 
 @needs_fp32_block
 def test_the_fp32_model_runs_its_blocks_on_the_operator(monkeypatch, threads):
-    """optimize(model) on an AVX-512 CPU: every block readied, the operator called for the blocks that
+    """optimize(model) on an AVX-512 or AVX2 CPU: every block readied, the operator called for the blocks that
     compute every token (the class-token shortcut's last block keeps its layers), the logits within 1e-5 of
     the model's; with the operator timed slower, the layers, the same logits to float rounding."""
-    monkeypatch.setenv(autotune.ENV, "0")  # the operator by default: no timing run among the calls counted
+    monkeypatch.setenv(autotune.ENV, "0")  # no timing run among the calls counted; the operator by default
+    monkeypatch.setattr(fp32_block_module, "fp32_block_default", lambda: "operator")
     threads(2)
     model = tiny_model()
     fast = optimize(model)

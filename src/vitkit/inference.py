@@ -10,10 +10,10 @@ updates the class token only).
   model attends through the key and value projections for its one query), the patch convolution one linear
   map, and every linear layer a PackedLinear (`vitkit.cpu.packed`: the weight reordered once into oneDNN's
   blocked layout, the MLP's GELU fused in). The layers that multiply one row per image keep a plain copy of
-  their weight for calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's. On AVX-512
-  CPUs each block but the class-token shortcut's last runs as one compiled operator where that is timed
-  faster (`vitkit.cpu.fp32_block`: vitkit's own products on a further copy of the weights, GELU by
-  Abramowitz and Stegun's erf to 3e-7).
+  their weight for calls of at most two rows, where MKL's matrix-vector kernels beat oneDNN's. On AVX-512 and
+  AVX2 CPUs each block but the class-token shortcut's last runs as one compiled operator where that is timed
+  faster (`vitkit.cpu.fp32_block`: vitkit's own products on a further copy of the weights, GELU by Abramowitz
+  and Stegun's erf to 3e-7).
 - "int8": dynamic quantisation of the encoder's linear layers (`vitkit.cpu.int8`: int8 weights per output
   channel, activations quantised per call, 8 bits where the CPU has VNNI). On CPUs with AVX512-VNNI and no
   AMX the products are vitkit's own, each token quantised with its own scale; elsewhere fbgemm's, or oneDNN's

@@ -13,7 +13,8 @@ The libraries of operators:
 - `torch.ops.vitkit.gemm_pack` and `gemm_linear` (csrc/gemm.cpp): an fp32 linear layer on a packed weight for
   AVX2 CPUs, one of the engines `vitkit.optimize`'s layers time (see `vitkit.cpu.packed`);
 - `torch.ops.vitkit.fp32_block` (csrc/fp32_block.cpp, csrc/fp32_gemm.h): a whole encoder block of the fp32
-  model as one parallel region on vitkit's own AVX-512 products, with `fp32_block_pack` (see
+  model as one parallel region on vitkit's own AVX-512 products (csrc/fp32_gemm_avx2.h's on AVX2 CPUs), with
+  `fp32_block_pack` (see
   `vitkit.cpu.fp32_block`);
 - `torch.ops.vitkit.bf16_block` (csrc/bf16_block.cpp, csrc/bf16_gemm.h): the same for the bf16 model on CPUs
   with AVX512-BF16, with `bf16_block_pack` (see `vitkit.cpu.bf16_block`);
@@ -222,9 +223,10 @@ def _fp32_block_built() -> bool:
 
 def fp32_block_available() -> bool:
     """Whether `torch.ops.vitkit.fp32_block` can be used here: a CPU build of torch with OpenMP, compiled
-    operators not turned off, an AVX-512 CPU (nothing is built elsewhere), and the library built (on the first
-    call) and loaded."""
-    return (kernels_enabled() and torch.backends.openmp.is_available() and cpu_isa() == "avx512"
+    operators not turned off, a CPU with AVX-512, or AVX2 and FMA (nothing is built elsewhere), and the
+    library built (on the first call) and loaded."""
+    return (kernels_enabled() and torch.backends.openmp.is_available()
+            and (cpu_isa() == "avx512" or (cpu_isa() == "avx2" and "fma" in cpu_flags()))
             and _fp32_block_built() and bool(torch.ops.vitkit.fp32_block_here()))
 
 

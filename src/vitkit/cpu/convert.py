@@ -78,7 +78,7 @@ def _ready_block_operator(model: nn.Module, eligible: Callable[[nn.Module], bool
 def fp32_block_operators(model: nn.Module) -> nn.Module:
     """Ready, in place, every FusedBlock of `model` that the fp32 block operator computes
     (`vitkit.cpu.fp32_block`: packed fp32 layers, widths in panels of 64) for it, where it runs here (AVX-512,
-    `fp32_block_available`); returns `model`."""
+    or AVX2 and FMA: `fp32_block_available`); returns `model`."""
     return _ready_block_operator(model, fp32_block_eligible, fp32_block_available, fp32_block_operands,
                                  "fp32_operands")
 

@@ -61,8 +61,8 @@ class FusedBlock(Block):
     - `attention_dtype=torch.bfloat16` computes the attention matrices in bf16 (`bf16_attention`; the int8
       model on CPUs with native bf16), else the fused fp32 kernel;
     - the int8 model's blocks run as one operator (`int8_kernel`, vitkit.cpu.int8), and so may the fp32
-      model's on AVX-512 CPUs (`fp32_operands`, vitkit.cpu.fp32_block) and the bf16 model's on CPUs with
-      AVX512-BF16 (`bf16_operands`, vitkit.cpu.bf16_block), where that is faster.
+      model's on AVX-512 and AVX2 CPUs (`fp32_operands`, vitkit.cpu.fp32_block) and the bf16 model's on CPUs
+      with AVX512-BF16 (`bf16_operands`, vitkit.cpu.bf16_block), where that is faster.
 
     With return_attention, or in training mode, it runs as Block."""
 

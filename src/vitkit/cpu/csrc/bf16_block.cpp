@@ -50,6 +50,7 @@ struct Bf16 {
       "in multiples of 16";
   static constexpr at::ScalarType dtype = at::kBFloat16;
   static constexpr int64_t MR = vitkit_bf16::MR, NR = vitkit_bf16::NR;
+  static constexpr int64_t mlp_rows = 48;
   static bool here() { return bf16_block_here(); }
   static bool heads_apply(int64_t head_dim) { return bf16_tiles_apply(head_dim); }
   static bool packed_fits(const at::Tensor& p, int64_t in) {

@@ -4,13 +4,15 @@
 // Each thread takes its share of the rows through LayerNorm 1 and the q;k;v product (its output written where
 // the attention reads it), the (image, head) pairs through the attention, and its rows again through the
 // projection with the residual added in the tile, LayerNorm 2, fc1 with GELU in the tile and fc2 with the
-// residual, in blocks of ~48 rows so that the hidden activations stay in L2 (block_region.h's run_block: two
-// meeting points a block). Every output is computed by one thread in one order, whatever `shares` is.
+// residual, in blocks of ~48 rows (K::mlp_rows) so that the hidden activations stay in L2 (block_region.h's
+// run_block: two meeting points a block). Every output is computed by one thread in one order, whatever
+// `shares` is.
 //
 // K provides:
 //   using T                                  the activations' and packed weights' element type
-//   name, dtype, dtype_name, cpu             "fp32_block", at::kFloat, "fp32", "a CPU with AVX-512"
+//   name, dtype, dtype_name, cpu             "fp32_block", at::kFloat, "fp32", "a CPU with AVX2 and FMA"
 //   MR, NR                                   the products' tile rows and panel columns
+//   mlp_rows                                 the rows of a block of the MLP (see kRows below)
 //   here()                                   whether this CPU runs it
 //   heads_apply(head_dim) / heads_message    whether the attention takes heads of this width, and else why
 //   packed_fits(packed, in) / packed_layout  whether `packed` is a packed weight of `in` inputs, and its layout
@@ -101,7 +103,9 @@ at::Tensor block_operator(const at::Tensor& x_in, const at::Tensor& ln1_weight, 
   const float *n2w = ln2_weight.const_data_ptr<float>(), *n2b = ln2_bias.const_data_ptr<float>();
   const float eps1 = static_cast<float>(ln1_eps), eps2 = static_cast<float>(ln2_eps);
   const bool tanh = gelu_approximate == "tanh";
-  constexpr int64_t kRows = 48;  // the MLP's rows a block: 48 x hidden (288 KiB in fp32 for ViT-S/16) in L2
+  // The MLP's rows a block: each block streams the projection's and the MLP's weights past its rows, and its
+  // hidden activations stay in L2 (48 x hidden: 288 KiB in fp32 for ViT-S/16) where the block is small.
+  constexpr int64_t kRows = K::mlp_rows;
 
   run_block(
       shares, rows, B * heads,
