@@ -4,7 +4,8 @@ and the command that trains what a recipe record's run trained.
 A record is one measurement, one JSON file named by what was measured, where, and when:
 `WHAT_WHERE_DATE[_TAG].json`, e.g. `infer-b1_amd-epyc_2026-12-02_run1.json`. WHERE is the CPU (or GPU) model
 as a slug of `lscpu`'s "Model name", with `-avx2` added for an x86 CPU without AVX-512 (a virtual machine's
-"AMD EPYC" names a Zen 4 with AVX-512 and a Zen 3 with AVX2 alike); DATE is the day of the measurement
+"AMD EPYC" names a Zen 4 with AVX-512 and a Zen 3 with AVX2 alike) and `-zen5` for an AMD CPU of family 26
+(a Zen 5, whose AVX-512 runs at full width where a Zen 4's is two halves); DATE is the day of the measurement
 (YYYY-MM-DD); TAG tells apart several measurements of one kind on one day (`run1`, `seed1`). An AVX-512 CPU
 held to AVX2 (VITKIT_CPU_ISA=avx2, the AVX2 proxy of CONTRIBUTING.md) is WHERE `<cpu>-avx2-proxy`.
 
@@ -54,27 +55,47 @@ def cpu_flags() -> set[str]:
 
 # WHERE's endings for the vector extension, and what each names in a table: an AVX2-only CPU, an AVX-512 CPU
 # held to AVX2.
-AVX2, AVX2_PROXY = "-avx2", "-avx2-proxy"
-ISA_LABELS = {AVX2_PROXY: "AVX2 proxy", AVX2: "AVX2"}
+AVX2, AVX2_PROXY, ZEN5 = "-avx2", "-avx2-proxy", "-zen5"
+ISA_LABELS = {AVX2_PROXY: "AVX2 proxy", AVX2: "AVX2", ZEN5: "Zen 5"}
+AMD_ZEN5_FAMILY = 26  # 0x1A: Zen 5 (Turin); family 25 covers Zen 3 and Zen 4, told apart by AVX-512
+
+
+def cpu_family() -> tuple[str, int | None]:
+    """This machine's CPU vendor and family (/proc/cpuinfo's "vendor_id", "cpu family"); ("", None) where
+    they cannot be read."""
+    vendor, family = "", None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id" and not vendor:
+                vendor = value.strip()
+            elif key.strip() == "cpu family" and family is None:
+                family = int(value.strip())
+    except (OSError, ValueError):
+        pass
+    return vendor, family
 
 
 def machine_slug(model_name: str | None = None, flags: set[str] | None = None,
-                 hold: str | None = None) -> str:
-    """This machine's WHERE: the slug of its CPU model, `-avx2` added where the CPU has AVX2 but not AVX-512
-    (the same model name covers both kinds under some hypervisors), `-avx2-proxy` where an AVX-512 CPU is held
-    to AVX2 (`hold`, default $VITKIT_CPU_ISA; CONTRIBUTING.md): its records are not this CPU's own."""
+                 hold: str | None = None, family: tuple[str, int | None] | None = None) -> str:
+    """This machine's WHERE: the slug of its CPU model, `-zen5` added for an AMD CPU of family 26 and `-avx2`
+    where the CPU has AVX2 but not AVX-512 (the same model name covers all three kinds under some
+    hypervisors), `-avx2-proxy` where an AVX-512 CPU is held to AVX2 (`hold`, default $VITKIT_CPU_ISA;
+    CONTRIBUTING.md): its records are not this CPU's own. `family` is (vendor, family), default this CPU's."""
     flags = cpu_flags() if flags is None else flags
     hold = os.environ.get("VITKIT_CPU_ISA", "") if hold is None else hold
+    vendor, number = cpu_family() if family is None else family
+    zen5 = ZEN5 if vendor == "AuthenticAMD" and number == AMD_ZEN5_FAMILY else ""
     if "avx512f" in flags:
         isa = AVX2_PROXY if hold.strip().lower() == "avx2" else ""
     else:
         isa = AVX2 if "avx2" in flags else ""
-    return slug(cpu_model() if model_name is None else model_name) + isa
+    return slug(cpu_model() if model_name is None else model_name) + zen5 + isa
 
 
 def isa_suffix(where: str) -> str:
-    """" (AVX2)" or " (AVX2 proxy)" where WHERE (`machine_slug`'s) ends in one of ISA_LABELS, else "": one CPU
-    model name covers AVX-512 and AVX2 CPUs alike, and their runs differ."""
+    """" (AVX2)", " (AVX2 proxy)" or " (Zen 5)" where WHERE (`machine_slug`'s) ends in one of ISA_LABELS, else
+    "": one CPU model name covers AVX-512 and AVX2 CPUs alike, and their runs differ."""
     return next((f" ({label})" for end, label in ISA_LABELS.items() if where.endswith(end)), "")
 
 

@@ -39,19 +39,29 @@ def test_every_record_has_a_record_name():
     assert names and all(records.NAME.match(n.removesuffix(".json")) for n in names)
 
 
+ZEN3_4 = ("AuthenticAMD", 25)
+slug_of = records.machine_slug
+
+
 def test_names_and_slugs():
     assert records.slug("AMD EPYC") == "amd-epyc"
     assert records.slug("Intel(R) Xeon(R) Processor") == "intel-xeon"
     assert records.slug("AMD EPYC 9454 48-Core Processor") == "amd-epyc-9454"
     assert records.slug("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz") == "intel-xeon-platinum-8480"
     assert records.slug("NVIDIA H200") == "nvidia-h200"
-    # the same model name with and without AVX-512
-    assert records.machine_slug("AMD EPYC", {"avx", "avx2", "fma"}) == "amd-epyc-avx2"
-    assert records.machine_slug("AMD EPYC", {"avx2", "avx512f", "avx512_vnni"}, hold="") == "amd-epyc"
+    # the same model name with and without AVX-512 (AMD family 25: Zen 3 and Zen 4)
+    assert slug_of("AMD EPYC", {"avx", "avx2", "fma"}, family=ZEN3_4) == "amd-epyc-avx2"
+    assert slug_of("AMD EPYC", {"avx2", "avx512f", "avx512_vnni"}, hold="", family=ZEN3_4) == "amd-epyc"
     # an AVX-512 CPU held to AVX2 (VITKIT_CPU_ISA=avx2): a proxy, not the CPU's own records
-    assert records.machine_slug("AMD EPYC", {"avx2", "avx512f"}, hold="avx2") == "amd-epyc-avx2-proxy"
-    assert records.machine_slug("AMD EPYC", {"avx", "avx2", "fma"}, hold="avx2") == "amd-epyc-avx2"
-    assert records.machine_slug("Neoverse-V2", {"sve", "asimd"}) == "neoverse-v2"
+    assert slug_of("AMD EPYC", {"avx2", "avx512f"}, hold="avx2", family=ZEN3_4) == "amd-epyc-avx2-proxy"
+    assert slug_of("AMD EPYC", {"avx", "avx2", "fma"}, hold="avx2", family=ZEN3_4) == "amd-epyc-avx2"
+    assert slug_of("Neoverse-V2", {"sve", "asimd"}, family=("", None)) == "neoverse-v2"
+    # a Zen 5 (AMD family 26) is told from the Zen 4 (family 25) of the same name
+    zen4, zen5 = ZEN3_4, ("AuthenticAMD", 26)
+    assert slug_of("AMD EPYC", {"avx2", "avx512f"}, hold="", family=zen4) == "amd-epyc"
+    assert slug_of("AMD EPYC", {"avx2", "avx512f"}, hold="", family=zen5) == "amd-epyc-zen5"
+    assert slug_of("AMD EPYC", {"avx2", "avx512f"}, hold="avx2", family=zen5) == "amd-epyc-zen5-avx2-proxy"
+    assert slug_of("Intel Xeon", {"avx512f"}, hold="", family=("GenuineIntel", 26)) == "intel-xeon"
     path = records.record_path("infer-b1", "amd-epyc", "2026-12-02", "run1", folder=Path("x"))
     assert path == Path("x/infer-b1_amd-epyc_2026-12-02_run1.json")
     rec = records.Record.parse(path)
@@ -120,6 +130,7 @@ def test_a_seed_run_on_an_avx2_cpu_of_the_same_name_is_a_row_of_its_own(tmp_path
     assert "| 3 | 90.00 % | 93.60 % | 70.0 min |" in avx2
     assert records.isa_suffix("amd-epyc-avx2-proxy") == " (AVX2 proxy)"
     assert records.isa_suffix("intel-xeon") == ""
+    assert records.isa_suffix("amd-epyc-zen5") == " (Zen 5)"
 
 
 def test_check_finds_a_stale_table_and_rendering_fixes_it(tmp_path, capsys):
