@@ -161,6 +161,8 @@ VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int
     __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(x, cs)), _mm512_mul_ps(w, s), bb); \
     if constexpr (E == Epilogue::kResidual)                                                           \
       y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(t, res + r * ldr + n0));                             \
+    if constexpr (E == Epilogue::kGelu || E == Epilogue::kGeluTanh)                                   \
+      y = vitkit_avx512::gelu512<E == Epilogue::kGeluTanh>(y);                                        \
     store(c + r * ldc + n0, t, y);                                                                    \
   }
 #define VK_OUT(r, x0, x1, x2, x3)                   \
@@ -175,16 +177,8 @@ VITKIT_VNNI inline void tile(const uint8_t* a, int64_t lda, const int8_t* b, int
 #undef VK_OUT
 #undef VK_ONE
 #undef VK_ROWS
-  if constexpr (E == Epilogue::kGelu || E == Epilogue::kGeluTanh) {  // over the tile just stored, in L1
-    static_assert(std::is_same_v<Out, float>, "GELU's tiles are fp32");
-    for (int r = 0; r < R; ++r) {
-      for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
-        const __mmask16 t = mask(n0);
-        float* p = c + r * ldc + n0;
-        _mm512_mask_storeu_ps(p, t, vitkit_avx512::gelu512<E == Epilogue::kGeluTanh>(_mm512_maskz_loadu_ps(t, p)));
-      }
-    }
-  }
+  static_assert(std::is_same_v<Out, float> || !(E == Epilogue::kGelu || E == Epilogue::kGeluTanh),
+                "GELU's tiles are fp32");
 }
 
 // c (M, N) = the products of the quantised rows q (M rows of Kp bytes, stride lda) with the packed weight,
