@@ -42,9 +42,10 @@ VITKIT_AVX512F inline __m512 reciprocal512(__m512 d) {
 // GELU, x Phi(x) = (x + |x| erf(|x| / sqrt 2)) / 2, erf(z) = 1 - (1 + a1 z + ... + a6 z^6)^-16 for z >= 0
 // (Abramowitz and Stegun 7.1.28: absolute error under 3e-7, far below the int8 products' rounding, in a
 // polynomial, a reciprocal and four squarings, half the work of an exp-based erf); with `tanh`, the tanh
-// approximation x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3).
+// approximation x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3). Always inlined: it runs in product tiles'
+// epilogues, where GCC otherwise leaves it a call that spills the tile's sums.
 template <bool kTanh>
-VITKIT_AVX512F inline __m512 gelu512(__m512 x) {
+VITKIT_AVX512F inline __attribute__((always_inline)) __m512 gelu512(__m512 x) {
   if constexpr (kTanh) {
     const __m512 cubic = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x);
     const __m512 u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f), cubic);  // -2 sqrt(2 / pi)
