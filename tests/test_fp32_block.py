@@ -63,12 +63,13 @@ def blocks_of(gelu: str, **overrides) -> list[FusedBlock]:
 @pytest.mark.parametrize("gelu", ["none", "tanh"])
 @pytest.mark.parametrize("batch,dim,heads,mlp,qkv_bias", [(2, 64, 4, 128, True), (1, 192, 3, 768, True),
                                                           (3, 128, 8, 256, False), (2, 64, 8, 128, True),
-                                                          (1, 448, 7, 512, True)])
+                                                          (1, 448, 7, 512, True), (1, 64, 4, 1600, True)])
 def test_the_block_computes_eq_2_and_3(gelu, batch, dim, heads, mlp, qkv_bias, threads):
     """Odd token counts (17 patches and a class token), heads of 16 to 64 (the attention's register tiles)
     and of 8 (its sgemm path, inside the region), exact and tanh GELU, a q;k;v layer without bias, inner
-    dimensions past the AVX2 products' step of 384 (fc2's from 512, every layer's at width 448: the residual
-    and GELU applied once, on the last step): within float rounding of the float64 block."""
+    dimensions past the AVX2 products' step of 384 (fc2's from 512, every layer's at width 448, fc2's 1600 in
+    five steps: the residual and GELU applied once, on the last step): within float rounding of the float64
+    block."""
     threads(2)
     block = blocks_of(gelu, dim=dim, num_heads=heads, mlp_dim=mlp, qkv_bias=qkv_bias)[0]
     assert (block.attn.qkv.bias is None) == (not qkv_bias)
