@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records import RESULTS, Record, isa_suffix, records, run_command, seeds_command  # noqa: E402
+from records import RESULTS, ZEN5, Record, isa_suffix, records, run_command, seeds_command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- table:(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -94,11 +94,13 @@ def training_ratios(recs: list[Record], where: str, date: str) -> list[dict[str,
     ]
 
 
-def runs_line(m: dict, runs: int, command: str, date: str) -> str:
-    """"CPU (features), N threads, torch V; R runs of `command` on DATE", from a record's `machine`."""
+def runs_line(m: dict, runs: int, command: str, date: str, where: str = "") -> str:
+    """"CPU (features), N threads, torch V; R runs of `command` on DATE", from a record's `machine`; a Zen 5
+    (WHERE with `-zen5`) is named so, as lscpu names it like a Zen 4."""
     has = [x for x, ok in (("VNNI", m.get("vnni")), ("native bf16", m.get("native_bf16"))) if ok]
+    generation = " Zen 5" if ZEN5 in where else ""
     return (
-        f"{m['cpu']} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), "
+        f"{m['cpu']}{generation} ({m.get('cpu_capability', '')}{', ' if has else ''}{', '.join(has)}), "
         f"{m['threads']} threads, torch {m['torch'].split('+')[0]}; {runs} run{'s' if runs != 1 else ''} of "
         f"`{command}` on {date}"
     )
@@ -106,7 +108,7 @@ def runs_line(m: dict, runs: int, command: str, date: str) -> str:
 
 def machine_line(recs: list[Record], where: str, date: str) -> str:
     found = pick(recs, "infer-b1", where, date)
-    return runs_line(load(found[0])["machine"], len(found), "bash benchmarks/target_runs.sh", date)
+    return runs_line(load(found[0])["machine"], len(found), "bash benchmarks/target_runs.sh", date, where)
 
 
 def speed(recs: list[Record], where: str, date: str) -> str:
@@ -286,7 +288,7 @@ def runtimes(recs: list[Record], where: str, date: str, tag: str = "") -> str:
             rows.setdefault((r["model"], r["batch"], r["contender"]), []).append(r)
     columns = [(c, h) for c, h in RUNTIME_COLUMNS if any(k[2] == c for k in rows)]
     caption = (
-        runs_line(runs[0]["machine"], len(runs), "vitkit bench --runtimes", date)
+        runs_line(runs[0]["machine"], len(runs), "vitkit bench --runtimes", date, where)
         + ". Images/s, the median over the runs; in brackets vitkit's "
         "paired ratio to the faster of OpenVINO and ONNX Runtime (ORT) at the same precision, the range over "
         "the runs. Higher is faster."

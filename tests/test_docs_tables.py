@@ -72,6 +72,16 @@ def test_names_and_slugs():
         records.Record.parse(Path("s26_run1_b1.json"))
 
 
+def test_a_zen5_is_named_in_the_runs_line():
+    """lscpu calls a Zen 4 and a Zen 5 "AMD EPYC" alike; a table's caption tells them apart by WHERE."""
+    m = {"cpu": "AMD EPYC", "cpu_capability": "AVX512", "vnni": True, "native_bf16": True, "threads": 2,
+         "torch": "2.14.1+cpu"}
+    zen5 = render.runs_line(m, 3, "vitkit bench --runtimes", "2026-12-07", "amd-epyc-zen5")
+    assert zen5.startswith("AMD EPYC Zen 5 (AVX512, VNNI, native bf16), 2 threads, torch 2.14.1; 3 runs")
+    zen4 = render.runs_line(m, 3, "vitkit bench --runtimes", "2026-12-06", "amd-epyc")
+    assert zen4.startswith("AMD EPYC (")
+
+
 def test_speed_table_is_the_range_over_the_runs():
     recs = records.records(FIXTURES)
     table = render.speed(recs, "amd-epyc", "2026-12-02")
