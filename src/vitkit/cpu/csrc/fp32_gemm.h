@@ -17,6 +17,7 @@
 
 #include "avx512_math.h"
 #include "block_region.h"
+#include "panels.h"
 
 #define VITKIT_F32 __attribute__((target("avx512f")))
 
@@ -25,10 +26,9 @@ namespace vitkit_f32 {
 constexpr int64_t NR = 64;  // columns of a panel: four zmm
 constexpr int64_t MR = 6;   // rows of a tile: 24 sums + 4 weights + 1 broadcast of 32 zmm
 
-// w (N, K) row-major, N a multiple of NR -> panels (N / NR, K, NR): panel p, step k holds W[NR p + j, k].
+// w (N, K) row-major, N a multiple of NR -> panels (N / NR, K, NR) (panels.h).
 inline void pack_weight(const float* w, int64_t N, int64_t K, float* packed) {
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) packed[((n / NR) * K + k) * NR + n % NR] = w[n * K + k];
+  vitkit::pack_panels(w, K, NR, 0, N / NR, packed);
 }
 
 using vitkit_avx512::Epilogue;

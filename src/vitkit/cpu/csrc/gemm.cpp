@@ -17,6 +17,8 @@
 
 #include <algorithm>
 
+#include "panels.h"
+
 #define VITKIT_AVX2 __attribute__((target("avx2,fma")))
 
 namespace {
@@ -92,7 +94,7 @@ void check_weight(const at::Tensor& w) {
               w.size(0), " must be a positive multiple of ", NR);
 }
 
-// W (N, K), nn.Linear's layout -> panels (N / 16, K, 16): panel p, step k holds W[16p .. 16p + 15, k].
+// W (N, K), nn.Linear's layout -> panels (N / 16, K, 16) (panels.h).
 at::Tensor gemm_pack(const at::Tensor& weight) {
   check_weight(weight);
   const at::Tensor w = weight.contiguous();
@@ -100,11 +102,7 @@ at::Tensor gemm_pack(const at::Tensor& weight) {
   at::Tensor out = at::empty({N / NR, K, NR}, w.options());
   const float* src = w.const_data_ptr<float>();
   float* dst = out.mutable_data_ptr<float>();
-  at::parallel_for(0, N / NR, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t j = 0; j < NR; ++j) dst[(p * K + k) * NR + j] = src[(p * NR + j) * K + k];
-  });
+  at::parallel_for(0, N / NR, 1, [&](int64_t p0, int64_t p1) { vitkit::pack_panels(src, K, NR, p0, p1, dst); });
   return out;
 }
 
