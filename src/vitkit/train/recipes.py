@@ -90,10 +90,10 @@ def fashion_mnist() -> TrainConfig:
         vitkit train fashion-mnist --out runs/fmnist --nproc 2
 
     It chooses on 5,000 held-out training images and reaches 93.39 ± 0.30 % test top-1 (final weights, seeds
-    0-1) in 29.2-29.4 minutes on 2 cores of an AMD EPYC with native bf16 (Zen 4), and 93.42 ± 0.17 % (seeds
-    2-4, fp32) in 67-77 minutes on 2 cores of an AVX2-only AMD EPYC (Zen 3)
-    (benchmarks/results/recipe-fashion-mnist_amd-epyc*_2026-12-0[67]_mlp256-seed*.json). Why it is built this
-    way: docs/training.md.
+    0-1) in 29.2-29.4 minutes on 2 cores of an AMD EPYC with native bf16 (Zen 4), 93.39 ± 0.22 % (seeds 0-2)
+    in 17.7-19.6 minutes on a Zen 5, and 93.42 ± 0.17 % (seeds 2-4, fp32) in 67-77 minutes on 2 cores of an
+    AVX2-only AMD EPYC (Zen 3) (benchmarks/results/recipe-fashion-mnist_amd-epyc*_2026-12-0[678]_*seed*.json).
+    Why it is built this way: docs/training.md.
     """
     return TrainConfig(
         recipe="fashion-mnist",
