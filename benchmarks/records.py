@@ -42,15 +42,22 @@ def slug(model_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "unknown-cpu"
 
 
-def cpu_flags() -> set[str]:
-    """This machine's CPU feature flags (/proc/cpuinfo's "flags"); empty where they cannot be read."""
+def cpuinfo(key: str) -> str | None:
+    """The first value of `key` in /proc/cpuinfo ("flags", "model name", "cpu family"); None where it is
+    not there or the file cannot be read."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            name, _, value = line.partition(":")
+            if name.strip().lower() == key:
+                return value.strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """This machine's CPU feature flags (/proc/cpuinfo's "flags"); empty where they cannot be read."""
+    return set((cpuinfo("flags") or "").split())
 
 
 # WHERE's endings for the vector extension, and what each names in a table: an AVX2-only CPU, an AVX-512 CPU
@@ -63,17 +70,8 @@ AMD_ZEN5_FAMILY = 26  # 0x1A: Zen 5 (Turin); family 25 covers Zen 3 and Zen 4, t
 def cpu_family() -> tuple[str, int | None]:
     """This machine's CPU vendor and family (/proc/cpuinfo's "vendor_id", "cpu family"); ("", None) where
     they cannot be read."""
-    vendor, family = "", None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id" and not vendor:
-                vendor = value.strip()
-            elif key.strip() == "cpu family" and family is None:
-                family = int(value.strip())
-    except (OSError, ValueError):
-        pass
-    return vendor, family
+    family = cpuinfo("cpu family")
+    return cpuinfo("vendor_id") or "", int(family) if family and family.isdigit() else None
 
 
 def machine_slug(model_name: str | None = None, flags: set[str] | None = None,
@@ -101,12 +99,9 @@ def isa_suffix(where: str) -> str:
 
 def cpu_model() -> str:
     """This machine's CPU model, as `lscpu` names it ("Model name"; /proc/cpuinfo's "model name")."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    model = cpuinfo("model name")
+    if model is not None:
+        return model
     import platform
 
     return platform.processor() or "unknown CPU"
