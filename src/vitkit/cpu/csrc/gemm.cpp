@@ -6,8 +6,8 @@
 // 16 output columns, k-major (gemm_pack); the product walks blocks of NC columns (one task each, split among the
 // threads), KC steps of the inner dimension and MC rows, so that a panel's block of the weight (16 x KC floats)
 // stays in L1 and the MC x KC block of x in L2, and computes 6 x 16 tiles of y in 12 AVX registers with
-// broadcast FMAs.
-// The bias initialises the tile on the first KC step; the residual is added on the last.
+// broadcast FMAs: fp32_gemm_avx2.h's tile, which the fp32 block operator runs on AVX2 too. The bias and the
+// residual initialise the tile on the first KC step.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,61 +17,28 @@
 
 #include <algorithm>
 
+#include "fp32_gemm_avx2.h"
 #include "panels.h"
 
 #define VITKIT_AVX2 __attribute__((target("avx2,fma")))
 
 namespace {
 
-constexpr int64_t NR = 16;   // columns of a panel, of a tile
-constexpr int64_t MR = 6;    // rows of a tile
-constexpr int64_t KC = 384;  // inner-dimension step
-constexpr int64_t MC = 96;   // rows a block: 96 x KC of x (144 KiB) and NC x KC of W (192 KiB) in L2
+using vitkit_f32_avx2::KC;  // inner-dimension step
+using vitkit_f32_avx2::MC;  // rows a block: 96 x KC of x (144 KiB) and NC x KC of W (192 KiB) in L2
+using vitkit_f32_avx2::MR;  // rows of a tile
+using vitkit_f32_avx2::NR;  // columns of a panel, of a tile
 
-// One MR x NR tile (R <= MR rows) of c over kc steps: c = (first ? bias : c) + a b (+ res when given).
+// One MR x NR tile (R <= MR rows) of c over kc steps: c = (first ? bias (+ res when given) : c) + a b.
 template <int R>
-VITKIT_AVX2 void tile(const float* __restrict a, int64_t lda, const float* __restrict b, float* __restrict c,
-                      int64_t ldc, int64_t kc, const float* bias, bool first, const float* res) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-#define VK_ROWS(X) X(0, c00, c01) X(1, c10, c11) X(2, c20, c21) X(3, c30, c31) X(4, c40, c41) X(5, c50, c51)
-  if (first) {
-    const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
-    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
-#define VK_INIT(r, lo, hi) if constexpr (R > r) { lo = b0; hi = b1; }
-    VK_ROWS(VK_INIT)
-#undef VK_INIT
-  } else {
-#define VK_LOAD(r, lo, hi) \
-  if constexpr (R > r) { lo = _mm256_loadu_ps(c + r * ldc); hi = _mm256_loadu_ps(c + r * ldc + 8); }
-    VK_ROWS(VK_LOAD)
-#undef VK_LOAD
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m256 w0 = _mm256_load_ps(b + k * NR), w1 = _mm256_load_ps(b + k * NR + 8);
-#define VK_FMA(r, lo, hi)                                      \
-  if constexpr (R > r) {                                       \
-    const __m256 x = _mm256_broadcast_ss(a + r * lda + k);     \
-    lo = _mm256_fmadd_ps(x, w0, lo);                           \
-    hi = _mm256_fmadd_ps(x, w1, hi);                           \
-  }
-    VK_ROWS(VK_FMA)
-#undef VK_FMA
-  }
+VITKIT_AVX2 void tile(const float* a, int64_t lda, const float* b, float* c, int64_t ldc, int64_t kc,
+                      const float* bias, bool first, const float* res) {
+  using vitkit_avx512::Epilogue;
   if (res) {
-#define VK_RES(r, lo, hi)                                                        \
-  if constexpr (R > r) {                                                         \
-    lo = _mm256_add_ps(lo, _mm256_loadu_ps(res + r * ldc));                      \
-    hi = _mm256_add_ps(hi, _mm256_loadu_ps(res + r * ldc + 8));                  \
+    vitkit_f32_avx2::tile<R, Epilogue::kResidual>(a, lda, b, kc, bias, first, false, c, ldc, res, ldc);
+  } else {
+    vitkit_f32_avx2::tile<R, Epilogue::kStore>(a, lda, b, kc, bias, first, false, c, ldc, nullptr, 0);
   }
-    VK_ROWS(VK_RES)
-#undef VK_RES
-  }
-#define VK_STORE(r, lo, hi) \
-  if constexpr (R > r) { _mm256_storeu_ps(c + r * ldc, lo); _mm256_storeu_ps(c + r * ldc + 8, hi); }
-  VK_ROWS(VK_STORE)
-#undef VK_STORE
-#undef VK_ROWS
 }
 
 using Tile = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t, const float*, bool,
@@ -144,7 +111,7 @@ at::Tensor gemm_linear(const at::Tensor& input, const at::Tensor& packed, const 
       const int64_t n0 = t * nc, n1 = std::min(N, n0 + nc);
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        const bool first = k0 == 0, last = k0 + kc == K;
+        const bool first = k0 == 0;
         for (int64_t m0 = 0; m0 < M; m0 += MC) {
           const int64_t m1 = std::min(M, m0 + MC);
           for (int64_t n = n0; n < n1; n += NR) {
@@ -152,7 +119,7 @@ at::Tensor gemm_linear(const at::Tensor& input, const at::Tensor& packed, const 
             for (int64_t m = m0; m < m1; m += MR) {
               const int64_t rows = std::min(MR, m1 - m);
               TILES[rows](A + m * K + k0, K, panel, C + m * N + n, N, kc, b ? b + n : nullptr, first,
-                          last && R ? R + m * N + n : nullptr);
+                          first && R ? R + m * N + n : nullptr);
             }
           }
         }
